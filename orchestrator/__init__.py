@@ -1,0 +1,61 @@
+"""Durable DAG workflows on Celery.
+
+>>> from orchestrator import DAG, submit
+>>> dag = DAG("revenue", tenant="acme")
+>>> a = dag.task("extract", extract_orders.s(day="2026-04-25"))
+>>> dag.task("load", load.s(), upstream=[a])
+>>> run = submit(dag, idempotency_key="revenue:2026-04-25")
+>>> run.wait(timeout=60).state
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .backoff import Backoff, Jitter
+from .config import Settings
+from .dag import DAG, Limits, Node, load_spec
+from .engine import Orchestrator, RunHandle
+from .errors import (
+    ConfigurationError,
+    CycleError,
+    OrchestratorError,
+    RunNotFound,
+    RunTimeout,
+    SchemaMissingError,
+    SpecError,
+    TaskNotFound,
+    UnknownTaskError,
+    ValidationError,
+)
+from .routing import Priority
+from .states import RunState, TaskState, TriggerRule
+
+_default: Orchestrator | None = None
+
+
+def default() -> Orchestrator:
+    """The process-wide :class:`Orchestrator` built from the environment."""
+    global _default
+    if _default is None:
+        _default = Orchestrator()
+    return _default
+
+
+def submit(dag: DAG, **options: Any) -> RunHandle:
+    """Submit ``dag`` with the default orchestrator; see :meth:`Orchestrator.submit`."""
+    return default().submit(dag, **options)
+
+
+def get_run(run_id: str) -> RunHandle:
+    """A handle on an existing run; raises :class:`RunNotFound`."""
+    return default().run(run_id)
+
+
+__all__ = [
+    "DAG", "Node", "Limits", "load_spec", "submit", "get_run", "default", "Orchestrator",
+    "RunHandle", "Settings", "Backoff", "Jitter", "Priority", "RunState", "TaskState",
+    "TriggerRule", "OrchestratorError", "ValidationError", "CycleError", "UnknownTaskError",
+    "SpecError", "ConfigurationError", "SchemaMissingError", "RunNotFound", "TaskNotFound",
+    "RunTimeout",
+]  # fmt: skip

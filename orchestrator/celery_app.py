@@ -1,0 +1,121 @@
+"""The project's Celery app: JSON only, late acks, one message per attempt, no result backend.
+
+``celery -A config.celery_app worker`` and ``orchestrator worker`` both use :func:`get_app`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Celery, signals
+from kombu import Queue
+
+from .config import Settings
+from .errors import ConfigurationError
+from .routing import default_queues
+
+log = logging.getLogger(__name__)
+
+#: seconds of slack required between the longest hard time limit and the visibility timeout
+VISIBILITY_MARGIN = 60.0
+
+
+def create_app(settings: Settings | None = None, *, main: str = "orchestrator") -> Celery:
+    """A Celery app configured for orchestrated tasks from ``settings`` (default: environment)."""
+    settings = settings or Settings.from_env()
+    transport_options = settings.broker_transport_options()
+    for option in ("data_folder_in", "processed_folder"):
+        if option in transport_options:
+            os.makedirs(transport_options[option], exist_ok=True)
+    app = Celery(
+        main,
+        broker=settings.broker_url,
+        task_cls="orchestrator.worker:OrchestratedTask",
+        include=list(settings.task_modules),
+        set_as_current=False,
+    )
+    queues = default_queues(settings.dedicated_tenants)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        event_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_time_limit=settings.max_time_limit,
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        task_default_queue=queues[1],
+        task_queues=[Queue(q, routing_key=q) for q in queues],
+        task_create_missing_queues=True,
+        beat_schedule={
+            "orchestrator-tick": {"task": "orchestrator.tick", "schedule": settings.tick_seconds},
+        },
+        beat_schedule_filename=os.path.join(settings.data_dir, "celerybeat-schedule"),
+        timezone="UTC",
+        enable_utc=True,
+    )
+    app.orchestrator_settings = settings  # type: ignore[attr-defined]
+
+    @app.task(name="orchestrator.tick", ignore_result=True, acks_late=False)
+    def tick() -> int:
+        """Beat's periodic tick: release due retries, dispatch free capacity."""
+        from .worker import current_orchestrator
+
+        return current_orchestrator(app).tick()
+
+    return app
+
+
+def check_worker_settings(app: Celery) -> None:
+    """Refuse settings under which redelivery could run a task twice or load pickle.
+
+    Raises :class:`ConfigurationError` naming what to set.
+    """
+    conf = app.conf
+    if set(conf.accept_content or ()) - {"json", "application/json"}:
+        raise ConfigurationError(
+            f"accept_content is {conf.accept_content!r}: the orchestrator accepts JSON only"
+        )
+    url = str(conf.broker_url or "")
+    if url.startswith(("redis", "rediss", "sentinel", "sqs")):
+        vt = float((conf.broker_transport_options or {}).get("visibility_timeout", 3600))
+        longest = float(conf.task_time_limit or 0)
+        if not conf.task_time_limit:
+            raise ConfigurationError("task_time_limit is unset: every task needs a hard time limit")
+        if vt < longest + VISIBILITY_MARGIN:
+            raise ConfigurationError(
+                f"broker visibility_timeout {vt:g}s must exceed the longest hard time limit"
+                f" {longest:g}s by {VISIBILITY_MARGIN:g}s: raise ORCHESTRATOR_VISIBILITY_TIMEOUT"
+                " or lower ORCHESTRATOR_MAX_TIME_LIMIT"
+            )
+
+
+@signals.worker_init.connect
+def _refuse_unsafe_worker(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None or not hasattr(app, "orchestrator_settings"):
+        return
+    try:
+        check_worker_settings(app)
+    except ConfigurationError as exc:
+        # signal receivers' exceptions are swallowed; SystemExit is not
+        raise SystemExit(f"orchestrator: refusing to start the worker: {exc}") from None
+
+
+_app: Celery | None = None
+
+
+def get_app() -> Celery:
+    """The process-wide default app, built from the environment on first use."""
+    global _app
+    if _app is None:
+        _app = create_app()
+    return _app

@@ -1,0 +1,183 @@
+"""The ``orchestrator`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from .errors import OrchestratorError
+
+
+def _orc() -> Any:
+    from . import default
+
+    return default()
+
+
+def _dump(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+class _Group(click.Group):
+    """Print orchestrator errors as one line on stderr, exit 2, no traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OrchestratorError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group)
+def main() -> None:
+    """Durable DAG workflows on Celery.
+
+    Configuration comes from ORCHESTRATOR_* environment variables; with none set, the
+    embedded default (SQLite + a file-based broker under ./.orchestrator) is used.
+    """
+
+
+@main.command()
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to follow the run.")
+def demo(timeout: float) -> None:
+    """Run a small ETL DAG with an in-process worker on the embedded default."""
+    from .demo import run_demo
+
+    sys.exit(run_demo(timeout=timeout))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def worker(ctx: click.Context) -> None:
+    """Start a Celery worker of the project's app; options go to `celery worker`.
+
+    Without -Q it consumes every queue the orchestrator routes to by default.
+    """
+    from .celery_app import get_app
+
+    get_app().worker_main(argv=["worker", *ctx.args])
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def beat(ctx: click.Context) -> None:
+    """Start celery beat with the orchestrator's tick schedule; options go to `celery beat`."""
+    from .celery_app import get_app
+
+    get_app().start(argv=["beat", *ctx.args])
+
+
+@main.group()
+def db() -> None:
+    """Database schema (Alembic migrations)."""
+
+
+@db.command()
+@click.argument("revision", default="head")
+def upgrade(revision: str) -> None:
+    """Migrate the database to REVISION (default: head)."""
+    from . import migrate
+
+    store = _orc().store
+    migrate.upgrade(store.engine, revision)
+    click.echo(f"database at revision {migrate.current(store.engine)}")
+
+
+@db.command()
+@click.argument("revision")
+def downgrade(revision: str) -> None:
+    """Migrate the database down to REVISION ("base" drops every table)."""
+    from . import migrate
+
+    store = _orc().store
+    migrate.downgrade(store.engine, revision)
+    click.echo(f"database at revision {migrate.current(store.engine)}")
+
+
+@db.command()
+def current() -> None:
+    """Print the database's revision and the newest one."""
+    from . import migrate
+
+    click.echo(f"current: {migrate.current(_orc().store.engine)}  head: {migrate.head()}")
+
+
+def _ready_store() -> Any:
+    orc = _orc()
+    if orc.settings.embedded:
+        from . import migrate
+
+        migrate.upgrade(orc.store.engine)
+    orc.store.check_schema()
+    return orc
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--tenant", help="Run for this tenant instead of the spec's.")
+@click.option("--idempotency-key", help="Submitting the same key again returns the same run.")
+@click.option("--wait", "wait_", is_flag=True, help="Follow the run; exit 0 only if it SUCCEEDED.")
+@click.option("--timeout", type=float, default=None, help="With --wait: give up after this many seconds.")
+def submit(file: str, tenant: str | None, idempotency_key: str | None, wait_: bool, timeout: float | None) -> None:
+    """Submit the DAG spec FILE (YAML or JSON); prints the run id first."""
+    from .dag import load_spec
+    from .demo import follow, format_tasks
+
+    dag = load_spec(file)
+    orc = _ready_store()
+    run = orc.submit(dag, tenant=tenant, idempotency_key=idempotency_key)
+    click.echo(run.id)
+    if not wait_:
+        return
+    state = follow(run, lambda line: click.echo(line, err=True), timeout or float("inf"))
+    click.echo(format_tasks(run.tasks()), err=True)
+    click.echo(state.value)
+    sys.exit(0 if state.value == "SUCCEEDED" else 1)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object {run, tasks}.")
+def status(run_id: str, as_json: bool) -> None:
+    """Show a run and its tasks."""
+    from .demo import format_tasks
+
+    orc = _ready_store()
+    view = orc.store.get_run(run_id)
+    tasks = orc.store.get_tasks(run_id)
+    if as_json:
+        _dump({"run": view.to_json(), "tasks": [t.to_json() for t in tasks]})
+        return
+    attention = "  (needs attention)" if view.needs_attention else ""
+    click.echo(f"run {view.id}  dag {view.dag}  tenant {view.tenant}  state {view.state.value}{attention}")
+    click.echo(format_tasks(tasks))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help='Print {"runs": [...]}.')
+@click.option("--limit", default=20, show_default=True)
+@click.option("--tenant", default=None)
+def runs(as_json: bool, limit: int, tenant: str | None) -> None:
+    """List recent runs, newest first."""
+    views = _ready_store().runs(limit, tenant=tenant)
+    if as_json:
+        _dump({"runs": [v.to_json() for v in views]})
+        return
+    for v in views:
+        created = v.created_at.isoformat(timespec="seconds") if v.created_at else "-"
+        click.echo(f"{v.id}  {v.state.value:<9}  {v.dag}  tenant={v.tenant}  tasks={v.task_count}  {created}")
+
+
+@main.command()
+def tick() -> None:
+    """Run one tick by hand: release due retries, dispatch free capacity."""
+    sent = _ready_store().tick()
+    click.echo(f"published {sent} message(s)")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

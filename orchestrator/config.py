@@ -1,0 +1,110 @@
+"""Settings from ``ORCHESTRATOR_*`` environment variables.
+
+With none set, the embedded default applies: a SQLite file and kombu's filesystem
+transport under ``ORCHESTRATOR_DATA_DIR`` (``./.orchestrator``) - no server needed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .dag import Limits
+from .errors import ConfigurationError
+
+PREFIX = "ORCHESTRATOR_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: str = ".orchestrator"
+    database_url: str = ""
+    broker_url: str = ""
+    #: comma-separated modules that define the tasks DAG nodes may name
+    task_modules: tuple[str, ...] = ("tasks.probes", "tasks.etl")
+    dedicated_tenants: tuple[str, ...] = ()
+    #: seconds a claimed task may go without a heartbeat before it counts as lost
+    lease_seconds: float = 30.0
+    #: seconds between beat ticks (due retries -> READY, READY -> dispatch)
+    tick_seconds: float = 1.0
+    #: most tasks QUEUED or RUNNING at once; the rest waits in the database as READY
+    dispatch_window: int = 2000
+    #: Redis visibility timeout; must exceed the longest hard time limit
+    visibility_timeout: float = 3600.0
+    #: hard time limit of tasks without their own; also the most a node may ask for
+    max_time_limit: float = 1800.0
+    max_nodes: int = 100_000
+    max_node_bytes: int = 64 * 1024
+    max_params_bytes: int = 256 * 1024
+    max_result_bytes: int = 1024 * 1024
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def embedded(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_nodes, self.max_node_bytes, self.max_params_bytes)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read settings from ``env`` (default ``os.environ``); raise :class:`ConfigurationError`."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name == "extra":
+                continue
+            raw = env.get(PREFIX + f.name.upper())
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _convert(f.name, raw, getattr(cls, f.name, None))
+        values.update(overrides)
+        settings = cls(**values)
+        return settings.with_defaults()
+
+    def with_defaults(self) -> Settings:
+        data = Path(self.data_dir).absolute()
+        db = self.database_url or f"sqlite:///{data / 'orchestrator.db'}"
+        broker = self.broker_url or "filesystem://"
+        return _replace(self, database_url=db, broker_url=broker, data_dir=str(data))
+
+    def broker_transport_options(self) -> dict[str, Any]:
+        if self.broker_url.startswith("filesystem"):
+            folder = Path(self.data_dir) / "broker"
+            return {
+                "data_folder_in": str(folder),
+                "data_folder_out": str(folder),
+                "processed_folder": str(Path(self.data_dir) / "processed"),
+                "store_processed": False,
+                "polling_interval": 0.05,
+            }
+        if self.broker_url.startswith(("redis", "rediss", "sentinel")):
+            return {"visibility_timeout": self.visibility_timeout}
+        return {}
+
+
+def _replace(s: Settings, **changes: Any) -> Settings:
+    from dataclasses import replace
+
+    return replace(s, **changes)
+
+
+def _convert(name: str, raw: str, default: Any) -> Any:
+    try:
+        if isinstance(default, tuple):
+            return tuple(x.strip() for x in raw.split(",") if x.strip())
+        if isinstance(default, bool):
+            return raw.lower() in {"1", "true", "yes", "on"}
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        return raw
+    except ValueError:
+        raise ConfigurationError(
+            f"{PREFIX}{name.upper()}={raw!r} is not a valid {type(default).__name__}"
+        ) from None

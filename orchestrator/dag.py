@@ -1,0 +1,467 @@
+"""The DAG model, its validation and the spec file format (pure code).
+
+A :class:`DAG` is built in code (``dag.task(key, signature, upstream=[...])``) or read from a
+YAML/JSON spec (:func:`load_spec`). :meth:`DAG.validate` refuses bad input with a
+:class:`~orchestrator.errors.ValidationError` naming the node, before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .backoff import Backoff, Jitter
+from .errors import CycleError, SpecError, UnknownTaskError, ValidationError
+from .routing import Priority
+from .states import TriggerRule
+
+KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
+TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+TASK_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,254}$")
+#: Keyword under which a task that declares it receives its parents' results.
+UPSTREAM_KWARG = "upstream"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits applied by :meth:`DAG.validate`; the defaults accept a 100,000-node DAG."""
+
+    max_nodes: int = 100_000
+    max_node_bytes: int = 64 * 1024
+    max_params_bytes: int = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Node:
+    """One task of a DAG: a registered Celery task name and its JSON arguments."""
+
+    key: str
+    task: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    upstream: tuple[str, ...] = ()
+    trigger_rule: TriggerRule = TriggerRule.ALL_SUCCESS
+    max_attempts: int = 1
+    backoff: Backoff = field(default_factory=Backoff)
+    soft_time_limit: float | None = None
+    time_limit: float | None = None
+    priority: Priority | None = None
+    queue: str | None = None
+
+    def to_spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "key": self.key,
+            "task": self.task,
+            "args": list(self.args),
+            "kwargs": dict(self.kwargs),
+            "upstream": list(self.upstream),
+            "trigger_rule": self.trigger_rule.value,
+            "max_attempts": self.max_attempts,
+            "backoff": {
+                "base": self.backoff.base,
+                "cap": self.backoff.cap,
+                "jitter": self.backoff.jitter.value,
+            },
+        }
+        for name in ("soft_time_limit", "time_limit", "queue"):
+            if getattr(self, name) is not None:
+                spec[name] = getattr(self, name)
+        if self.priority is not None:
+            spec["priority"] = self.priority.value
+        return spec
+
+
+class DAG:
+    """A named graph of :class:`Node` objects for one tenant.
+
+    ``priority`` is the default priority class of the nodes; ``params`` are free JSON
+    parameters stored with the run.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        tenant: str = "default",
+        priority: Priority | str = Priority.DEFAULT,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.tenant = tenant
+        self.priority = _enum(Priority, priority, "priority", dag=name)
+        self.params: dict[str, Any] = dict(params or {})
+        self.nodes: dict[str, Node] = {}
+
+    def task(
+        self,
+        key: str,
+        task: Any,
+        *,
+        upstream: Iterable[Node | str] = (),
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        trigger_rule: TriggerRule | str = TriggerRule.ALL_SUCCESS,
+        max_attempts: int = 1,
+        backoff: Backoff | Mapping[str, Any] | None = None,
+        soft_time_limit: float | None = None,
+        time_limit: float | None = None,
+        priority: Priority | str | None = None,
+        queue: str | None = None,
+    ) -> Node:
+        """Add a node and return it (pass it in another node's ``upstream``).
+
+        ``task`` is a Celery signature (``extract.s(day=...)``), a Celery task object or a
+        registered task name. Arguments of a signature are merged with ``args``/``kwargs``.
+
+        Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest
+        of the checks run in :meth:`validate`.
+        """
+        if key in self.nodes:
+            raise ValidationError("duplicate node key", dag=self.name, node=key)
+        name, sig_args, sig_kwargs = _task_parts(task, self.name, key)
+        node = Node(
+            key=key,
+            task=name,
+            args=tuple(sig_args) + tuple(args or ()),
+            kwargs={**sig_kwargs, **(kwargs or {})},
+            upstream=tuple(u.key if isinstance(u, Node) else u for u in upstream),
+            trigger_rule=_enum(TriggerRule, trigger_rule, "trigger_rule", self.name, key),
+            max_attempts=max_attempts,
+            backoff=_backoff(backoff, self.name, key),
+            soft_time_limit=soft_time_limit,
+            time_limit=time_limit,
+            priority=None if priority is None else _enum(Priority, priority, "priority", self.name, key),
+            queue=queue,
+        )
+        self.nodes[key] = node
+        return node
+
+    def priority_of(self, node: Node) -> Priority:
+        return node.priority or self.priority
+
+    def validate(
+        self,
+        is_registered: Callable[[str], bool] | None = None,
+        limits: Limits = Limits(),
+    ) -> None:
+        """Check the whole DAG; raise the first problem as a typed :class:`ValidationError`.
+
+        ``is_registered`` tells whether a task name is registered in the Celery app; names
+        in Celery's own ``celery.`` namespace are always refused.
+        """
+        dag = self.name
+        if not isinstance(dag, str) or not dag or len(dag) > 200:
+            raise ValidationError("a DAG needs a name of 1 to 200 characters", dag=str(dag))
+        if not isinstance(self.tenant, str) or not TENANT_RE.match(self.tenant):
+            raise ValidationError(
+                f"tenant {self.tenant!r} must be 1-64 letters, digits, '_' or '-'", dag=dag
+            )
+        if not self.nodes:
+            raise ValidationError("the DAG has no nodes", dag=dag)
+        if len(self.nodes) > limits.max_nodes:
+            raise ValidationError(
+                f"{len(self.nodes)} nodes exceed the limit of {limits.max_nodes}"
+                " (ORCHESTRATOR_MAX_NODES)",
+                dag=dag,
+            )
+        check_json(self.params, "params", dag=dag)
+        if _json_size(self.params) > limits.max_params_bytes:
+            raise ValidationError(
+                f"params exceed {limits.max_params_bytes} bytes of JSON", dag=dag
+            )
+        for node in self.nodes.values():
+            _validate_node(node, self, is_registered, limits)
+        find_cycle_or_raise(self)
+
+    def roots(self) -> list[Node]:
+        return [n for n in self.nodes.values() if not n.upstream]
+
+    def to_spec(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "tenant": self.tenant,
+            "priority": self.priority.value,
+            "params": self.params,
+            "nodes": [n.to_spec() for n in self.nodes.values()],
+        }
+
+    def with_tenant(self, tenant: str) -> DAG:
+        """A copy of this DAG for another tenant."""
+        other = DAG(self.name, tenant=tenant, priority=self.priority, params=self.params)
+        other.nodes = {k: replace(n) for k, n in self.nodes.items()}
+        return other
+
+
+def _validate_node(
+    node: Node, dag: DAG, is_registered: Callable[[str], bool] | None, limits: Limits
+) -> None:
+    d, k = dag.name, node.key
+
+    def fail(message: str) -> ValidationError:
+        return ValidationError(message, dag=d, node=k)
+
+    if not isinstance(k, str) or not KEY_RE.match(k):
+        raise fail("node keys must be 1-200 letters, digits, '_' or '-'")
+    if not isinstance(node.task, str) or not TASK_NAME_RE.match(node.task):
+        raise fail(f"task {node.task!r} is not a valid Celery task name")
+    if node.task.startswith("celery."):
+        raise UnknownTaskError(f"task {node.task!r} is internal to Celery", dag=d, node=k)
+    if is_registered is not None and not is_registered(node.task):
+        raise UnknownTaskError(
+            f"task {node.task!r} is not registered in the Celery app"
+            " (add its module to ORCHESTRATOR_TASK_MODULES)",
+            dag=d,
+            node=k,
+        )
+    if not isinstance(node.kwargs, Mapping):
+        raise fail("kwargs must be a mapping")
+    check_json(list(node.args), "args", dag=d, node=k)
+    check_json(dict(node.kwargs), "kwargs", dag=d, node=k)
+    if _json_size([list(node.args), dict(node.kwargs)]) > limits.max_node_bytes:
+        raise fail(f"arguments exceed {limits.max_node_bytes} bytes of JSON")
+    seen: set[str] = set()
+    for parent in node.upstream:
+        if parent in seen:
+            raise fail(f"upstream {parent!r} is listed twice")
+        seen.add(parent)
+        if parent not in dag.nodes:
+            raise fail(f"unknown upstream key {parent!r}")
+    if not isinstance(node.trigger_rule, TriggerRule):
+        raise fail(f"unknown trigger rule {node.trigger_rule!r}")
+    if isinstance(node.max_attempts, bool) or not isinstance(node.max_attempts, int):
+        raise fail("max_attempts must be an integer")
+    if node.max_attempts < 1:
+        raise fail(f"max_attempts must be at least 1, not {node.max_attempts}")
+    b = node.backoff
+    if not (_positive(b.base) and _positive(b.cap)) or b.cap < b.base:
+        raise fail("backoff needs 0 < base <= cap")
+    for name in ("soft_time_limit", "time_limit"):
+        value = getattr(node, name)
+        if value is not None and not _positive(value):
+            raise fail(f"{name} must be a positive number of seconds")
+    if (
+        node.soft_time_limit is not None
+        and node.time_limit is not None
+        and node.soft_time_limit >= node.time_limit
+    ):
+        raise fail("soft_time_limit must be below time_limit")
+    if node.queue is not None and (not isinstance(node.queue, str) or not QUEUE_RE.match(node.queue)):
+        raise fail(f"queue {node.queue!r} is not a valid queue name")
+
+
+def _positive(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def find_cycle_or_raise(dag: DAG) -> None:
+    """Raise :class:`CycleError` naming one cycle, if the graph has any (iterative DFS)."""
+    white, grey, black = 0, 1, 2
+    colour = dict.fromkeys(dag.nodes, white)
+    for start in dag.nodes:
+        if colour[start] != white:
+            continue
+        stack: list[tuple[str, int]] = [(start, 0)]
+        path: list[str] = [start]
+        colour[start] = grey
+        while stack:
+            key, i = stack[-1]
+            ups = dag.nodes[key].upstream
+            if i < len(ups):
+                stack[-1] = (key, i + 1)
+                nxt = ups[i]
+                if colour[nxt] == grey:
+                    cycle = path[path.index(nxt):] + [nxt]
+                    # edges point child -> parent here; report them in run order
+                    cycle.reverse()
+                    raise CycleError(cycle, dag=dag.name)
+                if colour[nxt] == white:
+                    colour[nxt] = grey
+                    stack.append((nxt, 0))
+                    path.append(nxt)
+            else:
+                colour[key] = black
+                stack.pop()
+                path.pop()
+
+
+def check_json(value: Any, what: str, *, dag: str | None = None, node: str | None = None) -> None:
+    """Raise :class:`ValidationError` unless ``value`` is plain JSON.
+
+    Plain JSON is None, bool, int, finite float, str, lists/tuples of it and dicts with
+    string keys. NaN/Infinity, sets, bytes and other objects are refused.
+    """
+    stack: list[tuple[Any, str]] = [(value, what)]
+    while stack:
+        item, where = stack.pop()
+        if item is None or isinstance(item, (bool, int, str)):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValidationError(f"{where} holds {item!r}, which is not JSON", dag=dag, node=node)
+            continue
+        if isinstance(item, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+            continue
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    raise ValidationError(
+                        f"{where} has the non-string key {k!r}", dag=dag, node=node
+                    )
+                stack.append((v, f"{where}.{k}"))
+            continue
+        raise ValidationError(
+            f"{where} holds a {type(item).__name__}, which is not JSON", dag=dag, node=node
+        )
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def _enum(cls: Any, value: Any, what: str, dag: str | None = None, node: str | None = None) -> Any:
+    try:
+        return cls(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in cls)
+        raise ValidationError(f"unknown {what} {value!r} (one of: {choices})", dag=dag, node=node) from None
+
+
+def _backoff(value: Backoff | Mapping[str, Any] | None, dag: str, key: str) -> Backoff:
+    if value is None:
+        return Backoff()
+    if isinstance(value, Backoff):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValidationError("backoff must be a mapping {base, cap, jitter}", dag=dag, node=key)
+    unknown = set(value) - {"base", "cap", "jitter"}
+    if unknown:
+        raise ValidationError(f"unknown backoff field(s) {sorted(unknown)}", dag=dag, node=key)
+    return Backoff(
+        base=value.get("base", 1.0),
+        cap=value.get("cap", 60.0),
+        jitter=_enum(Jitter, value.get("jitter", "full"), "jitter", dag, key),
+    )
+
+
+def _task_parts(task: Any, dag: str, key: str) -> tuple[str, Sequence[Any], Mapping[str, Any]]:
+    """Split a signature, task object or name into (name, args, kwargs) without importing Celery."""
+    if isinstance(task, str):
+        return task, (), {}
+    if isinstance(task, Mapping) and "task" in task:  # a celery Signature is a dict
+        return str(task["task"]), tuple(task.get("args") or ()), dict(task.get("kwargs") or {})
+    name = getattr(task, "name", None)
+    if isinstance(name, str):
+        return name, (), {}
+    raise ValidationError(
+        f"task must be a Celery signature, task or task name, not {type(task).__name__}",
+        dag=dag,
+        node=key,
+    )
+
+
+NODE_FIELDS = {
+    "key", "task", "args", "kwargs", "upstream", "trigger_rule", "max_attempts", "backoff",
+    "soft_time_limit", "time_limit", "priority", "queue",
+}  # fmt: skip
+DAG_FIELDS = {"name", "tenant", "priority", "params", "nodes"}
+
+
+def dag_from_spec(spec: Any) -> DAG:
+    """Build a :class:`DAG` from a parsed spec; raise :class:`SpecError` on a wrong shape."""
+    if not isinstance(spec, Mapping):
+        raise SpecError("a DAG spec must be a mapping with 'name' and 'nodes'")
+    unknown = set(spec) - DAG_FIELDS
+    if unknown:
+        raise SpecError(f"unknown top-level field(s) {sorted(unknown)}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise SpecError("the spec needs a 'name'")
+    params = spec.get("params") or {}
+    if not isinstance(params, Mapping):
+        raise SpecError("'params' must be a mapping", dag=name)
+    dag = DAG(
+        name,
+        tenant=spec.get("tenant", "default"),
+        priority=spec.get("priority", "default"),
+        params=params,
+    )
+    nodes = spec.get("nodes")
+    if not isinstance(nodes, list):
+        raise SpecError("'nodes' must be a list", dag=name)
+    for i, raw in enumerate(nodes):
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"nodes[{i}] must be a mapping", dag=name)
+        key = raw.get("key")
+        if not isinstance(key, str):
+            raise SpecError(f"nodes[{i}] needs a string 'key'", dag=name)
+        bad = set(raw) - NODE_FIELDS
+        if bad:
+            raise SpecError(f"unknown field(s) {sorted(bad)}", dag=name, node=key)
+        if "task" not in raw:
+            raise SpecError("missing 'task'", dag=name, node=key)
+        args = raw.get("args") or []
+        if not isinstance(args, list):
+            raise SpecError("'args' must be a list", dag=name, node=key)
+        kwargs = raw.get("kwargs") or {}
+        if not isinstance(kwargs, Mapping):
+            raise SpecError("'kwargs' must be a mapping", dag=name, node=key)
+        upstream = raw.get("upstream") or []
+        if not isinstance(upstream, list) or not all(isinstance(u, str) for u in upstream):
+            raise SpecError("'upstream' must be a list of node keys", dag=name, node=key)
+        task = raw["task"]
+        if not isinstance(task, str):
+            raise SpecError("'task' must be a registered task name", dag=name, node=key)
+        dag.task(
+            key,
+            task,
+            upstream=upstream,
+            args=args,
+            kwargs=kwargs,
+            trigger_rule=raw.get("trigger_rule", "all_success"),
+            max_attempts=raw.get("max_attempts", 1),
+            backoff=raw.get("backoff"),
+            soft_time_limit=raw.get("soft_time_limit"),
+            time_limit=raw.get("time_limit"),
+            priority=raw.get("priority"),
+            queue=raw.get("queue"),
+        )
+    return dag
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_spec(text: str, *, fmt: str) -> Any:
+    """Parse spec text as ``json`` or ``yaml``; raise :class:`SpecError` on a syntax error."""
+    try:
+        if fmt == "json":
+            return json.loads(text, parse_constant=_no_constant)
+        return yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise SpecError(f"cannot parse {fmt.upper()}: {exc}") from None
+
+
+def load_spec(path: str | Path) -> DAG:
+    """Read a YAML (``.yaml``/``.yml``) or JSON spec file into a :class:`DAG`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read {p}: {exc}") from None
+    fmt = "json" if p.suffix.lower() == ".json" else "yaml"
+    return dag_from_spec(parse_spec(text, fmt=fmt))

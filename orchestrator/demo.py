@@ -1,0 +1,119 @@
+"""``orchestrator demo``: a small ETL DAG on the embedded default with an in-process worker."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from .dag import DAG
+from .engine import Orchestrator, RunHandle
+from .models import TaskView
+from .states import RunState, TaskState
+
+
+def build_demo_dag(day: str = "2026-04-25") -> DAG:
+    """extract_orders, extract_customers (flaky) -> clean_* -> aggregate -> load."""
+    dag = DAG("demo_etl", tenant="demo", params={"day": day})
+    orders = dag.task("extract_orders", "tasks.etl.extract_orders", kwargs={"day": day})
+    customers = dag.task(
+        "extract_customers",
+        "tasks.etl.extract_customers",
+        kwargs={"day": day, "fail_first": 1},
+        max_attempts=3,
+        backoff={"base": 0.5, "cap": 2.0, "jitter": "full"},
+    )
+    c_orders = dag.task("clean_orders", "tasks.etl.clean_orders", upstream=[orders])
+    c_customers = dag.task("clean_customers", "tasks.etl.clean_customers", upstream=[customers])
+    agg = dag.task("aggregate", "tasks.etl.aggregate", upstream=[c_orders, c_customers])
+    dag.task("load", "tasks.etl.load", upstream=[agg])
+    return dag
+
+
+def format_tasks(tasks: list[TaskView]) -> str:
+    """A plain-text table: key, state, attempt, duration, error."""
+    header = ("KEY", "STATE", "ATTEMPT", "DURATION", "ERROR")
+    rows = [
+        (
+            t.key,
+            t.state.value,
+            str(t.attempt),
+            f"{t.duration:.2f}s" if t.duration is not None else "-",
+            (t.error or "")[:60] if t.state is not TaskState.SUCCEEDED else "",
+        )
+        for t in tasks
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows])
+
+
+def progress_line(tasks: list[TaskView]) -> str:
+    done = sum(t.state.terminal for t in tasks)
+    parts = [f"{done}/{len(tasks)} done"]
+    for state in (TaskState.RUNNING, TaskState.QUEUED, TaskState.RETRYING):
+        keys = [t.key for t in tasks if t.state is state]
+        if keys:
+            parts.append(f"{state.value.lower()}: {', '.join(keys)}")
+    return " | ".join(parts)
+
+
+def follow(run: RunHandle, echo: Callable[[str], None], timeout: float, poll: float = 0.2) -> RunState:
+    """Print a progress line whenever it changes until the run is final; return its state."""
+    start = time.monotonic()
+    last = ""
+    while True:
+        state = run.state
+        line = progress_line(run.tasks())
+        if line != last:
+            echo(f"[{time.monotonic() - start:5.1f}s] {line}")
+            last = line
+        if state.terminal:
+            return state
+        if time.monotonic() - start > timeout:
+            echo(f"gave up following after {timeout:.0f}s; the run goes on")
+            return state
+        time.sleep(poll)
+
+
+def run_demo(echo: Callable[[str], None] = print, timeout: float = 120.0) -> int:
+    """Run the demo DAG with an in-process worker and ticker; 0 when the run SUCCEEDED."""
+    from celery.contrib.testing.worker import start_worker
+
+    from . import migrate
+
+    orc = Orchestrator()
+    if orc.settings.embedded:
+        migrate.upgrade(orc.store.engine)
+    orc.store.check_schema()
+    app = orc.app
+    # the flaky extract's first attempt fails on purpose; the table below reports it
+    logging.getLogger("celery.app.trace").setLevel(logging.CRITICAL)
+    echo(f"database: {orc.store.engine.url.render_as_string(hide_password=True)}")
+    echo(f"broker:   {orc.settings.broker_url}")
+    stop = threading.Event()
+
+    def ticker() -> None:
+        while not stop.wait(0.2):
+            orc.tick()
+
+    with start_worker(
+        app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="ERROR", shutdown_timeout=30
+    ):
+        thread = threading.Thread(target=ticker, name="demo-ticker", daemon=True)
+        thread.start()
+        try:
+            run = orc.submit(build_demo_dag())
+            echo(f"run {run.id} submitted: demo_etl, 6 tasks")
+            state = follow(run, echo, timeout)
+        finally:
+            stop.set()
+            thread.join()
+    echo("")
+    echo(format_tasks(run.tasks()))
+    echo("")
+    load = run.task("load")
+    if load.result is not None:
+        echo(f"loaded: {load.result}")
+    echo(f"run {run.id}: {state.value}")
+    return 0 if state is RunState.SUCCEEDED else 1

@@ -1,0 +1,70 @@
+"""The one exception hierarchy of the orchestrator.
+
+Every error a caller can see derives from :class:`OrchestratorError`. Errors raised
+while validating input derive from :class:`ValidationError` and name the offending
+DAG or node, so the CLI can print them as one line without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Base class of every error raised by the orchestrator."""
+
+
+class ConfigurationError(OrchestratorError):
+    """A setting is missing or inconsistent; the message says what to set."""
+
+
+class ValidationError(OrchestratorError):
+    """Input was refused before anything was written or published.
+
+    ``node`` names the offending node key when the problem belongs to one node.
+    """
+
+    def __init__(self, message: str, *, dag: str | None = None, node: str | None = None) -> None:
+        self.dag = dag
+        self.node = node
+        where = []
+        if dag is not None:
+            where.append(f"DAG {dag!r}")
+        if node is not None:
+            where.append(f"node {node!r}")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+class CycleError(ValidationError):
+    """The DAG has a cycle; ``cycle`` lists its node keys in order, first repeated last."""
+
+    def __init__(self, cycle: list[str], *, dag: str | None = None) -> None:
+        self.cycle = cycle
+        super().__init__("cycle " + " -> ".join(cycle), dag=dag, node=cycle[0])
+
+
+class UnknownTaskError(ValidationError):
+    """A node names a task that is not registered in the Celery app."""
+
+
+class SpecError(ValidationError):
+    """A DAG spec file (YAML/JSON) cannot be read or has the wrong shape."""
+
+
+class RunNotFound(OrchestratorError):
+    """No run has the given id."""
+
+
+class TaskNotFound(OrchestratorError):
+    """The run has no task with the given key."""
+
+
+class SchemaMissingError(ConfigurationError):
+    """The database has no orchestrator schema; run ``orchestrator db upgrade``."""
+
+
+class RunTimeout(OrchestratorError):
+    """``RunHandle.wait`` gave up before the run reached a final state."""
+
+
+class ResultNotSerializable(OrchestratorError):
+    """A task returned a value that is not plain JSON; the attempt fails without retry."""

@@ -1,0 +1,166 @@
+"""Domain values that cross the store boundary: frozen dataclasses, built in ``store.py`` only."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from .states import RunState, TaskState
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One Celery message to publish for (task, attempt)."""
+
+    run_id: str
+    key: str
+    attempt: int
+    task_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    queue: str
+    soft_time_limit: float | None
+    time_limit: float | None
+
+    @property
+    def task_id(self) -> str:
+        return task_id(self.run_id, self.key, self.attempt)
+
+
+def task_id(run_id: str, key: str, attempt: int) -> str:
+    """The Celery task id of one attempt: ``<run>.<key>.<attempt>``."""
+    return f"{run_id}.{key}.{attempt}"
+
+
+def parse_task_id(value: str) -> tuple[str, str, int] | None:
+    """Invert :func:`task_id`; ``None`` when ``value`` is not an orchestrator task id."""
+    parts = value.split(".")
+    if len(parts) != 3 or not parts[2].isdigit():
+        return None
+    return parts[0], parts[1], int(parts[2])
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a worker learns when its claim (QUEUED -> RUNNING) is accepted."""
+
+    run_id: str
+    key: str
+    attempt: int
+    args: list[Any]
+    kwargs: dict[str, Any]
+    upstream_results: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskView:
+    run_id: str
+    key: str
+    task: str
+    state: TaskState
+    attempt: int
+    max_attempts: int
+    trigger_rule: str
+    queue: str
+    priority: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    result: Any
+    error: str | None
+    worker: str | None
+    dispatched_at: dt.datetime | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    not_before: dt.datetime | None
+
+    @property
+    def duration(self) -> float | None:
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "task": self.task,
+            "state": self.state.value,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "trigger_rule": self.trigger_rule,
+            "queue": self.queue,
+            "priority": self.priority,
+            "dispatched_at": _iso(self.dispatched_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "not_before": _iso(self.not_before),
+            "duration": self.duration,
+            "worker": self.worker,
+            "result": self.result,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class RunView:
+    id: str
+    dag: str
+    tenant: str
+    state: RunState
+    priority: str
+    idempotency_key: str | None
+    params: dict[str, Any]
+    task_count: int
+    open_tasks: int
+    created_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.counts.get(TaskState.DEAD_LETTER.value, 0) > 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "dag": self.dag,
+            "tenant": self.tenant,
+            "state": self.state.value,
+            "priority": self.priority,
+            "idempotency_key": self.idempotency_key,
+            "params": self.params,
+            "task_count": self.task_count,
+            "open_tasks": self.open_tasks,
+            "counts": self.counts,
+            "needs_attention": self.needs_attention,
+            "created_at": _iso(self.created_at),
+            "finished_at": _iso(self.finished_at),
+        }
+
+
+@dataclass(frozen=True)
+class EventView:
+    key: str
+    attempt: int
+    from_state: str | None
+    to_state: str
+    actor: str
+    reason: str | None
+    accepted: bool
+    at: dt.datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "attempt": self.attempt,
+            "from": self.from_state,
+            "to": self.to_state,
+            "actor": self.actor,
+            "reason": self.reason,
+            "accepted": self.accepted,
+            "at": _iso(self.at),
+        }
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value else None

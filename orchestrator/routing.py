@@ -1,0 +1,50 @@
+"""Which Celery queue a task goes to (pure code).
+
+Shared queues are one per priority class (``orchestrator.high``, ``orchestrator.default``,
+``orchestrator.low``). A tenant listed as dedicated gets its own queue per priority class
+(``orchestrator.tenant.<tenant>.<priority>``) so that it can be served by its own workers.
+An explicit node ``queue`` wins over both.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+QUEUE_PREFIX = "orchestrator"
+
+
+class Priority(str, enum.Enum):
+    HIGH = "high"
+    DEFAULT = "default"
+    LOW = "low"
+
+    @property
+    def rank(self) -> int:
+        """Lower ranks are dispatched first."""
+        return _RANKS[self]
+
+
+_RANKS = {Priority.HIGH: 0, Priority.DEFAULT: 1, Priority.LOW: 2}
+
+
+def route(
+    tenant: str,
+    priority: Priority,
+    queue: str | None = None,
+    dedicated_tenants: Iterable[str] = (),
+) -> str:
+    """Return the queue name for a task of ``tenant`` at ``priority``."""
+    if queue:
+        return queue
+    if tenant in set(dedicated_tenants):
+        return f"{QUEUE_PREFIX}.tenant.{tenant}.{priority.value}"
+    return f"{QUEUE_PREFIX}.{priority.value}"
+
+
+def default_queues(dedicated_tenants: Iterable[str] = ()) -> list[str]:
+    """Every queue that :func:`route` can choose without an explicit node queue."""
+    queues = [f"{QUEUE_PREFIX}.{p.value}" for p in Priority]
+    for tenant in dedicated_tenants:
+        queues.extend(f"{QUEUE_PREFIX}.tenant.{tenant}.{p.value}" for p in Priority)
+    return queues

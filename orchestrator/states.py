@@ -1,0 +1,154 @@
+"""Task and run states, the transition table and trigger rules (pure code).
+
+The table :data:`TRANSITIONS` is the only definition of which state changes are legal;
+the store refuses any other (see :func:`check_transition`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .errors import OrchestratorError
+
+
+class TaskState(str, enum.Enum):
+    PENDING = "PENDING"
+    READY = "READY"
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    RETRYING = "RETRYING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    UPSTREAM_FAILED = "UPSTREAM_FAILED"
+    SKIPPED = "SKIPPED"
+    CANCELLED = "CANCELLED"
+    DEAD_LETTER = "DEAD_LETTER"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+class RunState(str, enum.Enum):
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self is not RunState.RUNNING
+
+
+TERMINAL = frozenset(
+    {
+        TaskState.SUCCEEDED,
+        TaskState.FAILED,
+        TaskState.UPSTREAM_FAILED,
+        TaskState.SKIPPED,
+        TaskState.CANCELLED,
+    }
+)
+
+T = TaskState
+NON_TERMINAL = frozenset(s for s in TaskState if s not in TERMINAL)
+
+#: (from, to) -> who may make the change. ``None`` as source means "created".
+TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
+    (T.PENDING, T.READY): frozenset({"worker", "submit", "reconciler", "operator"}),
+    (T.PENDING, T.UPSTREAM_FAILED): frozenset({"worker", "reconciler", "operator"}),
+    (T.PENDING, T.SKIPPED): frozenset({"worker", "reconciler", "operator"}),
+    (T.READY, T.QUEUED): frozenset({"dispatcher"}),
+    (T.QUEUED, T.QUEUED): frozenset({"reconciler"}),
+    (T.QUEUED, T.RUNNING): frozenset({"worker"}),
+    (T.RUNNING, T.SUCCEEDED): frozenset({"worker"}),
+    (T.RUNNING, T.RETRYING): frozenset({"worker", "reconciler"}),
+    (T.RUNNING, T.FAILED): frozenset({"worker", "reconciler"}),
+    (T.RUNNING, T.DEAD_LETTER): frozenset({"worker", "reconciler"}),
+    (T.RETRYING, T.READY): frozenset({"reconciler"}),
+    (T.DEAD_LETTER, T.READY): frozenset({"operator"}),
+    (T.FAILED, T.READY): frozenset({"operator"}),
+    (T.DEAD_LETTER, T.FAILED): frozenset({"operator"}),
+    (T.DEAD_LETTER, T.SKIPPED): frozenset({"operator"}),
+}
+for _s in NON_TERMINAL:
+    TRANSITIONS[(_s, T.CANCELLED)] = frozenset({"operator"})
+
+
+class IllegalTransition(OrchestratorError):
+    """A state change that the transition table does not allow."""
+
+
+def check_transition(src: TaskState, dst: TaskState, actor: str) -> None:
+    """Raise :class:`IllegalTransition` unless ``actor`` may move a task from ``src`` to ``dst``."""
+    allowed = TRANSITIONS.get((src, dst))
+    if allowed is None or actor not in allowed:
+        raise IllegalTransition(f"{actor} may not move a task from {src.value} to {dst.value}")
+
+
+class TriggerRule(str, enum.Enum):
+    """When a task with upstream tasks may run (Airflow's semantics)."""
+
+    ALL_SUCCESS = "all_success"
+    ALL_DONE = "all_done"
+    ONE_SUCCESS = "one_success"
+    ONE_FAILED = "one_failed"
+    NONE_FAILED = "none_failed"
+    ALL_FAILED = "all_failed"
+
+
+@dataclass(frozen=True)
+class UpstreamCounts:
+    """How a task's upstream tasks ended so far.
+
+    ``failed`` counts FAILED and UPSTREAM_FAILED parents; ``done`` counts every terminal parent.
+    """
+
+    total: int
+    done: int
+    succeeded: int
+    failed: int
+    skipped: int
+
+
+def decide(rule: TriggerRule, c: UpstreamCounts) -> TaskState | None:
+    """Return READY, SKIPPED or UPSTREAM_FAILED once ``rule`` is decided, else ``None`` (wait).
+
+    Follows Airflow: ``all_success`` fails upstream on any failure and skips on any skip;
+    ``one_*`` rules fire early as soon as they can; a rule that can no longer be met skips
+    (or, for ``all_success``/``none_failed``, becomes UPSTREAM_FAILED on failure).
+    """
+    all_done = c.done >= c.total
+    if rule is TriggerRule.ALL_SUCCESS:
+        if c.failed:
+            return T.UPSTREAM_FAILED
+        if c.skipped:
+            return T.SKIPPED
+        return T.READY if all_done else None
+    if rule is TriggerRule.ALL_DONE:
+        return T.READY if all_done else None
+    if rule is TriggerRule.ONE_SUCCESS:
+        if c.succeeded:
+            return T.READY
+        if all_done:
+            return T.UPSTREAM_FAILED if c.failed else T.SKIPPED
+        return None
+    if rule is TriggerRule.ONE_FAILED:
+        if c.failed:
+            return T.READY
+        return T.SKIPPED if all_done else None
+    if rule is TriggerRule.NONE_FAILED:
+        if c.failed:
+            return T.UPSTREAM_FAILED
+        return T.READY if all_done else None
+    if rule is TriggerRule.ALL_FAILED:
+        if c.succeeded or c.skipped:
+            return T.SKIPPED
+        return T.READY if all_done else None
+    raise AssertionError(rule)  # pragma: no cover
+
+
+def run_outcome(failed_tasks: int) -> RunState:
+    """The final state of a run whose tasks are all terminal."""
+    return RunState.FAILED if failed_tasks else RunState.SUCCEEDED

@@ -1,0 +1,238 @@
+"""The worker side: a base Celery Task that claims, heartbeats and commits fenced outcomes.
+
+An orchestrated message carries (run, key, attempt) headers. The task:
+
+1. claims with a CAS QUEUED -> RUNNING for that attempt (a lost claim: ack and drop);
+2. runs the body with the arguments stored in the database, a heartbeat extending the lease;
+3. commits SUCCEEDED (JSON result) or a failed attempt (RETRYING with backoff / FAILED),
+   fenced by the attempt, settles the children and publishes what became dispatchable.
+
+The same task called without those headers (``task.delay()``, ``task()``) is a plain Celery task.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import os
+import socket
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Celery, Task
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+
+from .dag import UPSTREAM_KWARG, check_json
+from .engine import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, Orchestrator, declares_upstream
+from .errors import ResultNotSerializable, ValidationError
+from .models import parse_task_id
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What an orchestrated task body may know about itself (see :func:`current_context`)."""
+
+    run_id: str
+    key: str
+    attempt: int
+    upstream: dict[str, Any] = field(default_factory=dict)
+
+
+_context: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("orc_context", default=None)
+
+
+def current_context() -> TaskContext | None:
+    """The running orchestrated task's context, or ``None`` outside a DAG."""
+    return _context.get()
+
+
+class RetryRequested(Exception):
+    """Raised by ``self.retry()`` inside an orchestrated task: a retryable failure whose
+    delay comes from the node's backoff in the database, never a broker countdown."""
+
+
+_orchestrators: dict[tuple[int, int], Orchestrator] = {}
+_orchestrators_lock = threading.Lock()
+
+
+def current_orchestrator(app: Celery) -> Orchestrator:
+    """One :class:`Orchestrator` per (process, app): engines are never shared across fork."""
+    ident = (os.getpid(), id(app))
+    orc = _orchestrators.get(ident)
+    if orc is None:
+        with _orchestrators_lock:
+            orc = _orchestrators.get(ident)
+            if orc is None:
+                orc = Orchestrator(app=app)
+                _orchestrators[ident] = orc
+    return orc
+
+
+class Heartbeater:
+    """One daemon thread per process extending the leases of the attempts it runs."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orc = orchestrator
+        self.lease = orchestrator.settings.lease_seconds
+        self._active: dict[tuple[str, str, int], threading.Event] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def track(self, run_id: str, key: str, attempt: int) -> threading.Event:
+        """Start beating for an attempt; the returned event is set if the lease is lost."""
+        lost = threading.Event()
+        with self._lock:
+            self._active[(run_id, key, attempt)] = lost
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="orc-heartbeat", daemon=True)
+                self._thread.start()
+        return lost
+
+    def untrack(self, run_id: str, key: str, attempt: int) -> None:
+        with self._lock:
+            self._active.pop((run_id, key, attempt), None)
+
+    def _loop(self) -> None:
+        interval = max(self.lease / 3.0, 0.05)
+        while True:
+            self._wake.wait(interval)
+            with self._lock:
+                items = list(self._active.items())
+            for (run_id, key, attempt), lost in items:
+                try:
+                    if not self.orc.store.heartbeat(run_id, key, attempt, self.lease):
+                        log.warning("lease lost for %s.%s attempt %s", run_id, key, attempt)
+                        lost.set()
+                except Exception:  # noqa: BLE001 - a failed beat is retried next interval
+                    log.exception("heartbeat failed for %s.%s attempt %s", run_id, key, attempt)
+
+
+_heartbeaters: dict[int, Heartbeater] = {}
+
+
+def _heartbeater(orc: Orchestrator) -> Heartbeater:
+    hb = _heartbeaters.get(os.getpid())
+    if hb is None:
+        hb = _heartbeaters[os.getpid()] = Heartbeater(orc)
+    return hb
+
+
+def _fencing_token(request: Any) -> tuple[str, str, int] | None | str:
+    """(run, key, attempt) from the message headers; None when absent; an error text when garbled."""
+    run_id = getattr(request, HEADER_RUN, None)
+    key = getattr(request, HEADER_KEY, None)
+    attempt = getattr(request, HEADER_ATTEMPT, None)
+    if run_id is None and key is None and attempt is None:
+        return None
+    if not isinstance(run_id, str) or not isinstance(key, str):
+        return f"malformed orchestrator headers run={run_id!r} key={key!r}"
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        return f"malformed orchestrator attempt header {attempt!r}"
+    return run_id, key, attempt
+
+
+class OrchestratedTask(Task):  # type: ignore[misc]
+    """Base class of every task of the project's app (``task_cls``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)
+        token = _fencing_token(request)
+        if token is None:
+            # a plain Celery message: Task.__call__ would push a fresh request and hide this one
+            return self.run(*args, **kwargs)
+        if isinstance(token, str):
+            log.error("dropping message %s of %s: %s", request.id, self.name, token)
+            return None
+        return self._run_attempt(*token)
+
+    def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Any:
+        if current_context() is not None:
+            raise RetryRequested(str(exc) if exc else "retry requested") from exc
+        return super().retry(*args, exc=exc, **kwargs)
+
+    def _run_attempt(self, run_id: str, key: str, attempt: int) -> Any:
+        orc = current_orchestrator(self.app)
+        settings = orc.settings
+        worker = f"{self.request.hostname or socket.gethostname()}:{os.getpid()}"
+        try:
+            claim = orc.store.claim(run_id, key, attempt, worker, settings.lease_seconds)
+        except Exception:
+            log.exception("claim of %s.%s attempt %s failed; message dropped, the reconciler recovers", run_id, key, attempt)
+            return None
+        if claim is None:
+            log.info("claim of %s.%s attempt %s refused; duplicate or stale message dropped", run_id, key, attempt)
+            return None
+        kwargs = dict(claim.kwargs)
+        if declares_upstream(self):
+            kwargs[UPSTREAM_KWARG] = claim.upstream_results
+        hb = _heartbeater(orc)
+        hb.track(run_id, key, attempt)
+        token = _context.set(TaskContext(run_id, key, attempt, claim.upstream_results))
+        try:
+            result = self.run(*claim.args, **kwargs)
+        except BaseException as exc:
+            hb.untrack(run_id, key, attempt)
+            retry = not isinstance(exc, (ResultNotSerializable, ValidationError))
+            outcome = orc.store.fail(
+                run_id, key, attempt, error=_describe(exc), retry=retry,
+                window=settings.dispatch_window,
+            )  # fmt: skip
+            orc.publish(outcome.dispatches)
+            raise
+        finally:
+            _context.reset(token)
+            hb.untrack(run_id, key, attempt)
+        problem = _result_problem(result, settings.max_result_bytes)
+        if problem is not None:
+            outcome = orc.store.fail(
+                run_id, key, attempt, error=problem, retry=False, window=settings.dispatch_window
+            )
+            orc.publish(outcome.dispatches)
+            raise ResultNotSerializable(f"task {self.name} ({run_id}.{key}): {problem}")
+        outcome = orc.store.succeed(run_id, key, attempt, result, settings.dispatch_window)
+        orc.publish(outcome.dispatches)
+        return result
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        # Celery calls this in the worker's main process when the pool kills a task at its
+        # hard time limit; the body never got to record the failure itself.
+        if not isinstance(exc, TimeLimitExceeded):
+            return
+        parsed = parse_task_id(task_id)
+        if parsed is None:
+            return
+        orc = current_orchestrator(self.app)
+        try:
+            outcome = orc.store.fail(
+                *parsed, error=f"TimeLimitExceeded: hard time limit ({exc})", retry=True,
+                window=orc.settings.dispatch_window,
+            )  # fmt: skip
+            orc.publish(outcome.dispatches)
+        except Exception:  # noqa: BLE001 - the lease expires and the reconciler fails it instead
+            log.exception("could not record the hard time limit of %s", task_id)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return "SoftTimeLimitExceeded: soft time limit exceeded"
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return text[:4000]
+
+
+def _result_problem(result: Any, max_bytes: int) -> str | None:
+    try:
+        check_json(result, "result")
+    except ValidationError as exc:
+        return f"{exc}; tasks in a DAG must return plain JSON"
+    size = len(json.dumps(result, separators=(",", ":")))
+    if size > max_bytes:
+        return f"result is {size} bytes of JSON, over ORCHESTRATOR_MAX_RESULT_BYTES={max_bytes}"
+    return None

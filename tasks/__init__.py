@@ -1,0 +1,1 @@
+"""Task modules registered in the project's Celery app (``ORCHESTRATOR_TASK_MODULES``)."""

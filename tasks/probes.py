@@ -1,0 +1,77 @@
+"""Probe tasks: smoke-test a deployment; used by the tests and the benchmark.
+
+Inside a DAG, the attempt number comes from the orchestrator; called as a plain Celery
+task it is Celery's ``retries + 1``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from orchestrator.celery_app import get_app
+from orchestrator.worker import current_context
+
+app = get_app()
+
+
+def _attempt(task: Any) -> int:
+    ctx = current_context()
+    return ctx.attempt if ctx else int(task.request.retries or 0) + 1
+
+
+@app.task(bind=True)
+def noop(self: Any) -> None:
+    """Do nothing."""
+    return None
+
+
+@app.task(bind=True)
+def sleep(self: Any, seconds: float = 1.0) -> float:
+    """Sleep ``seconds`` and return them."""
+    time.sleep(float(seconds))
+    return float(seconds)
+
+
+class FlakyError(RuntimeError):
+    """Raised by :func:`flaky` on its early attempts."""
+
+
+@app.task(bind=True)
+def flaky(self: Any, fail_times: int = 1) -> int:
+    """Raise :class:`FlakyError` while the attempt number is <= ``fail_times``; return the attempt."""
+    attempt = _attempt(self)
+    if attempt <= int(fail_times):
+        raise FlakyError(f"flaky: attempt {attempt} of the first {fail_times} fails")
+    return attempt
+
+
+class ProbeFailure(RuntimeError):
+    """Raised by :func:`fail`."""
+
+
+@app.task(bind=True)
+def fail(self: Any, message: str = "probe failure") -> None:
+    """Always raise :class:`ProbeFailure` with ``message``."""
+    raise ProbeFailure(message)
+
+
+@app.task(bind=True)
+def crash(self: Any) -> None:
+    """Kill the process running it (SIGKILL): a pool child dies mid-task."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(bind=True)
+def hang(self: Any) -> None:
+    """Never return (until a time limit stops it)."""
+    while True:
+        time.sleep(1.0)
+
+
+@app.task(bind=True)
+def echo(self: Any, upstream: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Return its keyword arguments and its parents' results."""
+    return {"kwargs": kwargs, "upstream": upstream or {}}
