@@ -25,6 +25,7 @@ VISIBILITY_MARGIN = 60.0
 def create_app(settings: Settings | None = None, *, main: str = "orchestrator") -> Celery:
     """A Celery app configured for orchestrated tasks from ``settings`` (default: environment)."""
     settings = settings or Settings.from_env()
+    os.makedirs(settings.data_dir, exist_ok=True)
     transport_options = settings.broker_transport_options()
     for option in ("data_folder_in", "processed_folder"):
         if option in transport_options:

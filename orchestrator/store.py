@@ -260,23 +260,28 @@ class Store:
             .order_by(t_tasks.c.priority_rank, t_tasks.c.ready_at)
             .limit(room)
             .with_for_update(skip_locked=True)
+            # a CTE is evaluated once; an IN (subquery) may be re-run per row and over-admit
+            .cte("picked")
         )
         check_transition(T.READY, T.QUEUED, "dispatcher")
         rows = conn.execute(
             t_tasks.update()
             .where(
-                sa.tuple_(t_tasks.c.run_id, t_tasks.c.key).in_(picked),
+                t_tasks.c.run_id == picked.c.run_id,
+                t_tasks.c.key == picked.c.key,
                 t_tasks.c.state == T.READY.value,
             )
             .values(state=T.QUEUED.value, dispatched_at=db_now())
             .returning(
                 t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.task_name,
                 t_tasks.c.args, t_tasks.c.kwargs, t_tasks.c.queue, t_tasks.c.soft_time_limit,
-                t_tasks.c.time_limit,
+                t_tasks.c.time_limit, t_tasks.c.priority_rank, t_tasks.c.ready_at,
             )  # fmt: skip
         ).all()
         if not rows:
             return []
+        # RETURNING has no order: publish in the order the rows were picked
+        rows.sort(key=lambda r: (r.priority_rank, r.ready_at))
         now = conn.execute(sa.select(db_now())).scalar_one()
         conn.execute(
             t_events.insert(),

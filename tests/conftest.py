@@ -1,0 +1,83 @@
+"""Shared fixtures. Tests use real PostgreSQL and Redis; a missing service fails the test.
+
+The in-process Celery app (``orchestrator.celery_app.get_app``) is configured once from the
+environment set here, before anything imports it: Postgres + Redis db 3.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+PG_BASE = os.environ.get("ORCHESTRATOR_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
+REDIS_BASE = os.environ.get("ORCHESTRATOR_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+IT_DB = "orchestrator_it"
+STORE_DB = "orchestrator_test"
+IT_DATABASE_URL = f"{PG_BASE}/{IT_DB}"
+STORE_DATABASE_URL = f"{PG_BASE}/{STORE_DB}"
+IT_BROKER_URL = f"{REDIS_BASE}/3"
+DATA_DIR = tempfile.mkdtemp(prefix="orc-tests-")
+
+os.environ.update(
+    {
+        "ORCHESTRATOR_DATABASE_URL": IT_DATABASE_URL,
+        "ORCHESTRATOR_BROKER_URL": IT_BROKER_URL,
+        "ORCHESTRATOR_DATA_DIR": DATA_DIR,
+        "ORCHESTRATOR_TICK_SECONDS": "0.2",
+        "ORCHESTRATOR_LEASE_SECONDS": "5",
+    }
+)
+
+
+def ensure_database(name: str) -> str:
+    """Create the database ``name`` if it does not exist; fail clearly if Postgres is down."""
+    admin = sa.create_engine(f"{PG_BASE}/postgres", isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first()
+            if not exists:
+                conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError as exc:
+        pytest.fail(f"PostgreSQL is required at {PG_BASE} ({exc.orig}); start it (see .ci/run)")
+    finally:
+        admin.dispose()
+    return f"{PG_BASE}/{name}"
+
+
+def reset_schema(url: str) -> None:
+    """Drop everything and migrate from scratch with Alembic."""
+    from orchestrator import migrate
+    from orchestrator.store import make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP SCHEMA public CASCADE"))
+            conn.execute(sa.text("CREATE SCHEMA public"))
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    url = ensure_database(STORE_DB)
+    reset_schema(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def redis_client() -> Iterator[object]:
+    import redis
+
+    client = redis.Redis.from_url(IT_BROKER_URL)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError as exc:
+        pytest.fail(f"Redis is required at {IT_BROKER_URL} ({exc}); start it (see .ci/run)")
+    yield client
+    client.close()

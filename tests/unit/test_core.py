@@ -1,0 +1,99 @@
+"""Pure core: states and trigger rules, backoff, routing, task ids, settings."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orchestrator.backoff import Backoff, Jitter
+from orchestrator.config import Settings
+from orchestrator.errors import ConfigurationError
+from orchestrator.models import parse_task_id, task_id
+from orchestrator.routing import Priority, default_queues, route
+from orchestrator.states import (
+    TRANSITIONS,
+    IllegalTransition,
+    TaskState,
+    TriggerRule,
+    UpstreamCounts,
+    check_transition,
+    decide,
+)
+
+T = TaskState
+R = TriggerRule
+
+
+def c(total: int, succeeded: int = 0, failed: int = 0, skipped: int = 0) -> UpstreamCounts:
+    return UpstreamCounts(total, succeeded + failed + skipped, succeeded, failed, skipped)
+
+
+@pytest.mark.parametrize(
+    ("rule", "counts", "expected"),
+    [
+        (R.ALL_SUCCESS, c(2, succeeded=1), None),
+        (R.ALL_SUCCESS, c(2, succeeded=2), T.READY),
+        (R.ALL_SUCCESS, c(2, failed=1), T.UPSTREAM_FAILED),
+        (R.ALL_SUCCESS, c(2, succeeded=1, skipped=1), T.SKIPPED),
+        (R.ALL_DONE, c(2, failed=1), None),
+        (R.ALL_DONE, c(2, failed=1, skipped=1), T.READY),
+        (R.ONE_SUCCESS, c(3, succeeded=1), T.READY),
+        (R.ONE_SUCCESS, c(2, failed=1), None),
+        (R.ONE_SUCCESS, c(2, failed=2), T.UPSTREAM_FAILED),
+        (R.ONE_SUCCESS, c(2, skipped=2), T.SKIPPED),
+        (R.ONE_FAILED, c(3, failed=1), T.READY),
+        (R.ONE_FAILED, c(2, succeeded=2), T.SKIPPED),
+        (R.NONE_FAILED, c(2, succeeded=1, skipped=1), T.READY),
+        (R.NONE_FAILED, c(2, failed=1), T.UPSTREAM_FAILED),
+        (R.ALL_FAILED, c(2, failed=2), T.READY),
+        (R.ALL_FAILED, c(2, succeeded=1), T.SKIPPED),
+        (R.ALL_FAILED, c(2, failed=1), None),
+    ],
+)
+def test_trigger_rules(rule: TriggerRule, counts: UpstreamCounts, expected: TaskState | None) -> None:
+    assert decide(rule, counts) == expected
+
+
+def test_transition_table_is_enforced() -> None:
+    check_transition(T.QUEUED, T.RUNNING, "worker")
+    with pytest.raises(IllegalTransition):
+        check_transition(T.SUCCEEDED, T.RUNNING, "worker")
+    with pytest.raises(IllegalTransition):
+        check_transition(T.READY, T.QUEUED, "worker")  # only the dispatcher admits
+    # a terminal task only leaves its state by an operator's hand
+    assert all(actors == {"operator"} for (src, _), actors in TRANSITIONS.items() if src.terminal)
+
+
+def test_backoff_full_jitter_stays_under_capped_ceiling() -> None:
+    b = Backoff(base=1.0, cap=10.0, jitter=Jitter.FULL)
+    rng = random.Random(7)
+    assert [b.ceiling(n) for n in (1, 2, 3, 4, 5, 50)] == [1, 2, 4, 8, 10, 10]
+    for n in range(1, 40):
+        assert 0 <= b.delay(n, rng) <= b.ceiling(n)
+    equal = Backoff(base=2.0, cap=100.0, jitter=Jitter.EQUAL)
+    assert all(2.0 <= equal.delay(2, rng) <= 4.0 for _ in range(100))
+    assert Backoff(base=3, cap=5, jitter=Jitter.NONE).delay(3) == 5
+    with pytest.raises(ValueError):
+        b.delay(0)
+
+
+def test_routing() -> None:
+    assert route("acme", Priority.HIGH) == "orchestrator.high"
+    assert route("acme", Priority.LOW, dedicated_tenants=["acme"]) == "orchestrator.tenant.acme.low"
+    assert route("acme", Priority.LOW, queue="gpu") == "gpu"
+    assert set(default_queues(["acme"])) >= {"orchestrator.default", "orchestrator.tenant.acme.high"}
+
+
+def test_task_id_round_trip() -> None:
+    assert parse_task_id(task_id("abc", "extract_1", 3)) == ("abc", "extract_1", 3)
+    assert parse_task_id("8c1f1a0e-uuid-like") is None
+
+
+def test_settings_from_env_and_errors(tmp_path: object) -> None:
+    s = Settings.from_env({"ORCHESTRATOR_DATA_DIR": "/tmp/x", "ORCHESTRATOR_LEASE_SECONDS": "7",
+                           "ORCHESTRATOR_DEDICATED_TENANTS": "a, b"})  # fmt: skip
+    assert s.embedded and s.database_url == "sqlite:////tmp/x/orchestrator.db"
+    assert s.lease_seconds == 7.0 and s.dedicated_tenants == ("a", "b")
+    with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DISPATCH_WINDOW"):
+        Settings.from_env({"ORCHESTRATOR_DISPATCH_WINDOW": "lots"})
