@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 
 
-class Jitter(str, enum.Enum):
+class Jitter(enum.StrEnum):
     FULL = "full"
     EQUAL = "equal"
     NONE = "none"

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from celery import Celery, signals
-from kombu import Queue
+from kombu.entity import Queue
 
 from .config import Settings
 from .errors import ConfigurationError
@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
         timezone="UTC",
         enable_utc=True,
     )
-    app.orchestrator_settings = settings  # type: ignore[attr-defined]
+    app.orchestrator_settings = settings
 
     @app.task(name="orchestrator.tick", ignore_result=True, acks_late=False)
     def tick() -> int:
@@ -82,9 +82,7 @@ def check_worker_settings(app: Celery) -> None:
     """
     conf = app.conf
     if set(conf.accept_content or ()) - {"json", "application/json"}:
-        raise ConfigurationError(
-            f"accept_content is {conf.accept_content!r}: the orchestrator accepts JSON only"
-        )
+        raise ConfigurationError(f"accept_content is {conf.accept_content!r}: the orchestrator accepts JSON only")
     url = str(conf.broker_url or "")
     if url.startswith(("redis", "rediss", "sentinel", "sqs")):
         vt = float((conf.broker_transport_options or {}).get("visibility_timeout", 3600))

@@ -106,6 +106,22 @@ def current() -> None:
     click.echo(f"current: {migrate.current(_orc().store.engine)}  head: {migrate.head()}")
 
 
+@db.command()
+def check() -> None:
+    """Exit 1 unless the database is at head and matches the declared schema exactly."""
+    from . import migrate
+
+    engine = _orc().store.engine
+    at, head = migrate.current(engine), migrate.head()
+    diff = migrate.schema_diff(engine)
+    if at != head or diff:
+        click.echo(f"schema mismatch: revision {at} (head {head})", err=True)
+        for item in diff:
+            click.echo(f"  {item}", err=True)
+        sys.exit(1)
+    click.echo(f"schema matches orchestrator/schema.py at revision {head}")
+
+
 def _ready_store() -> Any:
     orc = _orc()
     if orc.settings.embedded:

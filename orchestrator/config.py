@@ -105,6 +105,4 @@ def _convert(name: str, raw: str, default: Any) -> Any:
             return float(raw)
         return raw
     except ValueError:
-        raise ConfigurationError(
-            f"{PREFIX}{name.upper()}={raw!r} is not a valid {type(default).__name__}"
-        ) from None
+        raise ConfigurationError(f"{PREFIX}{name.upper()}={raw!r} is not a valid {type(default).__name__}") from None

@@ -161,22 +161,17 @@ class DAG:
         if not isinstance(dag, str) or not dag or len(dag) > 200:
             raise ValidationError("a DAG needs a name of 1 to 200 characters", dag=str(dag))
         if not isinstance(self.tenant, str) or not TENANT_RE.match(self.tenant):
-            raise ValidationError(
-                f"tenant {self.tenant!r} must be 1-64 letters, digits, '_' or '-'", dag=dag
-            )
+            raise ValidationError(f"tenant {self.tenant!r} must be 1-64 letters, digits, '_' or '-'", dag=dag)
         if not self.nodes:
             raise ValidationError("the DAG has no nodes", dag=dag)
         if len(self.nodes) > limits.max_nodes:
             raise ValidationError(
-                f"{len(self.nodes)} nodes exceed the limit of {limits.max_nodes}"
-                " (ORCHESTRATOR_MAX_NODES)",
+                f"{len(self.nodes)} nodes exceed the limit of {limits.max_nodes} (ORCHESTRATOR_MAX_NODES)",
                 dag=dag,
             )
         check_json(self.params, "params", dag=dag)
         if _json_size(self.params) > limits.max_params_bytes:
-            raise ValidationError(
-                f"params exceed {limits.max_params_bytes} bytes of JSON", dag=dag
-            )
+            raise ValidationError(f"params exceed {limits.max_params_bytes} bytes of JSON", dag=dag)
         for node in self.nodes.values():
             _validate_node(node, self, is_registered, limits)
         find_cycle_or_raise(self)
@@ -200,9 +195,7 @@ class DAG:
         return other
 
 
-def _validate_node(
-    node: Node, dag: DAG, is_registered: Callable[[str], bool] | None, limits: Limits
-) -> None:
+def _validate_node(node: Node, dag: DAG, is_registered: Callable[[str], bool] | None, limits: Limits) -> None:
     d, k = dag.name, node.key
 
     def fail(message: str) -> ValidationError:
@@ -216,8 +209,7 @@ def _validate_node(
         raise UnknownTaskError(f"task {node.task!r} is internal to Celery", dag=d, node=k)
     if is_registered is not None and not is_registered(node.task):
         raise UnknownTaskError(
-            f"task {node.task!r} is not registered in the Celery app"
-            " (add its module to ORCHESTRATOR_TASK_MODULES)",
+            f"task {node.task!r} is not registered in the Celery app (add its module to ORCHESTRATOR_TASK_MODULES)",
             dag=d,
             node=k,
         )
@@ -247,23 +239,14 @@ def _validate_node(
         value = getattr(node, name)
         if value is not None and not _positive(value):
             raise fail(f"{name} must be a positive number of seconds")
-    if (
-        node.soft_time_limit is not None
-        and node.time_limit is not None
-        and node.soft_time_limit >= node.time_limit
-    ):
+    if node.soft_time_limit is not None and node.time_limit is not None and node.soft_time_limit >= node.time_limit:
         raise fail("soft_time_limit must be below time_limit")
     if node.queue is not None and (not isinstance(node.queue, str) or not QUEUE_RE.match(node.queue)):
         raise fail(f"queue {node.queue!r} is not a valid queue name")
 
 
 def _positive(value: object) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def find_cycle_or_raise(dag: DAG) -> None:
@@ -283,7 +266,7 @@ def find_cycle_or_raise(dag: DAG) -> None:
                 stack[-1] = (key, i + 1)
                 nxt = ups[i]
                 if colour[nxt] == grey:
-                    cycle = path[path.index(nxt):] + [nxt]
+                    cycle = [*path[path.index(nxt) :], nxt]
                     # edges point child -> parent here; report them in run order
                     cycle.reverse()
                     raise CycleError(cycle, dag=dag.name)
@@ -318,14 +301,10 @@ def check_json(value: Any, what: str, *, dag: str | None = None, node: str | Non
         if isinstance(item, dict):
             for k, v in item.items():
                 if not isinstance(k, str):
-                    raise ValidationError(
-                        f"{where} has the non-string key {k!r}", dag=dag, node=node
-                    )
+                    raise ValidationError(f"{where} has the non-string key {k!r}", dag=dag, node=node)
                 stack.append((v, f"{where}.{k}"))
             continue
-        raise ValidationError(
-            f"{where} holds a {type(item).__name__}, which is not JSON", dag=dag, node=node
-        )
+        raise ValidationError(f"{where} holds a {type(item).__name__}, which is not JSON", dag=dag, node=node)
 
 
 def _json_size(value: Any) -> int:
@@ -374,9 +353,19 @@ def _task_parts(task: Any, dag: str, key: str) -> tuple[str, Sequence[Any], Mapp
 
 
 NODE_FIELDS = {
-    "key", "task", "args", "kwargs", "upstream", "trigger_rule", "max_attempts", "backoff",
-    "soft_time_limit", "time_limit", "priority", "queue",
-}  # fmt: skip
+    "key",
+    "task",
+    "args",
+    "kwargs",
+    "upstream",
+    "trigger_rule",
+    "max_attempts",
+    "backoff",
+    "soft_time_limit",
+    "time_limit",
+    "priority",
+    "queue",
+}
 DAG_FIELDS = {"name", "tenant", "priority", "params", "nodes"}
 
 

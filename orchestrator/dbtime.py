@@ -48,11 +48,11 @@ def _after_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
 
 
 def _sqlite_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None).strftime(_SQLITE_FMT)
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None).strftime(_SQLITE_FMT)
 
 
 def _sqlite_now_plus(seconds: float) -> str:
-    moment = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=float(seconds or 0))
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=float(seconds or 0))
     return moment.replace(tzinfo=None).strftime(_SQLITE_FMT)
 
 
@@ -64,5 +64,5 @@ def register_sqlite_functions(dbapi_connection: Any) -> None:
 def aware(value: dt.datetime | None) -> dt.datetime | None:
     """Datetimes from SQLite come back naive; they are UTC."""
     if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=dt.timezone.utc)
+        return value.replace(tzinfo=dt.UTC)
     return value

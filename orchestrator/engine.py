@@ -40,7 +40,9 @@ class Orchestrator:
         app: Celery | None = None,
         store: Store | None = None,
     ) -> None:
-        self.settings = settings or (getattr(app, "orchestrator_settings", None) if app else None) or Settings.from_env()
+        self.settings = (
+            settings or (getattr(app, "orchestrator_settings", None) if app else None) or Settings.from_env()
+        )
         self._app = app
         self._store = store
 
@@ -89,7 +91,9 @@ class Orchestrator:
             dag = dag.with_tenant(tenant)
         dag.validate(self.is_registered, self.settings.limits)
         self._check_time_limits(dag)
-        if idempotency_key is not None and (not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200):
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200
+        ):
             raise ValidationError("idempotency key must be a string of 1 to 200 characters", dag=dag.name)
         queues = {
             n.key: route(dag.tenant, dag.priority_of(n), n.queue, self.settings.dedicated_tenants)
@@ -144,8 +148,10 @@ class Orchestrator:
                         producer=producer,
                     )
                     sent += 1
-        except Exception:  # noqa: BLE001 - the broker is a lossy transport; the DB keeps the truth
-            log.exception("publish failed after %d of %d messages; the reconciler re-publishes the rest", sent, len(batch))
+        except Exception:
+            log.exception(
+                "publish failed after %d of %d messages; the reconciler re-publishes the rest", sent, len(batch)
+            )
         return sent
 
     def tick(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -37,6 +38,16 @@ def downgrade(engine: Engine, revision: str) -> None:
 def current(engine: Engine) -> str | None:
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def schema_diff(engine: Engine) -> list[Any]:
+    """Differences between the live database and ``orchestrator.schema`` (empty when equal)."""
+    from alembic.autogenerate import compare_metadata
+
+    from .schema import metadata
+
+    with engine.connect() as conn:
+        return list(compare_metadata(MigrationContext.configure(conn), metadata))
 
 
 def head() -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 QUEUE_PREFIX = "orchestrator"
 
 
-class Priority(str, enum.Enum):
+class Priority(enum.StrEnum):
     HIGH = "high"
     DEFAULT = "default"
     LOW = "low"

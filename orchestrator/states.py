@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .errors import OrchestratorError
 
 
-class TaskState(str, enum.Enum):
+class TaskState(enum.StrEnum):
     PENDING = "PENDING"
     READY = "READY"
     QUEUED = "QUEUED"
@@ -30,7 +30,7 @@ class TaskState(str, enum.Enum):
         return self in TERMINAL
 
 
-class RunState(str, enum.Enum):
+class RunState(enum.StrEnum):
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
@@ -87,7 +87,7 @@ def check_transition(src: TaskState, dst: TaskState, actor: str) -> None:
         raise IllegalTransition(f"{actor} may not move a task from {src.value} to {dst.value}")
 
 
-class TriggerRule(str, enum.Enum):
+class TriggerRule(enum.StrEnum):
     """When a task with upstream tasks may run (Airflow's semantics)."""
 
     ALL_SUCCESS = "all_success"

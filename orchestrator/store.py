@@ -51,9 +51,7 @@ def make_engine(url: str) -> Engine:
         path = sa.engine.make_url(url).database
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        engine = sa.create_engine(
-            url, connect_args={"timeout": 60, "check_same_thread": False}, pool_pre_ping=False
-        )
+        engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False}, pool_pre_ping=False)
 
         @sa.event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -72,7 +70,7 @@ def make_engine(url: str) -> Engine:
 
         return engine
     if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
     return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
 
 
@@ -93,9 +91,7 @@ class Store:
     """The persistence facade over one database (Postgres or SQLite)."""
 
     def __init__(self, url_or_engine: str | Engine, *, id_factory: Callable[[], str] = new_run_id) -> None:
-        self.engine = (
-            make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
-        )
+        self.engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
         self.is_postgres = self.engine.dialect.name == "postgresql"
         self.new_id = id_factory
 
@@ -180,7 +176,9 @@ class Store:
                     created_at=now,
                 )
             )
-            rows, edge_rows, event_rows = [], [], []
+            rows: list[dict[str, Any]] = []
+            edge_rows: list[dict[str, str]] = []
+            event_rows: list[dict[str, Any]] = []
             for node in dag.nodes.values():
                 prio = dag.priority_of(node)
                 root = not node.upstream
@@ -215,9 +213,7 @@ class Store:
                         "ready_at": now if root else None,
                     }
                 )
-                edge_rows.extend(
-                    {"run_id": run_id, "parent_key": p, "child_key": node.key} for p in node.upstream
-                )
+                edge_rows.extend({"run_id": run_id, "parent_key": p, "child_key": node.key} for p in node.upstream)
                 if root:
                     event_rows.append(_event(run_id, node.key, 1, T.PENDING, T.READY, "submit", "root", True, now))
             conn.execute(t_tasks.insert(), rows)
@@ -241,15 +237,11 @@ class Store:
     def admit(self, conn: Connection, window: int) -> list[Dispatch]:
         """CAS READY -> QUEUED for as many tasks as the in-flight window allows, in priority
         order; returns the messages to publish *after* the caller commits."""
-        ready = conn.execute(
-            sa.select(t_tasks.c.run_id).where(t_tasks.c.state == T.READY.value).limit(1)
-        ).first()
+        ready = conn.execute(sa.select(t_tasks.c.run_id).where(t_tasks.c.state == T.READY.value).limit(1)).first()
         if ready is None:
             return []
         inflight = conn.execute(
-            sa.select(sa.func.count()).where(
-                t_tasks.c.state.in_([T.QUEUED.value, T.RUNNING.value])
-            )
+            sa.select(sa.func.count()).where(t_tasks.c.state.in_([T.QUEUED.value, T.RUNNING.value]))
         ).scalar_one()
         room = window - inflight
         if room <= 0:
@@ -273,23 +265,40 @@ class Store:
             )
             .values(state=T.QUEUED.value, dispatched_at=db_now())
             .returning(
-                t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.task_name,
-                t_tasks.c.args, t_tasks.c.kwargs, t_tasks.c.queue, t_tasks.c.soft_time_limit,
-                t_tasks.c.time_limit, t_tasks.c.priority_rank, t_tasks.c.ready_at,
-            )  # fmt: skip
+                t_tasks.c.run_id,
+                t_tasks.c.key,
+                t_tasks.c.attempt,
+                t_tasks.c.task_name,
+                t_tasks.c.args,
+                t_tasks.c.kwargs,
+                t_tasks.c.queue,
+                t_tasks.c.soft_time_limit,
+                t_tasks.c.time_limit,
+                t_tasks.c.priority_rank,
+                t_tasks.c.ready_at,
+            )
         ).all()
         if not rows:
             return []
         # RETURNING has no order: publish in the order the rows were picked
-        rows.sort(key=lambda r: (r.priority_rank, r.ready_at))
+        rows = sorted(rows, key=lambda r: (r.priority_rank, r.ready_at))
         now = conn.execute(sa.select(db_now())).scalar_one()
         conn.execute(
             t_events.insert(),
             [_event(r.run_id, r.key, r.attempt, T.READY, T.QUEUED, "dispatcher", None, True, now) for r in rows],
         )
         return [
-            Dispatch(r.run_id, r.key, r.attempt, r.task_name, list(r.args), dict(r.kwargs), r.queue,
-                     r.soft_time_limit, r.time_limit)  # fmt: skip
+            Dispatch(
+                r.run_id,
+                r.key,
+                r.attempt,
+                r.task_name,
+                list(r.args),
+                dict(r.kwargs),
+                r.queue,
+                r.soft_time_limit,
+                r.time_limit,
+            )
             for r in rows
         ]
 
@@ -311,9 +320,11 @@ class Store:
                 now = conn.execute(sa.select(db_now())).scalar_one()
                 conn.execute(
                     t_events.insert(),
-                    [_event(r.run_id, r.key, r.attempt, T.RETRYING, T.READY, "reconciler", "retry due", True, now)
-                     for r in rows],
-                )  # fmt: skip
+                    [
+                        _event(r.run_id, r.key, r.attempt, T.RETRYING, T.READY, "reconciler", "retry due", True, now)
+                        for r in rows
+                    ],
+                )
             return len(rows), self.admit(conn, window)
 
         return self.transaction(tx)
@@ -393,9 +404,16 @@ class Store:
 
         def tx(conn: Connection) -> Outcome:
             ok = self._cas(
-                conn, run_id, key, attempt, T.RUNNING, T.SUCCEEDED, "worker", None,
+                conn,
+                run_id,
+                key,
+                attempt,
+                T.RUNNING,
+                T.SUCCEEDED,
+                "worker",
+                None,
                 {"result": result, "finished_at": db_now(), "lease_expires_at": None},
-            )  # fmt: skip
+            )
             if not ok:
                 return Outcome(False, None, [])
             self._settle(conn, run_id, [(key, T.SUCCEEDED)])
@@ -428,16 +446,34 @@ class Store:
             if row is not None and retry and attempt < row.max_attempts:
                 delay = _backoff(row.backoff).delay(attempt)
                 ok = self._cas(
-                    conn, run_id, key, attempt, T.RUNNING, T.RETRYING, actor,
+                    conn,
+                    run_id,
+                    key,
+                    attempt,
+                    T.RUNNING,
+                    T.RETRYING,
+                    actor,
                     f"{error} (retry in {delay:.2f}s)",
-                    {"attempt": attempt + 1, "not_before": db_after(delay), "error": error,
-                     "fingerprint": fingerprint, "lease_expires_at": None},
-                )  # fmt: skip
+                    {
+                        "attempt": attempt + 1,
+                        "not_before": db_after(delay),
+                        "error": error,
+                        "fingerprint": fingerprint,
+                        "lease_expires_at": None,
+                    },
+                )
                 return Outcome(ok, T.RETRYING if ok else None, [])
             ok = self._cas(
-                conn, run_id, key, attempt, T.RUNNING, T.FAILED, actor, error,
+                conn,
+                run_id,
+                key,
+                attempt,
+                T.RUNNING,
+                T.FAILED,
+                actor,
+                error,
                 {"error": error, "fingerprint": fingerprint, "finished_at": db_now(), "lease_expires_at": None},
-            )  # fmt: skip
+            )
             if not ok:
                 return Outcome(False, None, [])
             self._settle(conn, run_id, [(key, T.FAILED)])
@@ -477,34 +513,59 @@ class Store:
         return True
 
     def _record(
-        self, conn: Connection, run_id: str, key: str, attempt: int,
-        src: TaskState | None, dst: TaskState, actor: str, reason: str | None,
-    ) -> None:  # fmt: skip
+        self,
+        conn: Connection,
+        run_id: str,
+        key: str,
+        attempt: int,
+        src: TaskState | None,
+        dst: TaskState,
+        actor: str,
+        reason: str | None,
+    ) -> None:
         conn.execute(
             t_events.insert().values(
-                run_id=run_id, key=key, attempt=attempt, from_state=src.value if src else None,
-                to_state=dst.value, actor=actor, reason=reason, accepted=True, at=db_now(),
-            )  # fmt: skip
+                run_id=run_id,
+                key=key,
+                attempt=attempt,
+                from_state=src.value if src else None,
+                to_state=dst.value,
+                actor=actor,
+                reason=reason,
+                accepted=True,
+                at=db_now(),
+            )
         )
 
     def _reject(
-        self, conn: Connection, run_id: str, key: str, attempt: int, dst: TaskState,
-        actor: str, reason: str | None,
-    ) -> None:  # fmt: skip
+        self,
+        conn: Connection,
+        run_id: str,
+        key: str,
+        attempt: int,
+        dst: TaskState,
+        actor: str,
+        reason: str | None,
+    ) -> None:
         """Write the rejected event of a CAS that lost, naming what the row holds now."""
         row = conn.execute(
-            sa.select(t_tasks.c.state, t_tasks.c.attempt).where(
-                t_tasks.c.run_id == run_id, t_tasks.c.key == key
-            )
+            sa.select(t_tasks.c.state, t_tasks.c.attempt).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
         ).first()
         now_holds = "no such task" if row is None else f"row holds {row.state} attempt {row.attempt}"
         text = f"{reason + '; ' if reason else ''}{now_holds}"
         log.info("rejected %s %s.%s attempt %s -> %s: %s", actor, run_id, key, attempt, dst.value, text)
         conn.execute(
             t_events.insert().values(
-                run_id=run_id, key=key, attempt=attempt, from_state=row.state if row else None,
-                to_state=dst.value, actor=actor, reason=text, accepted=False, at=db_now(),
-            )  # fmt: skip
+                run_id=run_id,
+                key=key,
+                attempt=attempt,
+                from_state=row.state if row else None,
+                to_state=dst.value,
+                actor=actor,
+                reason=text,
+                accepted=False,
+                at=db_now(),
+            )
         )
 
     def _settle(self, conn: Connection, run_id: str, finished: list[tuple[str, TaskState]]) -> None:
@@ -519,9 +580,7 @@ class Store:
                 .where(
                     t_tasks.c.run_id == run_id,
                     t_tasks.c.key.in_(
-                        sa.select(t_edges.c.child_key).where(
-                            t_edges.c.run_id == run_id, t_edges.c.parent_key == key
-                        )
+                        sa.select(t_edges.c.child_key).where(t_edges.c.run_id == run_id, t_edges.c.parent_key == key)
                     ),
                 )
                 .values(
@@ -531,10 +590,16 @@ class Store:
                     n_skipped=t_tasks.c.n_skipped + int(state is T.SKIPPED),
                 )
                 .returning(
-                    t_tasks.c.key, t_tasks.c.state, t_tasks.c.attempt, t_tasks.c.trigger_rule,
-                    t_tasks.c.n_upstream, t_tasks.c.n_done, t_tasks.c.n_succeeded,
-                    t_tasks.c.n_failed, t_tasks.c.n_skipped,
-                )  # fmt: skip
+                    t_tasks.c.key,
+                    t_tasks.c.state,
+                    t_tasks.c.attempt,
+                    t_tasks.c.trigger_rule,
+                    t_tasks.c.n_upstream,
+                    t_tasks.c.n_done,
+                    t_tasks.c.n_succeeded,
+                    t_tasks.c.n_failed,
+                    t_tasks.c.n_skipped,
+                )
             ).all()
             decided: dict[TaskState, list[tuple[str, int]]] = {}
             for r in rows:
@@ -545,16 +610,24 @@ class Store:
                 if verdict is not None:
                     decided.setdefault(verdict, []).append((r.key, r.attempt))
             for verdict, keys in decided.items():
-                moved = self._cas_many(conn, run_id, keys, T.PENDING, verdict, "worker", f"upstream {key} {state.value}")
+                moved = self._cas_many(
+                    conn, run_id, keys, T.PENDING, verdict, "worker", f"upstream {key} {state.value}"
+                )
                 if verdict in TERMINAL:
                     closed += len(moved)
                     work.extend((k, verdict) for k in moved)
         self._close_tasks(conn, run_id, closed)
 
     def _cas_many(
-        self, conn: Connection, run_id: str, keys: Sequence[tuple[str, int]],
-        src: TaskState, dst: TaskState, actor: str, reason: str,
-    ) -> list[str]:  # fmt: skip
+        self,
+        conn: Connection,
+        run_id: str,
+        keys: Sequence[tuple[str, int]],
+        src: TaskState,
+        dst: TaskState,
+        actor: str,
+        reason: str,
+    ) -> list[str]:
         check_transition(src, dst, actor)
         extra: dict[str, Any] = {"ready_at": db_now()} if dst is T.READY else {"finished_at": db_now()}
         moved = conn.execute(
@@ -608,7 +681,7 @@ class Store:
             row = conn.execute(sa.select(t_runs).where(t_runs.c.id == run_id)).first()
             if row is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
-            counts = dict(
+            counts: dict[str, int] = dict(
                 conn.execute(
                     sa.select(t_tasks.c.state, sa.func.count())
                     .where(t_tasks.c.run_id == run_id)
@@ -640,18 +713,14 @@ class Store:
 
     def get_task(self, run_id: str, key: str) -> TaskView:
         with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(t_tasks).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
-            ).first()
+            row = conn.execute(sa.select(t_tasks).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)).first()
         if row is None:
             raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
         return _task_view(row)
 
     def events(self, run_id: str) -> list[EventView]:
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(t_events).where(t_events.c.run_id == run_id).order_by(t_events.c.id)
-            ).all()
+            rows = conn.execute(sa.select(t_events).where(t_events.c.run_id == run_id).order_by(t_events.c.id)).all()
         return [
             EventView(r.key, r.attempt, r.from_state, r.to_state, r.actor, r.reason, r.accepted, aware(r.at))
             for r in rows
@@ -659,13 +728,27 @@ class Store:
 
 
 def _event(
-    run_id: str, key: str, attempt: int, src: TaskState | None, dst: TaskState,
-    actor: str, reason: str | None, accepted: bool, at: Any,
-) -> dict[str, Any]:  # fmt: skip
+    run_id: str,
+    key: str,
+    attempt: int,
+    src: TaskState | None,
+    dst: TaskState,
+    actor: str,
+    reason: str | None,
+    accepted: bool,
+    at: Any,
+) -> dict[str, Any]:
     return {
-        "run_id": run_id, "key": key, "attempt": attempt, "from_state": src.value if src else None,
-        "to_state": dst.value, "actor": actor, "reason": reason, "accepted": accepted, "at": at,
-    }  # fmt: skip
+        "run_id": run_id,
+        "key": key,
+        "attempt": attempt,
+        "from_state": src.value if src else None,
+        "to_state": dst.value,
+        "actor": actor,
+        "reason": reason,
+        "accepted": accepted,
+        "at": at,
+    }
 
 
 def _backoff(raw: dict[str, Any]) -> Backoff:
@@ -674,21 +757,42 @@ def _backoff(raw: dict[str, Any]) -> Backoff:
 
 def _run_view(row: Any, counts: dict[str, int]) -> RunView:
     return RunView(
-        id=row.id, dag=row.dag_name, tenant=row.tenant, state=RunState(row.state), priority=row.priority,
-        idempotency_key=row.idempotency_key, params=row.params, task_count=row.task_count,
-        open_tasks=row.open_tasks, created_at=aware(row.created_at), finished_at=aware(row.finished_at),
+        id=row.id,
+        dag=row.dag_name,
+        tenant=row.tenant,
+        state=RunState(row.state),
+        priority=row.priority,
+        idempotency_key=row.idempotency_key,
+        params=row.params,
+        task_count=row.task_count,
+        open_tasks=row.open_tasks,
+        created_at=aware(row.created_at),
+        finished_at=aware(row.finished_at),
         counts=counts,
-    )  # fmt: skip
+    )
 
 
 def _task_view(r: Any) -> TaskView:
     return TaskView(
-        run_id=r.run_id, key=r.key, task=r.task_name, state=TaskState(r.state), attempt=r.attempt,
-        max_attempts=r.max_attempts, trigger_rule=r.trigger_rule, queue=r.queue, priority=r.priority,
-        args=r.args, kwargs=r.kwargs, result=r.result, error=r.error, worker=r.worker,
-        dispatched_at=aware(r.dispatched_at), started_at=aware(r.started_at),
-        finished_at=aware(r.finished_at), not_before=aware(r.not_before),
-    )  # fmt: skip
+        run_id=r.run_id,
+        key=r.key,
+        task=r.task_name,
+        state=TaskState(r.state),
+        attempt=r.attempt,
+        max_attempts=r.max_attempts,
+        trigger_rule=r.trigger_rule,
+        queue=r.queue,
+        priority=r.priority,
+        args=r.args,
+        kwargs=r.kwargs,
+        result=r.result,
+        error=r.error,
+        worker=r.worker,
+        dispatched_at=aware(r.dispatched_at),
+        started_at=aware(r.started_at),
+        finished_at=aware(r.finished_at),
+        not_before=aware(r.not_before),
+    )
 
 
 def _retryable(exc: sa.exc.DBAPIError) -> bool:
@@ -698,4 +802,3 @@ def _retryable(exc: sa.exc.DBAPIError) -> bool:
     if code in {"40P01", "40001", "57P01", "08006", "08003", "08000"}:
         return True
     return "database is locked" in str(exc.orig)
-

@@ -109,7 +109,7 @@ class Heartbeater:
                     if not self.orc.store.heartbeat(run_id, key, attempt, self.lease):
                         log.warning("lease lost for %s.%s attempt %s", run_id, key, attempt)
                         lost.set()
-                except Exception:  # noqa: BLE001 - a failed beat is retried next interval
+                except Exception:
                     log.exception("heartbeat failed for %s.%s attempt %s", run_id, key, attempt)
 
 
@@ -123,7 +123,7 @@ def _heartbeater(orc: Orchestrator) -> Heartbeater:
     return hb
 
 
-def _fencing_token(request: Any) -> tuple[str, str, int] | None | str:
+def _fencing_token(request: Any) -> tuple[str, str, int] | str | None:
     """(run, key, attempt) from the message headers; None when absent; an error text when garbled."""
     run_id = getattr(request, HEADER_RUN, None)
     key = getattr(request, HEADER_KEY, None)
@@ -165,7 +165,9 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         try:
             claim = orc.store.claim(run_id, key, attempt, worker, settings.lease_seconds)
         except Exception:
-            log.exception("claim of %s.%s attempt %s failed; message dropped, the reconciler recovers", run_id, key, attempt)
+            log.exception(
+                "claim of %s.%s attempt %s failed; message dropped, the reconciler recovers", run_id, key, attempt
+            )
             return None
         if claim is None:
             log.info("claim of %s.%s attempt %s refused; duplicate or stale message dropped", run_id, key, attempt)
@@ -182,9 +184,13 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             hb.untrack(run_id, key, attempt)
             retry = not isinstance(exc, (ResultNotSerializable, ValidationError))
             outcome = orc.store.fail(
-                run_id, key, attempt, error=_describe(exc), retry=retry,
+                run_id,
+                key,
+                attempt,
+                error=_describe(exc),
+                retry=retry,
                 window=settings.dispatch_window,
-            )  # fmt: skip
+            )
             orc.publish(outcome.dispatches)
             raise
         finally:
@@ -192,9 +198,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             hb.untrack(run_id, key, attempt)
         problem = _result_problem(result, settings.max_result_bytes)
         if problem is not None:
-            outcome = orc.store.fail(
-                run_id, key, attempt, error=problem, retry=False, window=settings.dispatch_window
-            )
+            outcome = orc.store.fail(run_id, key, attempt, error=problem, retry=False, window=settings.dispatch_window)
             orc.publish(outcome.dispatches)
             raise ResultNotSerializable(f"task {self.name} ({run_id}.{key}): {problem}")
         outcome = orc.store.succeed(run_id, key, attempt, result, settings.dispatch_window)
@@ -212,11 +216,13 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         orc = current_orchestrator(self.app)
         try:
             outcome = orc.store.fail(
-                *parsed, error=f"TimeLimitExceeded: hard time limit ({exc})", retry=True,
+                *parsed,
+                error=f"TimeLimitExceeded: hard time limit ({exc})",
+                retry=True,
                 window=orc.settings.dispatch_window,
-            )  # fmt: skip
+            )
             orc.publish(outcome.dispatches)
-        except Exception:  # noqa: BLE001 - the lease expires and the reconciler fails it instead
+        except Exception:
             log.exception("could not record the hard time limit of %s", task_id)
 
 

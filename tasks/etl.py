@@ -22,9 +22,7 @@ class SourceUnavailable(RuntimeError):
 @app.task
 def extract_orders(day: str) -> list[dict[str, Any]]:
     time.sleep(STEP)
-    return [
-        {"order": i, "customer": i % 3, "amount": round(10 + i * 2.5, 2), "day": day} for i in range(6)
-    ]
+    return [{"order": i, "customer": i % 3, "amount": round(10 + i * 2.5, 2), "day": day} for i in range(6)]
 
 
 @app.task

@@ -14,9 +14,13 @@ def test_demo_runs_on_the_embedded_default(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "demo"], cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        [sys.executable, "-m", "orchestrator.cli", "demo"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "sqlite:///" in out and "filesystem://" in out

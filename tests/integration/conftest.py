@@ -30,9 +30,20 @@ class WorkerProcess:
 
 def start_worker(log: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     cmd = [
-        sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", "prefork",
-        "--without-gossip", "--without-mingle", "--loglevel", "INFO", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "config.celery_app",
+        "worker",
+        "--pool",
+        "prefork",
+        "--without-gossip",
+        "--without-mingle",
+        "--loglevel",
+        "INFO",
+        *extra,
+    ]
     with log.open("ab") as out:
         return subprocess.Popen(
             cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env or os.environ.copy(), start_new_session=True

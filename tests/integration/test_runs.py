@@ -93,11 +93,19 @@ def test_every_trigger_rule(orc: Orchestrator, worker: WorkerProcess) -> None:
     run = orc.submit(dag)
     assert run.wait(timeout=60).state is RunState.FAILED
     assert states(run) == {
-        "ok": T.SUCCEEDED, "bad": T.FAILED, "bad2": T.FAILED,
-        "all_success": T.UPSTREAM_FAILED, "all_done": T.SUCCEEDED, "one_success": T.SUCCEEDED,
-        "one_failed": T.SUCCEEDED, "one_failed_none": T.SKIPPED, "none_failed": T.UPSTREAM_FAILED,
-        "none_failed_skip": T.SUCCEEDED, "all_failed": T.SUCCEEDED, "all_failed_not": T.SKIPPED,
-    }  # fmt: skip
+        "ok": T.SUCCEEDED,
+        "bad": T.FAILED,
+        "bad2": T.FAILED,
+        "all_success": T.UPSTREAM_FAILED,
+        "all_done": T.SUCCEEDED,
+        "one_success": T.SUCCEEDED,
+        "one_failed": T.SUCCEEDED,
+        "one_failed_none": T.SKIPPED,
+        "none_failed": T.UPSTREAM_FAILED,
+        "none_failed_skip": T.SUCCEEDED,
+        "all_failed": T.SUCCEEDED,
+        "all_failed_not": T.SKIPPED,
+    }
     assert "expected" in (run.task("bad").error or "")
 
 
@@ -170,24 +178,41 @@ def test_bad_messages_are_dropped_and_recorded(orc: Orchestrator, worker: Worker
     assert run.wait(timeout=30).state is RunState.SUCCEEDED
     app = orc.app
     # a stale attempt of a finished task, an unknown run, garbled headers, pickle
-    app.send_task(P + "echo", kwargs={"x": 2}, queue="orchestrator.default", task_id=f"{run.id}.a.1",
-                  headers={HEADER_RUN: run.id, HEADER_KEY: "a", HEADER_ATTEMPT: 1})  # fmt: skip
-    app.send_task(P + "echo", queue="orchestrator.default", task_id="nope.a.1",
-                  headers={HEADER_RUN: "nope", HEADER_KEY: "a", HEADER_ATTEMPT: 1})  # fmt: skip
-    app.send_task(P + "echo", queue="orchestrator.default", task_id="garbled-1",
-                  headers={HEADER_RUN: run.id, HEADER_KEY: "a", HEADER_ATTEMPT: "one"})  # fmt: skip
+    app.send_task(
+        P + "echo",
+        kwargs={"x": 2},
+        queue="orchestrator.default",
+        task_id=f"{run.id}.a.1",
+        headers={HEADER_RUN: run.id, HEADER_KEY: "a", HEADER_ATTEMPT: 1},
+    )
+    app.send_task(
+        P + "echo",
+        queue="orchestrator.default",
+        task_id="nope.a.1",
+        headers={HEADER_RUN: "nope", HEADER_KEY: "a", HEADER_ATTEMPT: 1},
+    )
+    app.send_task(
+        P + "echo",
+        queue="orchestrator.default",
+        task_id="garbled-1",
+        headers={HEADER_RUN: run.id, HEADER_KEY: "a", HEADER_ATTEMPT: "one"},
+    )
     app.send_task(P + "echo", queue="orchestrator.default", task_id="pickled-1", serializer="pickle")
     app.send_task("os.system", args=["true"], queue="orchestrator.default", task_id="unregistered-1")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         rejected = [e for e in run.events() if not e.accepted]
-        if rejected and "garbled-1" in worker.text() and "pickled-1" in worker.text():
+        log = worker.text()
+        if rejected and "garbled-1" in log and "untrusted content of type pickle" in log and "os.system" in log:
             break
         time.sleep(0.2)
     assert [e.to_state for e in run.events() if not e.accepted] == ["RUNNING"]
     assert run.task("a").result == {"kwargs": {"x": 1}, "upstream": {}}  # nothing re-committed
     assert orc.store.events("nope")[0].accepted is False
-    assert "malformed orchestrator attempt header 'one'" in worker.text()
+    log = worker.text()
+    assert "malformed orchestrator attempt header 'one'" in log
+    assert "Refusing to deserialize untrusted content of type pickle" in log
+    assert "Received unregistered task of type 'os.system'" in log
     # the worker is still healthy
     again = DAG("after-garbage")
     again.task("a", P + "noop")
@@ -220,9 +245,13 @@ def test_worker_refuses_short_visibility_timeout(tmp_path: Path, orc: Orchestrat
 
 def cli(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=env or os.environ.copy(),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=cwd,
+        env=env or os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_submit_status_runs(orc: Orchestrator, worker: WorkerProcess, tmp_path: Path) -> None:
@@ -254,14 +283,17 @@ def test_cli_submit_status_runs(orc: Orchestrator, worker: WorkerProcess, tmp_pa
     ("body", "message"),
     [
         ("name: x\nnodes:\n  - {key: a, task: os.system}\n", "node 'a': task 'os.system' is not registered"),
-        ("name: x\nnodes:\n  - {key: a, task: tasks.probes.noop, upstream: [b]}\n"
-         "  - {key: b, task: tasks.probes.noop, upstream: [a]}\n", "cycle"),
+        (
+            "name: x\nnodes:\n  - {key: a, task: tasks.probes.noop, upstream: [b]}\n"
+            "  - {key: b, task: tasks.probes.noop, upstream: [a]}\n",
+            "cycle",
+        ),
         ("name: x\nnodes:\n  - {key: a, task: tasks.probes.noop, max_attempts: 0}\n", "max_attempts"),
         ("name: x\nnodes:\n  - {key: a, task: tasks.probes.noop, kwargs: {x: .inf}}\n", "not JSON"),
         ("name: x\nnodes: []\n", "no nodes"),
         ("name: x\nnodes:\n  - {key: a, task: tasks.probes.noop, trigger_rule: maybe}\n", "unknown trigger_rule"),
     ],
-)  # fmt: skip
+)
 def test_cli_refuses_bad_specs_before_writing(orc: Orchestrator, tmp_path: Path, body: str, message: str) -> None:
     spec = tmp_path / "bad.yaml"
     spec.write_text(body)

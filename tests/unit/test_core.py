@@ -91,8 +91,9 @@ def test_task_id_round_trip() -> None:
 
 
 def test_settings_from_env_and_errors(tmp_path: object) -> None:
-    s = Settings.from_env({"ORCHESTRATOR_DATA_DIR": "/tmp/x", "ORCHESTRATOR_LEASE_SECONDS": "7",
-                           "ORCHESTRATOR_DEDICATED_TENANTS": "a, b"})  # fmt: skip
+    s = Settings.from_env(
+        {"ORCHESTRATOR_DATA_DIR": "/tmp/x", "ORCHESTRATOR_LEASE_SECONDS": "7", "ORCHESTRATOR_DEDICATED_TENANTS": "a, b"}
+    )
     assert s.embedded and s.database_url == "sqlite:////tmp/x/orchestrator.db"
     assert s.lease_seconds == 7.0 and s.dedicated_tenants == ("a", "b")
     with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DISPATCH_WINDOW"):
