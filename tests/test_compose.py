@@ -1,0 +1,237 @@
+"""Static checks of docker-compose.yml and the Dockerfile (no Docker engine needed).
+
+Every ``orchestrator ...`` command in the compose file must parse against the real click
+group, and every ``celery -A <module>`` must name an importable module with an ``app``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from orchestrator.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+
+EXPECTED_ENV = {
+    "ORCHESTRATOR_DATABASE_URL": "postgresql+psycopg://orchestrator:orchestrator@postgres:5432/orchestrator",
+    "ORCHESTRATOR_BROKER_URL": "redis://redis:6379/0",
+    "ORCHESTRATOR_DATA_DIR": "/var/lib/orchestrator",
+}
+PROJECT_SERVICES = ("migrate", "worker", "beat", "flower")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    services = compose["services"]
+    assert isinstance(services, dict)
+    return services
+
+
+#: what the tests pretend the shell running ``docker compose`` has set
+COMPOSE_ENV = {"FLOWER_PASSWORD": "s3cret"}
+VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:-|:\?)(?P<arg>[^}]*))?\}")
+
+
+class MissingVariableError(Exception):
+    """A required ``${VAR:?message}`` is unset: compose refuses the whole file."""
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's variable interpolation for ``${VAR}``, ``${VAR:-default}``, ``${VAR:?error}``."""
+
+    def sub(m: re.Match[str]) -> str:
+        value = env.get(m["name"], "")
+        if value:
+            return value
+        if m["op"] == ":-":
+            return m["arg"]
+        if m["op"] == ":?":
+            raise MissingVariableError(f"{m['name']}: {m['arg']}")
+        return ""
+
+    return VARIABLE.sub(sub, text)
+
+
+def argv(service: dict[str, Any], env: dict[str, str] = COMPOSE_ENV) -> list[str]:
+    """The service's command as compose runs it: interpolated, then split like a shell."""
+    command = service["command"]
+    if isinstance(command, str):
+        return shlex.split(interpolate(command, env))
+    return [interpolate(str(c), env) for c in command]
+
+
+def depends(service: dict[str, Any], on: str) -> str | None:
+    """The condition under which ``service`` waits for ``on``, or ``None``."""
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return "service_started" if on in deps else None
+    entry = deps.get(on)
+    return None if entry is None else entry.get("condition", "service_started")
+
+
+def test_services_exist(services: dict[str, Any]) -> None:
+    assert {"postgres", "redis", "migrate", "worker", "beat", "flower"} <= set(services)
+
+
+def test_postgres(services: dict[str, Any]) -> None:
+    pg = services["postgres"]
+    assert pg["image"] == "postgres:16"
+    assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in pg["volumes"])
+
+
+def test_redis_is_durable_and_never_evicts(services: dict[str, Any]) -> None:
+    redis = services["redis"]
+    assert redis["image"] == "redis:7"
+    args = argv(redis)
+    assert args[0] == "redis-server"
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    assert "healthcheck" in redis
+
+
+def test_project_services_share_the_environment(services: dict[str, Any]) -> None:
+    for name in PROJECT_SERVICES:
+        service = services[name]
+        assert service["build"] == ".", name
+        env = service["environment"]
+        assert isinstance(env, dict), f"{name}: environment should be the x-orchestrator-env mapping"
+        for key, value in EXPECTED_ENV.items():
+            assert env.get(key) == value, f"{name}: {key}"
+
+
+def test_env_anchor(compose: dict[str, Any]) -> None:
+    assert compose["x-orchestrator-env"] == EXPECTED_ENV
+
+
+def test_migrate_is_one_shot_after_postgres(services: dict[str, Any]) -> None:
+    migrate = services["migrate"]
+    assert argv(migrate) == ["orchestrator", "db", "upgrade"]
+    assert depends(migrate, "postgres") == "service_healthy"
+    assert str(migrate.get("restart", "no")) == "no"
+
+
+@pytest.mark.parametrize("name", ["worker", "beat"])
+def test_worker_and_beat_wait_for_migration_and_redis(services: dict[str, Any], name: str) -> None:
+    service = services[name]
+    assert depends(service, "migrate") == "service_completed_successfully"
+    assert depends(service, "redis") == "service_healthy"
+
+
+def test_worker_and_beat_commands(services: dict[str, Any]) -> None:
+    assert argv(services["worker"])[:2] == ["orchestrator", "worker"]
+    assert "-c" in argv(services["worker"])
+    assert argv(services["beat"])[:2] == ["orchestrator", "beat"]
+
+
+def test_flower_requires_basic_auth_from_the_environment(services: dict[str, Any]) -> None:
+    flower = services["flower"]
+    args = argv(flower)
+    assert args[:4] == ["celery", "-A", "config.celery_app", "flower"]
+    assert "--port=5555" in args
+    # user and password come from the environment running compose
+    assert [a for a in args if a.startswith("--basic-auth=")] == ["--basic-auth=admin:s3cret"]
+    assert "--basic-auth=alice:pw" in argv(flower, {"FLOWER_USER": "alice", "FLOWER_PASSWORD": "pw"})
+    # no password, no Flower: compose refuses to start rather than expose it without auth
+    with pytest.raises(MissingVariableError, match="FLOWER_PASSWORD"):
+        argv(flower, {})
+    assert any(str(p).endswith("5555") for p in flower["ports"])
+
+
+def orchestrator_commands(services: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    found = [(name, argv(s)) for name, s in services.items() if "command" in s]
+    return [(name, args[1:]) for name, args in found if args and args[0] == "orchestrator"]
+
+
+def test_every_orchestrator_command_is_a_real_subcommand(services: dict[str, Any]) -> None:
+    commands = orchestrator_commands(services)
+    assert {name for name, _ in commands} >= {"migrate", "worker", "beat"}
+    for service, tokens in commands:
+        cmd: click.Command = main
+        ctx = click.Context(main, info_name="orchestrator")
+        rest = list(tokens)
+        path = ["orchestrator"]
+        while isinstance(cmd, click.Group):
+            assert rest, f"{service}: `{' '.join(path)}` needs a subcommand"
+            name = rest.pop(0)
+            sub = cmd.get_command(ctx, name)
+            assert sub is not None, f"{service}: `{' '.join(path)}` has no subcommand {name!r}"
+            path.append(name)
+            cmd = sub
+            ctx = click.Context(cmd, info_name=name, parent=ctx)
+        # parse (without invoking) the remaining arguments: unknown options fail here,
+        # unless the command forwards them to Celery (worker, beat)
+        cmd.make_context(path[-1], rest, parent=ctx.parent)
+
+
+def test_db_group_commands() -> None:
+    assert "db" in main.commands
+    db = main.commands["db"]
+    assert isinstance(db, click.Group)
+    assert {"upgrade", "downgrade", "current"} <= set(db.commands)
+
+
+def test_every_celery_app_module_is_importable_with_an_app(services: dict[str, Any], tmp_path: Path) -> None:
+    modules = set()
+    for _name, service in services.items():
+        if "command" not in service:
+            continue
+        args = argv(service)
+        if args[0] != "celery":
+            continue
+        for flag in ("-A", "--app"):
+            if flag in args:
+                modules.add(args[args.index(flag) + 1])
+        modules.update(a.split("=", 1)[1] for a in args if a.startswith("--app="))
+    assert modules == {"config.celery_app"}
+    # in a fresh interpreter, so that this test does not build the process-wide app early
+    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(tmp_path)}
+    for module in modules:
+        code = (
+            "import importlib, celery\n"
+            f"m = importlib.import_module({module!r})\n"
+            "assert isinstance(m.app, celery.Celery), type(m.app)\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_dockerfile_installs_the_project() -> None:
+    assert DOCKERFILE.is_file()
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert lines[0] == "FROM python:3.11-slim"
+    assert re.search(r"\bpip install \.(\s|$)", text), "the Dockerfile must `pip install .`"
+    # everything the package build needs is copied, and every copied path exists
+    copied: list[str] = []
+    for line in lines:
+        if line.startswith("COPY "):
+            copied.extend(shlex.split(line)[1:-1])
+    for path in copied:
+        assert (ROOT / path).exists(), f"COPY {path}: no such file in the project"
+    for needed in ("pyproject.toml", "README.md", "orchestrator", "tasks", "config"):
+        assert needed in copied or "." in copied, f"the Dockerfile does not copy {needed}"
+    cmd = [line for line in lines if line.startswith("CMD")]
+    assert cmd, "the Dockerfile has no CMD"
+    assert cmd[-1] in ('CMD ["orchestrator", "worker"]', "CMD orchestrator worker")
