@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from celery import Celery, signals
-from kombu.entity import Queue
+from kombu.entity import Exchange, Queue
 
 from .config import Settings
 from .errors import ConfigurationError
@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
         task_default_queue=queues[1],
-        task_queues=[Queue(q, routing_key=q) for q in queues],
+        task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q) for q in queues],
         task_create_missing_queues=True,
         beat_schedule={
             "orchestrator-tick": {"task": "orchestrator.tick", "schedule": settings.tick_seconds},

@@ -17,6 +17,13 @@ def _orc() -> Any:
     return default()
 
 
+def _engine() -> Any:
+    """An engine on the configured database without the schema check (for `db` commands)."""
+    from .store import make_engine
+
+    return make_engine(_orc().settings.database_url)
+
+
 def _dump(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=False))
 
@@ -82,9 +89,9 @@ def upgrade(revision: str) -> None:
     """Migrate the database to REVISION (default: head)."""
     from . import migrate
 
-    store = _orc().store
-    migrate.upgrade(store.engine, revision)
-    click.echo(f"database at revision {migrate.current(store.engine)}")
+    engine = _engine()
+    migrate.upgrade(engine, revision)
+    click.echo(f"database at revision {migrate.current(engine)}")
 
 
 @db.command()
@@ -93,9 +100,9 @@ def downgrade(revision: str) -> None:
     """Migrate the database down to REVISION ("base" drops every table)."""
     from . import migrate
 
-    store = _orc().store
-    migrate.downgrade(store.engine, revision)
-    click.echo(f"database at revision {migrate.current(store.engine)}")
+    engine = _engine()
+    migrate.downgrade(engine, revision)
+    click.echo(f"database at revision {migrate.current(engine)}")
 
 
 @db.command()
@@ -103,7 +110,7 @@ def current() -> None:
     """Print the database's revision and the newest one."""
     from . import migrate
 
-    click.echo(f"current: {migrate.current(_orc().store.engine)}  head: {migrate.head()}")
+    click.echo(f"current: {migrate.current(_engine())}  head: {migrate.head()}")
 
 
 @db.command()
@@ -111,7 +118,7 @@ def check() -> None:
     """Exit 1 unless the database is at head and matches the declared schema exactly."""
     from . import migrate
 
-    engine = _orc().store.engine
+    engine = _engine()
     at, head = migrate.current(engine), migrate.head()
     diff = migrate.schema_diff(engine)
     if at != head or diff:
@@ -124,11 +131,7 @@ def check() -> None:
 
 def _ready_store() -> Any:
     orc = _orc()
-    if orc.settings.embedded:
-        from . import migrate
-
-        migrate.upgrade(orc.store.engine)
-    orc.store.check_schema()
+    orc.store  # noqa: B018 - migrates the embedded default, checks any other schema
     return orc
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,6 @@ class Settings:
     max_node_bytes: int = 64 * 1024
     max_params_bytes: int = 256 * 1024
     max_result_bytes: int = 1024 * 1024
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def embedded(self) -> bool:
@@ -56,8 +55,6 @@ class Settings:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in fields(cls):
-            if f.name == "extra":
-                continue
             raw = env.get(PREFIX + f.name.upper())
             if raw is None or raw == "":
                 continue

@@ -80,12 +80,7 @@ def run_demo(echo: Callable[[str], None] = print, timeout: float = 120.0) -> int
     """Run the demo DAG with an in-process worker and ticker; 0 when the run SUCCEEDED."""
     from celery.contrib.testing.worker import start_worker
 
-    from . import migrate
-
     orc = Orchestrator()
-    if orc.settings.embedded:
-        migrate.upgrade(orc.store.engine)
-    orc.store.check_schema()
     app = orc.app
     # the flaky extract's first attempt fails on purpose; the table below reports it
     logging.getLogger("celery.app.trace").setLevel(logging.CRITICAL)

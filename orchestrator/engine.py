@@ -57,9 +57,15 @@ class Orchestrator:
 
     @cached_property
     def store(self) -> Store:
-        if self._store is None:
-            self._store = Store(self.settings.database_url)
-        return self._store
+        """The store, checked once: the embedded default migrates itself; any other database
+        must have been migrated (``orchestrator db upgrade``) or :class:`SchemaMissingError` is raised."""
+        store = self._store or Store(self.settings.database_url)
+        if store.engine.dialect.name == "sqlite":
+            from . import migrate
+
+            migrate.upgrade(store.engine)
+        store.check_schema()
+        return store
 
     # ------------------------------------------------------------------ registry
 
