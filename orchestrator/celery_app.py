@@ -12,6 +12,7 @@ from typing import Any
 from celery import Celery, signals
 from kombu.entity import Exchange, Queue
 
+from . import worker as _worker_signals  # noqa: F401 - connects the worker's signal handlers
 from .config import Settings
 from .errors import ConfigurationError
 from .routing import default_queues
@@ -66,8 +67,8 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
     app.orchestrator_settings = settings
 
     @app.task(name="orchestrator.tick", ignore_result=True, acks_late=False)
-    def tick() -> int:
-        """Beat's periodic tick: release due retries, dispatch free capacity."""
+    def tick() -> dict[str, int]:
+        """Beat's periodic tick: one reconcile pass (see Orchestrator.reconcile)."""
         from .worker import current_orchestrator
 
         return current_orchestrator(app).tick()

@@ -192,10 +192,74 @@ def runs(as_json: bool, limit: int, tenant: str | None) -> None:
 
 
 @main.command()
-def tick() -> None:
-    """Run one tick by hand: release due retries, dispatch free capacity."""
-    sent = _ready_store().tick()
-    click.echo(f"published {sent} message(s)")
+@click.option("--once", is_flag=True, help="Run one pass and exit (default: loop every ORCHESTRATOR_TICK_SECONDS).")
+@click.option("--interval", type=float, default=None, help="Seconds between passes (default: tick_seconds).")
+def reconcile(once: bool, interval: float | None) -> None:
+    """Recover lost work: release due retries, re-publish lost dispatches, expire leases,
+    dispatch free capacity and close finished runs. Safe to run beside beat."""
+    import time
+
+    orc = _ready_store()
+    pause = interval or orc.settings.tick_seconds
+    while True:
+        report = orc.reconcile()
+        click.echo(" ".join(f"{k}={v}" for k, v in report.items()))
+        if once:
+            return
+        time.sleep(pause)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help='Print {"events": [...]}.')
+def events(run_id: str, as_json: bool) -> None:
+    """Show the ledger of a run: every transition, accepted or rejected."""
+    orc = _ready_store()
+    orc.store.get_run(run_id)
+    rows = orc.store.events(run_id)
+    if as_json:
+        _dump({"events": [e.to_json() for e in rows]})
+        return
+    for e in rows:
+        mark = " " if e.accepted else "x"
+        at = e.at.isoformat(timespec="milliseconds") if e.at else "-"
+        reason = f"  {e.reason}" if e.reason else ""
+        click.echo(f"{at} {mark} {e.key}#{e.attempt} {e.from_state or '-'} -> {e.to_state} by {e.actor}{reason}")
+
+
+@main.command()
+@click.argument("run_id")
+def cancel(run_id: str) -> None:
+    """Cancel a run: open tasks become CANCELLED, running ones are revoked."""
+    revoked = _ready_store().cancel(run_id)
+    click.echo(f"run {run_id} cancelled; {revoked} running or queued task(s) revoked")
+
+
+@main.command()
+@click.argument("run_id")
+@click.argument("key")
+def retry(run_id: str, key: str) -> None:
+    """Retry a DEAD_LETTER or FAILED task (attempt + 1)."""
+    _ready_store().retry_task(run_id, key)
+    click.echo(f"{run_id}.{key} is READY again")
+
+
+@main.command()
+@click.argument("run_id")
+@click.argument("key")
+def skip(run_id: str, key: str) -> None:
+    """Skip a DEAD_LETTER task; its descendants follow their trigger rules."""
+    _ready_store().skip_task(run_id, key)
+    click.echo(f"{run_id}.{key} SKIPPED")
+
+
+@main.command(name="fail")
+@click.argument("run_id")
+@click.argument("key")
+def fail_task(run_id: str, key: str) -> None:
+    """Give up on a DEAD_LETTER task: it becomes FAILED and its descendants follow."""
+    _ready_store().fail_task(run_id, key)
+    click.echo(f"{run_id}.{key} FAILED")
 
 
 if __name__ == "__main__":  # pragma: no cover

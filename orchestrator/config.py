@@ -36,6 +36,18 @@ class Settings:
     visibility_timeout: float = 3600.0
     #: hard time limit of tasks without their own; also the most a node may ask for
     max_time_limit: float = 1800.0
+    #: seconds a QUEUED task may stay unclaimed before the reconciler re-publishes it
+    dispatch_timeout: float = 60.0
+    #: seconds without a registry heartbeat after which a worker's capacity no longer counts
+    worker_ttl: float = 30.0
+    #: the same failure fingerprint on this many consecutive attempts -> DEAD_LETTER (0: off)
+    poison_threshold: int = 2
+    #: this many consecutive lost leases without an exception -> DEAD_LETTER as a crash loop
+    crash_loop_threshold: int = 2
+    #: URL that receives a JSON POST for every task parked in DEAD_LETTER
+    alert_webhook: str = ""
+    #: probe tasks write one orc_probe_effects row per execution (fault tests, soak)
+    record_probe_effects: bool = False
     max_nodes: int = 100_000
     max_node_bytes: int = 64 * 1024
     max_params_bytes: int = 256 * 1024

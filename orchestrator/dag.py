@@ -55,6 +55,10 @@ class Node:
     time_limit: float | None = None
     priority: Priority | None = None
     queue: str | None = None
+    #: exception class names (bare or qualified) that may be retried; empty: all
+    retry_on: tuple[str, ...] = ()
+    #: exception class names that fail the task at once
+    no_retry_on: tuple[str, ...] = ()
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -76,6 +80,9 @@ class Node:
                 spec[name] = getattr(self, name)
         if self.priority is not None:
             spec["priority"] = self.priority.value
+        for name in ("retry_on", "no_retry_on"):
+            if getattr(self, name):
+                spec[name] = list(getattr(self, name))
         return spec
 
 
@@ -115,6 +122,8 @@ class DAG:
         time_limit: float | None = None,
         priority: Priority | str | None = None,
         queue: str | None = None,
+        retry_on: Iterable[str | type[BaseException]] = (),
+        no_retry_on: Iterable[str | type[BaseException]] = (),
     ) -> Node:
         """Add a node and return it (pass it in another node's ``upstream``).
 
@@ -140,6 +149,8 @@ class DAG:
             time_limit=time_limit,
             priority=None if priority is None else _enum(Priority, priority, "priority", self.name, key),
             queue=queue,
+            retry_on=_exception_names(retry_on),
+            no_retry_on=_exception_names(no_retry_on),
         )
         self.nodes[key] = node
         return node
@@ -241,8 +252,16 @@ def _validate_node(node: Node, dag: DAG, is_registered: Callable[[str], bool] | 
             raise fail(f"{name} must be a positive number of seconds")
     if node.soft_time_limit is not None and node.time_limit is not None and node.soft_time_limit >= node.time_limit:
         raise fail("soft_time_limit must be below time_limit")
+    for name in ("retry_on", "no_retry_on"):
+        for item in getattr(node, name):
+            if not isinstance(item, str) or not TASK_NAME_RE.match(item):
+                raise fail(f"{name} must list exception class names, not {item!r}")
     if node.queue is not None and (not isinstance(node.queue, str) or not QUEUE_RE.match(node.queue)):
         raise fail(f"queue {node.queue!r} is not a valid queue name")
+
+
+def _exception_names(values: Iterable[str | type[BaseException]]) -> tuple[str, ...]:
+    return tuple(v if isinstance(v, str) else f"{v.__module__}.{v.__qualname__}" for v in values)
 
 
 def _positive(value: object) -> bool:
@@ -357,6 +376,8 @@ NODE_FIELDS = {
     "task",
     "args",
     "kwargs",
+    "retry_on",
+    "no_retry_on",
     "upstream",
     "trigger_rule",
     "max_attempts",
@@ -427,8 +448,18 @@ def dag_from_spec(spec: Any) -> DAG:
             time_limit=raw.get("time_limit"),
             priority=raw.get("priority"),
             queue=raw.get("queue"),
+            retry_on=_name_list(raw.get("retry_on"), "retry_on", name, key),
+            no_retry_on=_name_list(raw.get("no_retry_on"), "no_retry_on", name, key),
         )
     return dag
+
+
+def _name_list(value: Any, what: str, dag: str, key: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SpecError(f"'{what}' must be a list of exception class names", dag=dag, node=key)
+    return value
 
 
 def _no_constant(name: str) -> Any:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from .dag import DAG
 from .engine import Orchestrator, RunHandle
 from .models import TaskView
+from .routing import default_queues
 from .states import RunState, TaskState
 
 
@@ -80,6 +81,8 @@ def run_demo(echo: Callable[[str], None] = print, timeout: float = 120.0) -> int
     """Run the demo DAG with an in-process worker and ticker; 0 when the run SUCCEEDED."""
     from celery.contrib.testing.worker import start_worker
 
+    from .worker import start_registry, stop_registry
+
     orc = Orchestrator()
     app = orc.app
     # the flaky extract's first attempt fails on purpose; the table below reports it
@@ -95,6 +98,7 @@ def run_demo(echo: Callable[[str], None] = print, timeout: float = 120.0) -> int
     with start_worker(
         app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="ERROR", shutdown_timeout=30
     ):
+        start_registry(app, "demo@in-process", default_queues(orc.settings.dedicated_tenants), 4)
         thread = threading.Thread(target=ticker, name="demo-ticker", daemon=True)
         thread.start()
         try:
@@ -104,6 +108,7 @@ def run_demo(echo: Callable[[str], None] = print, timeout: float = 120.0) -> int
         finally:
             stop.set()
             thread.join()
+            stop_registry()
     echo("")
     echo(format_tasks(run.tasks()))
     echo("")

@@ -5,22 +5,25 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from .alerts import raise_alert
 from .config import Settings
+from .crashpoints import crash_point
 from .dag import DAG, UPSTREAM_KWARG
 from .errors import RunTimeout, ValidationError
 from .models import Dispatch, EventView, RunView, TaskView
 from .routing import route
-from .states import RunState
-from .store import Store
+from .states import RunState, TaskState
+from .store import Outcome, Store
 
 if TYPE_CHECKING:
     from celery import Celery
 
 log = logging.getLogger(__name__)
+_Item = Any
 
 #: message headers that carry the fencing token of an orchestrated message
 HEADER_RUN, HEADER_KEY, HEADER_ATTEMPT = "orc_run", "orc_key", "orc_attempt"
@@ -59,7 +62,13 @@ class Orchestrator:
     def store(self) -> Store:
         """The store, checked once: the embedded default migrates itself; any other database
         must have been migrated (``orchestrator db upgrade``) or :class:`SchemaMissingError` is raised."""
-        store = self._store or Store(self.settings.database_url)
+        s = self.settings
+        store = self._store or Store(
+            s.database_url,
+            poison_threshold=s.poison_threshold,
+            crash_loop_threshold=s.crash_loop_threshold,
+            worker_ttl=s.worker_ttl,
+        )
         if store.engine.dialect.name == "sqlite":
             from . import migrate
 
@@ -138,6 +147,7 @@ class Orchestrator:
         batch = list(dispatches)
         if not batch:
             return 0
+        crash_point("after_dispatch_commit")
         sent = 0
         try:
             with self.app.producer_or_acquire() as producer:
@@ -160,13 +170,108 @@ class Orchestrator:
             )
         return sent
 
-    def tick(self) -> int:
-        """One beat tick: due retries become READY and free capacity is dispatched.
+    def settle(self, outcome: Outcome, run_id: str, key: str) -> None:
+        """After a committed outcome: publish what it admitted, alert if it parked the task."""
+        self.publish(outcome.dispatches)
+        if outcome.accepted and outcome.state is TaskState.DEAD_LETTER:
+            task = self.store.get_task(run_id, key)
+            alert = {
+                "run_id": run_id,
+                "key": key,
+                "task": task.task,
+                "attempt": task.attempt,
+                "error": task.error,
+                "fingerprint": task.fingerprint,
+            }
+            raise_alert(alert, webhook=self.settings.alert_webhook or None, actor="orchestrator")
 
-        Returns the number of messages published.
+    def reconcile(self) -> dict[str, int]:
+        """One reconcile pass (beat runs it every ``tick_seconds``); returns counts per action.
+
+        Due retries -> READY; QUEUED unclaimed past the dispatch timeout -> re-published with
+        the same attempt; RUNNING past its lease -> attempt failed (RETRYING / FAILED /
+        DEAD_LETTER); READY with free capacity -> dispatched; runs with every task terminal ->
+        final state. Each item is handled on its own: an error is logged and counted, and the
+        pass goes on. Concurrent passes act once per item (CAS, ``SKIP LOCKED``).
         """
-        _released, dispatches = self.store.release_due_retries(self.settings.dispatch_window)
-        return self.publish(dispatches)
+        s = self.settings
+        report = dict.fromkeys(
+            ("released", "republished", "leases_expired", "dispatched", "runs_finalized", "errors"), 0
+        )
+        try:
+            released, dispatches = self.store.release_due_retries(s.dispatch_window)
+            report["released"] = released
+            report["dispatched"] += self.publish(dispatches)
+        except Exception:
+            log.exception("reconcile: releasing due retries failed")
+            report["errors"] += 1
+        for run_id, key, attempt, dispatched_at in self._safely(report, self.store.stale_queued, s.dispatch_timeout):
+            try:
+                d = self.store.redispatch(run_id, key, attempt, dispatched_at)
+                if d is not None:
+                    report["republished"] += self.publish([d])
+            except Exception:
+                log.exception("reconcile: re-publishing %s.%s failed", run_id, key)
+                report["errors"] += 1
+        for run_id, key, attempt in self._safely(report, self.store.expired_leases, s.lease_seconds):
+            try:
+                outcome = self.store.lose_lease(run_id, key, attempt, s.lease_seconds, s.dispatch_window)
+                report["leases_expired"] += int(outcome.accepted)
+                self.settle(outcome, run_id, key)
+            except Exception:
+                log.exception("reconcile: expiring the lease of %s.%s failed", run_id, key)
+                report["errors"] += 1
+        try:
+            report["dispatched"] += self.publish(self.store.admit_ready(s.dispatch_window))
+            report["runs_finalized"] = self.store.finalize_runs()
+        except Exception:
+            log.exception("reconcile: dispatch or run finalization failed")
+            report["errors"] += 1
+        return report
+
+    def tick(self) -> dict[str, int]:
+        """Beat's periodic tick: one reconcile pass."""
+        return self.reconcile()
+
+    @staticmethod
+    def _safely(report: dict[str, int], fn: Callable[[float], list[_Item]], arg: float) -> list[_Item]:
+        try:
+            return fn(arg)
+        except Exception:
+            log.exception("reconcile: %s failed", fn.__name__)
+            report["errors"] += 1
+            return []
+
+    # ------------------------------------------------------------------ operator actions
+
+    def retry_task(self, run_id: str, key: str) -> None:
+        """DEAD_LETTER or FAILED -> READY with ``attempt + 1``; raises :class:`OperatorError`."""
+        self.settle(self.store.retry_task(run_id, key, self.settings.dispatch_window), run_id, key)
+
+    def skip_task(self, run_id: str, key: str) -> None:
+        """DEAD_LETTER -> SKIPPED; descendants follow their trigger rules."""
+        self.settle(
+            self.store.resolve_dead_letter(run_id, key, TaskState.SKIPPED, self.settings.dispatch_window), run_id, key
+        )
+
+    def fail_task(self, run_id: str, key: str) -> None:
+        """DEAD_LETTER -> FAILED (give up); descendants follow their trigger rules."""
+        self.settle(
+            self.store.resolve_dead_letter(run_id, key, TaskState.FAILED, self.settings.dispatch_window), run_id, key
+        )
+
+    def cancel(self, run_id: str) -> int:
+        """Cancel a run: its open tasks become CANCELLED and the attempts in flight are revoked
+        with terminate (their late results are then rejected). Returns how many were revoked."""
+        in_flight = self.store.cancel_run(run_id)
+        if in_flight:
+            try:
+                self.app.control.revoke(in_flight, terminate=True, signal="SIGTERM")
+            except Exception:
+                log.exception(
+                    "revoking %d task(s) of run %s failed; their results will be rejected", len(in_flight), run_id
+                )
+        return len(in_flight)
 
     # ------------------------------------------------------------------ reads
 
@@ -203,6 +308,18 @@ class RunHandle:
 
     def events(self) -> list[EventView]:
         return self.orchestrator.store.events(self.id)
+
+    def cancel(self) -> int:
+        return self.orchestrator.cancel(self.id)
+
+    def retry(self, key: str) -> None:
+        self.orchestrator.retry_task(self.id, key)
+
+    def skip(self, key: str) -> None:
+        self.orchestrator.skip_task(self.id, key)
+
+    def fail(self, key: str) -> None:
+        self.orchestrator.fail_task(self.id, key)
 
     def results(self) -> dict[str, Any]:
         """The stored JSON result of every task that succeeded, by node key."""

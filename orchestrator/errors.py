@@ -68,3 +68,7 @@ class RunTimeout(OrchestratorError):
 
 class ResultNotSerializable(OrchestratorError):
     """A task returned a value that is not plain JSON; the attempt fails without retry."""
+
+
+class OperatorError(OrchestratorError):
+    """An operator action does not apply to the task or run in its current state."""

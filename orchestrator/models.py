@@ -68,6 +68,7 @@ class TaskView:
     kwargs: dict[str, Any]
     result: Any
     error: str | None
+    fingerprint: str | None
     worker: str | None
     dispatched_at: dt.datetime | None
     started_at: dt.datetime | None
@@ -98,6 +99,7 @@ class TaskView:
             "worker": self.worker,
             "result": self.result,
             "error": self.error,
+            "fingerprint": self.fingerprint,
         }
 
 

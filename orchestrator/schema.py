@@ -65,7 +65,14 @@ tasks = sa.Table(
     sa.Column("result", sa.JSON, nullable=True),
     sa.Column("error", sa.Text, nullable=True),
     sa.Column("fingerprint", sa.String(64), nullable=True),
+    sa.Column("retry_on", sa.JSON, nullable=True),
+    sa.Column("no_retry_on", sa.JSON, nullable=True),
+    #: consecutive failed attempts with the same fingerprint (poison detection)
+    sa.Column("fingerprint_streak", sa.Integer, nullable=False, server_default="0"),
+    #: consecutive attempts that lost their lease without an exception (crash loop detection)
+    sa.Column("lease_losses", sa.Integer, nullable=False, server_default="0"),
 )
+sa.Index("ix_orc_tasks_queue_state", tasks.c.queue, tasks.c.state)
 sa.Index("ix_orc_tasks_state", tasks.c.state, tasks.c.priority_rank, tasks.c.ready_at)
 
 edges = sa.Table(
@@ -92,3 +99,27 @@ events = sa.Table(
     sa.Column("at", TS, nullable=False),
 )
 sa.Index("ix_orc_task_events_run", events.c.run_id, events.c.key)
+
+#: live Celery workers and what they can take: the dispatch window is their free capacity
+workers = sa.Table(
+    "orc_workers",
+    metadata,
+    sa.Column("name", sa.String(255), primary_key=True),
+    sa.Column("queues", sa.JSON, nullable=False),
+    sa.Column("concurrency", sa.Integer, nullable=False),
+    sa.Column("started_at", TS, nullable=False),
+    sa.Column("seen_at", TS, nullable=False),
+)
+
+#: one row per execution of a probe task inside a DAG, so duplicate executions are visible
+effects = sa.Table(
+    "orc_probe_effects",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(32), nullable=False),
+    sa.Column("key", sa.String(200), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("at", TS, nullable=False),
+)
+sa.Index("ix_orc_probe_effects_run", effects.c.run_id, effects.c.key)

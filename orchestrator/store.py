@@ -9,6 +9,7 @@ Rows become domain objects (``models.py``) here and nowhere else.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -25,8 +26,9 @@ from . import schema as s
 from .backoff import Backoff, Jitter
 from .dag import DAG
 from .dbtime import aware, db_after, db_now, register_sqlite_functions
-from .errors import RunNotFound, SchemaMissingError, TaskNotFound
-from .models import Claim, Dispatch, EventView, RunView, TaskView
+from .errors import OperatorError, RunNotFound, SchemaMissingError, TaskNotFound
+from .models import Claim, Dispatch, EventView, RunView, TaskView, task_id
+from .poison import is_retryable, verdict
 from .states import (
     TERMINAL,
     RunState,
@@ -43,6 +45,7 @@ T = TaskState
 R = TypeVar("R")
 
 t_tasks, t_runs, t_edges, t_events = s.tasks, s.runs, s.edges, s.events
+t_workers, t_effects = s.workers, s.effects
 
 
 def make_engine(url: str) -> Engine:
@@ -90,8 +93,19 @@ class Outcome:
 class Store:
     """The persistence facade over one database (Postgres or SQLite)."""
 
-    def __init__(self, url_or_engine: str | Engine, *, id_factory: Callable[[], str] = new_run_id) -> None:
+    def __init__(
+        self,
+        url_or_engine: str | Engine,
+        *,
+        id_factory: Callable[[], str] = new_run_id,
+        poison_threshold: int = 2,
+        crash_loop_threshold: int = 2,
+        worker_ttl: float = 30.0,
+    ) -> None:
         self.engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+        self.poison_threshold = poison_threshold
+        self.crash_loop_threshold = crash_loop_threshold
+        self.worker_ttl = worker_ttl
         self.is_postgres = self.engine.dialect.name == "postgresql"
         self.new_id = id_factory
 
@@ -211,6 +225,8 @@ class Store:
                         "soft_time_limit": node.soft_time_limit,
                         "time_limit": node.time_limit,
                         "ready_at": now if root else None,
+                        "retry_on": list(node.retry_on) or None,
+                        "no_retry_on": list(node.no_retry_on) or None,
                     }
                 )
                 edge_rows.extend({"run_id": run_id, "parent_key": p, "child_key": node.key} for p in node.upstream)
@@ -235,72 +251,81 @@ class Store:
     # ------------------------------------------------------------------ dispatch
 
     def admit(self, conn: Connection, window: int) -> list[Dispatch]:
-        """CAS READY -> QUEUED for as many tasks as the in-flight window allows, in priority
-        order; returns the messages to publish *after* the caller commits."""
+        """CAS READY -> QUEUED for as many tasks as live workers can take, in priority order;
+        returns the messages to publish *after* the caller commits.
+
+        The in-flight window of a group of workers consuming the same queues is the sum of
+        their concurrency: every published message has a free slot waiting for it, so a
+        QUEUED task that stays unclaimed past the dispatch timeout was really lost. At most
+        ``window`` tasks are QUEUED or RUNNING in all.
+        """
         ready = conn.execute(sa.select(t_tasks.c.run_id).where(t_tasks.c.state == T.READY.value).limit(1)).first()
         if ready is None:
             return []
-        inflight = conn.execute(
-            sa.select(sa.func.count()).where(t_tasks.c.state.in_([T.QUEUED.value, T.RUNNING.value]))
-        ).scalar_one()
-        room = window - inflight
-        if room <= 0:
+        groups = self._capacity(conn)
+        if not groups:
             return []
-        picked = (
-            sa.select(t_tasks.c.run_id, t_tasks.c.key)
-            .where(t_tasks.c.state == T.READY.value)
-            .order_by(t_tasks.c.priority_rank, t_tasks.c.ready_at)
-            .limit(room)
-            .with_for_update(skip_locked=True)
-            # a CTE is evaluated once; an IN (subquery) may be re-run per row and over-admit
-            .cte("picked")
-        )
+        inflight: dict[str, int] = {
+            q: n
+            for q, n in conn.execute(
+                sa.select(t_tasks.c.queue, sa.func.count())
+                .where(t_tasks.c.state.in_([T.QUEUED.value, T.RUNNING.value]))
+                .group_by(t_tasks.c.queue)
+            ).all()
+        }
+        total = sum(inflight.values())
         check_transition(T.READY, T.QUEUED, "dispatcher")
-        rows = conn.execute(
-            t_tasks.update()
-            .where(
-                t_tasks.c.run_id == picked.c.run_id,
-                t_tasks.c.key == picked.c.key,
-                t_tasks.c.state == T.READY.value,
+        rows: list[Any] = []
+        for queues, capacity in groups.items():
+            room = min(capacity - sum(inflight.get(q, 0) for q in queues), window - total)
+            if room <= 0:
+                continue
+            picked = (
+                sa.select(t_tasks.c.run_id, t_tasks.c.key)
+                .where(t_tasks.c.state == T.READY.value, t_tasks.c.queue.in_(sorted(queues)))
+                .order_by(t_tasks.c.priority_rank, t_tasks.c.ready_at)
+                .limit(room)
+                .with_for_update(skip_locked=True)
+                # a CTE is evaluated once; an IN (subquery) may be re-run per row and over-admit
+                .cte("picked")
             )
-            .values(state=T.QUEUED.value, dispatched_at=db_now())
-            .returning(
-                t_tasks.c.run_id,
-                t_tasks.c.key,
-                t_tasks.c.attempt,
-                t_tasks.c.task_name,
-                t_tasks.c.args,
-                t_tasks.c.kwargs,
-                t_tasks.c.queue,
-                t_tasks.c.soft_time_limit,
-                t_tasks.c.time_limit,
-                t_tasks.c.priority_rank,
-                t_tasks.c.ready_at,
-            )
-        ).all()
+            admitted = conn.execute(
+                t_tasks.update()
+                .where(
+                    t_tasks.c.run_id == picked.c.run_id,
+                    t_tasks.c.key == picked.c.key,
+                    t_tasks.c.state == T.READY.value,
+                )
+                .values(state=T.QUEUED.value, dispatched_at=db_now())
+                .returning(*_DISPATCH_COLUMNS)
+            ).all()
+            for r in admitted:
+                inflight[r.queue] = inflight.get(r.queue, 0) + 1
+            total += len(admitted)
+            rows.extend(admitted)
         if not rows:
             return []
         # RETURNING has no order: publish in the order the rows were picked
-        rows = sorted(rows, key=lambda r: (r.priority_rank, r.ready_at))
+        rows.sort(key=lambda r: (r.priority_rank, r.ready_at))
         now = conn.execute(sa.select(db_now())).scalar_one()
         conn.execute(
             t_events.insert(),
             [_event(r.run_id, r.key, r.attempt, T.READY, T.QUEUED, "dispatcher", None, True, now) for r in rows],
         )
-        return [
-            Dispatch(
-                r.run_id,
-                r.key,
-                r.attempt,
-                r.task_name,
-                list(r.args),
-                dict(r.kwargs),
-                r.queue,
-                r.soft_time_limit,
-                r.time_limit,
+        return [_dispatch(r) for r in rows]
+
+    def _capacity(self, conn: Connection) -> dict[frozenset[str], int]:
+        """Live workers' concurrency summed per set of consumed queues."""
+        groups: dict[frozenset[str], int] = {}
+        rows = conn.execute(
+            sa.select(t_workers.c.queues, t_workers.c.concurrency).where(
+                t_workers.c.seen_at > db_after(-self.worker_ttl)
             )
-            for r in rows
-        ]
+        ).all()
+        for queues, concurrency in rows:
+            key = frozenset(queues)
+            groups[key] = groups.get(key, 0) + int(concurrency)
+        return groups
 
     def admit_ready(self, window: int) -> list[Dispatch]:
         return self.transaction(lambda conn: self.admit(conn, window))
@@ -428,58 +453,330 @@ class Store:
         attempt: int,
         *,
         error: str,
-        retry: bool,
         window: int,
-        actor: str = "worker",
+        exc_types: Sequence[str] = (),
         fingerprint: str | None = None,
+        retryable: bool = True,
+        actor: str = "worker",
     ) -> Outcome:
-        """Record a failed attempt: RETRYING (``attempt + 1``, ``not_before`` = now + backoff)
-        while ``retry`` and attempts remain, else FAILED with its consequences downstream.
-        Loses (``accepted=False``, rejected event) unless the row holds ``attempt`` RUNNING."""
+        """Record a failed attempt, fenced by ``attempt``.
+
+        The verdict (:func:`orchestrator.poison.verdict`): DEAD_LETTER when the same
+        ``fingerprint`` failed ``poison_threshold`` attempts in a row (parked, no cascade,
+        alert); RETRYING with ``attempt + 1`` and ``not_before`` = now + backoff while the
+        failure is retryable (``retry_on`` / ``no_retry_on`` over ``exc_types``) and attempts
+        remain; FAILED otherwise, with its consequences downstream. A stale attempt loses
+        (``accepted=False``) and a rejected event is written.
+        """
 
         def tx(conn: Connection) -> Outcome:
             row = conn.execute(
-                sa.select(t_tasks.c.max_attempts, t_tasks.c.backoff).where(
-                    t_tasks.c.run_id == run_id, t_tasks.c.key == key
-                )
-            ).first()
-            if row is not None and retry and attempt < row.max_attempts:
-                delay = _backoff(row.backoff).delay(attempt)
-                ok = self._cas(
-                    conn,
-                    run_id,
-                    key,
-                    attempt,
-                    T.RUNNING,
-                    T.RETRYING,
-                    actor,
-                    f"{error} (retry in {delay:.2f}s)",
-                    {
-                        "attempt": attempt + 1,
-                        "not_before": db_after(delay),
-                        "error": error,
-                        "fingerprint": fingerprint,
-                        "lease_expires_at": None,
-                    },
-                )
-                return Outcome(ok, T.RETRYING if ok else None, [])
-            ok = self._cas(
-                conn,
-                run_id,
-                key,
-                attempt,
-                T.RUNNING,
-                T.FAILED,
-                actor,
-                error,
-                {"error": error, "fingerprint": fingerprint, "finished_at": db_now(), "lease_expires_at": None},
-            )
-            if not ok:
+                sa.select(
+                    t_tasks.c.max_attempts, t_tasks.c.backoff, t_tasks.c.fingerprint,
+                    t_tasks.c.fingerprint_streak, t_tasks.c.retry_on, t_tasks.c.no_retry_on,
+                ).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
+            ).first()  # fmt: skip
+            if row is None:
+                self._reject(conn, run_id, key, attempt, T.FAILED, actor, error)
                 return Outcome(False, None, [])
-            self._settle(conn, run_id, [(key, T.FAILED)])
-            return Outcome(True, T.FAILED, self.admit(conn, window))
+            streak = row.fingerprint_streak + 1 if fingerprint and fingerprint == row.fingerprint else 1
+            retry = retryable and is_retryable(exc_types, row.retry_on, row.no_retry_on)
+            state = verdict(
+                attempt=attempt,
+                max_attempts=row.max_attempts,
+                retryable=retry,
+                streak=streak if fingerprint else 0,
+                threshold=self.poison_threshold,
+            )
+            common = {"error": error, "fingerprint": fingerprint, "fingerprint_streak": streak, "lease_losses": 0}
+            return self._finish_attempt(conn, run_id, key, attempt, state, actor, error, common, row.backoff, window)
 
         return self.transaction(tx)
+
+    def _finish_attempt(
+        self,
+        conn: Connection,
+        run_id: str,
+        key: str,
+        attempt: int,
+        state: TaskState,
+        actor: str,
+        error: str,
+        values: dict[str, Any],
+        backoff: dict[str, Any],
+        window: int,
+    ) -> Outcome:
+        values = {**values, "lease_expires_at": None}
+        reason = error
+        if state is T.RETRYING:
+            delay = _backoff(backoff).delay(attempt)
+            reason = f"{error} (retry in {delay:.2f}s)"
+            values.update(attempt=attempt + 1, not_before=db_after(delay))
+        elif state is T.DEAD_LETTER:
+            reason = f"dead letter: {error}"
+        else:
+            values["finished_at"] = db_now()
+        if not self._cas(conn, run_id, key, attempt, T.RUNNING, state, actor, reason, values):
+            return Outcome(False, None, [])
+        if state is T.FAILED:
+            self._settle(conn, run_id, [(key, T.FAILED)])
+            return Outcome(True, state, self.admit(conn, window))
+        return Outcome(True, state, self.admit(conn, window))
+
+    # ------------------------------------------------------------------ reconciler
+
+    def stale_queued(self, dispatch_timeout: float, limit: int = 500) -> list[tuple[str, str, int, Any]]:
+        """QUEUED tasks unclaimed for longer than ``dispatch_timeout``: (run, key, attempt, dispatched_at)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.dispatched_at)
+                .where(t_tasks.c.state == T.QUEUED.value, t_tasks.c.dispatched_at < db_after(-dispatch_timeout))
+                .limit(limit)
+            ).all()
+        return [(r.run_id, r.key, r.attempt, r.dispatched_at) for r in rows]
+
+    def redispatch(self, run_id: str, key: str, attempt: int, dispatched_at: Any) -> Dispatch | None:
+        """CAS QUEUED -> QUEUED (same attempt, new ``dispatched_at``) for one stale task.
+
+        ``dispatched_at`` is the version read by :meth:`stale_queued`: of two reconcilers
+        that saw the same stale row, one re-publishes and the other loses (rejected event).
+        """
+
+        def tx(conn: Connection) -> Dispatch | None:
+            check_transition(T.QUEUED, T.QUEUED, "reconciler")
+            row = conn.execute(
+                t_tasks.update()
+                .where(
+                    t_tasks.c.run_id == run_id,
+                    t_tasks.c.key == key,
+                    t_tasks.c.state == T.QUEUED.value,
+                    t_tasks.c.attempt == attempt,
+                    t_tasks.c.dispatched_at == dispatched_at,
+                )
+                .values(dispatched_at=db_now())
+                .returning(*_DISPATCH_COLUMNS)
+            ).first()
+            reason = "unclaimed past the dispatch timeout: re-published"
+            if row is None:
+                self._reject(conn, run_id, key, attempt, T.QUEUED, "reconciler", reason)
+                return None
+            self._record(conn, run_id, key, attempt, T.QUEUED, T.QUEUED, "reconciler", reason)
+            return _dispatch(row)
+
+        return self.transaction(tx)
+
+    def expired_leases(self, lease_seconds: float, limit: int = 500) -> list[tuple[str, str, int]]:
+        """RUNNING tasks silent for longer than a lease, measured from the last sign of life
+        (``COALESCE(heartbeat, started, dispatched)``) so a task that died before its first
+        heartbeat is caught too."""
+        last_seen = sa.func.coalesce(t_tasks.c.heartbeat_at, t_tasks.c.started_at, t_tasks.c.dispatched_at)
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt)
+                .where(t_tasks.c.state == T.RUNNING.value, last_seen < db_after(-lease_seconds))
+                .limit(limit)
+            ).all()
+        return [(r.run_id, r.key, r.attempt) for r in rows]
+
+    def lose_lease(self, run_id: str, key: str, attempt: int, lease_seconds: float, window: int) -> Outcome:
+        """Fail an attempt whose lease expired: RETRYING with backoff, FAILED when attempts are
+        exhausted, DEAD_LETTER after ``crash_loop_threshold`` consecutive lost leases.
+        Re-checks the expiry inside the CAS, so a heartbeat that just landed wins."""
+
+        def tx(conn: Connection) -> Outcome:
+            last_seen = sa.func.coalesce(t_tasks.c.heartbeat_at, t_tasks.c.started_at, t_tasks.c.dispatched_at)
+            row = conn.execute(
+                sa.select(t_tasks.c.max_attempts, t_tasks.c.backoff, t_tasks.c.lease_losses, t_tasks.c.worker)
+                .where(
+                    t_tasks.c.run_id == run_id,
+                    t_tasks.c.key == key,
+                    t_tasks.c.state == T.RUNNING.value,
+                    t_tasks.c.attempt == attempt,
+                    last_seen < db_after(-lease_seconds),
+                )
+                .with_for_update()
+            ).first()
+            error = "LeaseExpired: no heartbeat for a whole lease (worker killed, paused or lost)"
+            if row is None:
+                self._reject(conn, run_id, key, attempt, T.RETRYING, "reconciler", error + "; lease is live")
+                return Outcome(False, None, [])
+            losses = row.lease_losses + 1
+            if self.crash_loop_threshold > 0 and losses >= self.crash_loop_threshold:
+                state = T.DEAD_LETTER
+                error = f"crash loop: lease lost on {losses} consecutive attempts (last on {row.worker})"
+            else:
+                state = T.RETRYING if attempt < row.max_attempts else T.FAILED
+                error = f"{error} on {row.worker}"
+            values = {"error": error, "lease_losses": losses, "fingerprint": None, "fingerprint_streak": 0}
+            return self._finish_attempt(
+                conn, run_id, key, attempt, state, "reconciler", error, values, row.backoff, window
+            )
+
+        return self.transaction(tx)
+
+    def finalize_runs(self, limit: int = 100) -> int:
+        """Close RUNNING runs whose tasks are all terminal (safety net for the counter)."""
+        open_task = (
+            sa.select(t_tasks.c.key)
+            .where(t_tasks.c.run_id == t_runs.c.id, t_tasks.c.state.not_in([s.value for s in TERMINAL]))
+            .exists()
+        )
+        with self.engine.connect() as conn:
+            ids = conn.execute(
+                sa.select(t_runs.c.id).where(t_runs.c.state == RunState.RUNNING.value, ~open_task).limit(limit)
+            ).scalars().all()  # fmt: skip
+        for run_id in ids:
+            self.transaction(functools.partial(self._recount, run_id))
+        return len(ids)
+
+    def _recount(self, run_id: str, conn: Connection) -> None:
+        self._close_tasks(conn, run_id, 0, recount=True)
+
+    # ------------------------------------------------------------------ operator
+
+    def retry_task(self, run_id: str, key: str, window: int) -> Outcome:
+        """Operator: DEAD_LETTER or FAILED -> READY with ``attempt + 1``.
+
+        A FAILED task can be retried only while none of its children has been decided; its
+        children's counters and the run are reopened. Raises :class:`OperatorError`.
+        """
+
+        def tx(conn: Connection) -> Outcome:
+            task = self._task_row(conn, run_id, key)
+            src = TaskState(task.state)
+            if src not in (T.DEAD_LETTER, T.FAILED):
+                raise OperatorError(f"task {key!r} is {src.value}: only DEAD_LETTER or FAILED tasks can be retried")
+            if src is T.FAILED:
+                children = conn.execute(
+                    sa.select(t_tasks.c.key, t_tasks.c.state).where(
+                        t_tasks.c.run_id == run_id,
+                        t_tasks.c.key.in_(
+                            sa.select(t_edges.c.child_key).where(
+                                t_edges.c.run_id == run_id, t_edges.c.parent_key == key
+                            )
+                        ),
+                    )
+                ).all()
+                decided = [c.key for c in children if c.state != T.PENDING.value]
+                if decided:
+                    raise OperatorError(
+                        f"task {key!r} has children already decided ({', '.join(decided[:5])}); retry it before"
+                        " its downstream is settled, or submit a new run"
+                    )
+                conn.execute(
+                    t_tasks.update()
+                    .where(t_tasks.c.run_id == run_id, t_tasks.c.key.in_([c.key for c in children]))
+                    .values(n_done=t_tasks.c.n_done - 1, n_failed=t_tasks.c.n_failed - 1)
+                )
+                conn.execute(
+                    t_runs.update()
+                    .where(t_runs.c.id == run_id)
+                    .values(open_tasks=t_runs.c.open_tasks + 1, state=RunState.RUNNING.value, finished_at=None)
+                )
+            values = {
+                "attempt": task.attempt + 1, "ready_at": db_now(), "finished_at": None, "not_before": None,
+                "fingerprint_streak": 0, "lease_losses": 0,
+            }  # fmt: skip
+            ok = self._cas(conn, run_id, key, task.attempt, src, T.READY, "operator", "manual retry", values)
+            return Outcome(ok, T.READY if ok else None, self.admit(conn, window) if ok else [])
+
+        return self.transaction(tx)
+
+    def resolve_dead_letter(self, run_id: str, key: str, to: TaskState, window: int) -> Outcome:
+        """Operator: DEAD_LETTER -> FAILED or SKIPPED; descendants follow their trigger rules."""
+
+        def tx(conn: Connection) -> Outcome:
+            task = self._task_row(conn, run_id, key)
+            if task.state != T.DEAD_LETTER.value:
+                raise OperatorError(f"task {key!r} is {task.state}: only a DEAD_LETTER task can be {to.value.lower()}")
+            reason = "operator gave up" if to is T.FAILED else "operator skipped it"
+            values = {"finished_at": db_now()}
+            ok = self._cas(conn, run_id, key, task.attempt, T.DEAD_LETTER, to, "operator", reason, values)
+            if not ok:
+                return Outcome(False, None, [])
+            self._settle(conn, run_id, [(key, to)])
+            return Outcome(True, to, self.admit(conn, window))
+
+        return self.transaction(tx)
+
+    def cancel_run(self, run_id: str) -> list[str]:
+        """Operator: every non-terminal task -> CANCELLED and the run CANCELLED.
+
+        Returns the Celery task ids of attempts that were QUEUED or RUNNING, to revoke.
+        """
+
+        def tx(conn: Connection) -> list[str]:
+            run = conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id).with_for_update()).first()
+            if run is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            rows = conn.execute(
+                sa.select(t_tasks.c.key, t_tasks.c.state, t_tasks.c.attempt)
+                .where(t_tasks.c.run_id == run_id, t_tasks.c.state.not_in([s.value for s in TERMINAL]))
+                .with_for_update()
+            ).all()
+            conn.execute(
+                t_tasks.update()
+                .where(t_tasks.c.run_id == run_id, t_tasks.c.state.not_in([s.value for s in TERMINAL]))
+                .values(state=T.CANCELLED.value, finished_at=db_now(), lease_expires_at=None)
+            )
+            now = conn.execute(sa.select(db_now())).scalar_one()
+            if rows:
+                conn.execute(
+                    t_events.insert(),
+                    [
+                        _event(run_id, r.key, r.attempt, TaskState(r.state), T.CANCELLED, "operator", "run cancelled",
+                               True, now)
+                        for r in rows
+                    ],
+                )  # fmt: skip
+            conn.execute(
+                t_runs.update()
+                .where(t_runs.c.id == run_id)
+                .values(state=RunState.CANCELLED.value, open_tasks=0, finished_at=db_now())
+            )
+            live = (T.QUEUED.value, T.RUNNING.value)
+            return [task_id(run_id, r.key, r.attempt) for r in rows if r.state in live]
+
+        return self.transaction(tx)
+
+    def _task_row(self, conn: Connection, run_id: str, key: str) -> Any:
+        row = conn.execute(
+            sa.select(t_tasks.c.state, t_tasks.c.attempt)
+            .where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
+            .with_for_update()
+        ).first()
+        if row is None:
+            raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
+        return row
+
+    # ------------------------------------------------------------------ workers and effects
+
+    def register_worker(self, name: str, queues: Sequence[str], concurrency: int) -> None:
+        """Insert or refresh a live worker's capacity (its pool size on its queues)."""
+
+        def tx(conn: Connection) -> None:
+            conn.execute(t_workers.delete().where(t_workers.c.name == name))
+            conn.execute(
+                t_workers.insert().values(
+                    name=name, queues=sorted(queues), concurrency=concurrency, started_at=db_now(), seen_at=db_now()
+                )
+            )
+
+        self.transaction(tx)
+
+    def touch_worker(self, name: str) -> bool:
+        with self.engine.begin() as conn:
+            res = conn.execute(t_workers.update().where(t_workers.c.name == name).values(seen_at=db_now()))
+            return res.rowcount == 1
+
+    def unregister_worker(self, name: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(t_workers.delete().where(t_workers.c.name == name))
+
+    def record_effect(self, run_id: str, key: str, attempt: int, pid: int) -> None:
+        """Note one execution of a probe body (fault tests count duplicates from these rows)."""
+        with self.engine.begin() as conn:
+            conn.execute(t_effects.insert().values(run_id=run_id, key=key, attempt=attempt, pid=pid, at=db_now()))
 
     # ------------------------------------------------------------------ internals
 
@@ -652,12 +949,18 @@ class Store:
                 self._reject(conn, run_id, k, a, dst, actor, reason)
         return [m.key for m in moved]
 
-    def _close_tasks(self, conn: Connection, run_id: str, closed: int) -> None:
+    def _close_tasks(self, conn: Connection, run_id: str, closed: int, *, recount: bool = False) -> None:
+        if recount:
+            count = (
+                sa.select(sa.func.count())
+                .where(t_tasks.c.run_id == run_id, t_tasks.c.state.not_in([s.value for s in TERMINAL]))
+                .scalar_subquery()
+            )
+            new_value: Any = count
+        else:
+            new_value = t_runs.c.open_tasks - closed
         left = conn.execute(
-            t_runs.update()
-            .where(t_runs.c.id == run_id)
-            .values(open_tasks=t_runs.c.open_tasks - closed)
-            .returning(t_runs.c.open_tasks)
+            t_runs.update().where(t_runs.c.id == run_id).values(open_tasks=new_value).returning(t_runs.c.open_tasks)
         ).scalar_one()
         if left > 0:
             return
@@ -751,6 +1054,18 @@ def _event(
     }
 
 
+_DISPATCH_COLUMNS = (
+    t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.task_name, t_tasks.c.args, t_tasks.c.kwargs,
+    t_tasks.c.queue, t_tasks.c.soft_time_limit, t_tasks.c.time_limit, t_tasks.c.priority_rank, t_tasks.c.ready_at,
+)  # fmt: skip
+
+
+def _dispatch(r: Any) -> Dispatch:
+    return Dispatch(
+        r.run_id, r.key, r.attempt, r.task_name, list(r.args), dict(r.kwargs), r.queue, r.soft_time_limit, r.time_limit
+    )
+
+
 def _backoff(raw: dict[str, Any]) -> Backoff:
     return Backoff(base=raw["base"], cap=raw["cap"], jitter=Jitter(raw["jitter"]))
 
@@ -787,6 +1102,7 @@ def _task_view(r: Any) -> TaskView:
         kwargs=r.kwargs,
         result=r.result,
         error=r.error,
+        fingerprint=r.fingerprint,
         worker=r.worker,
         dispatched_at=aware(r.dispatched_at),
         started_at=aware(r.started_at),

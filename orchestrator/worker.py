@@ -13,22 +13,26 @@ The same task called without those headers (``task.delay()``, ``task()``) is a p
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import json
 import logging
 import os
 import socket
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery import Celery, Task
+from celery import Celery, Task, signals
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
+from .crashpoints import crash_point
 from .dag import UPSTREAM_KWARG, check_json
 from .engine import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, Orchestrator, declares_upstream
 from .errors import ResultNotSerializable, ValidationError
 from .models import parse_task_id
+from .poison import exception_names, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -73,44 +77,64 @@ def current_orchestrator(app: Celery) -> Orchestrator:
     return orc
 
 
+class LeaseLost(BaseException):
+    """Raised inside a task body whose lease was taken from it: the worker fences itself.
+
+    A BaseException, so that a body's ``except Exception`` does not swallow it."""
+
+
+def _interrupt(thread_id: int) -> None:
+    """Raise :class:`LeaseLost` in the thread running the body (checked between bytecodes)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(LeaseLost))
+
+
 class Heartbeater:
-    """One daemon thread per process extending the leases of the attempts it runs."""
+    """One daemon thread per process extending the leases of the attempts it runs.
+
+    When an extension CAS fails, the attempt no longer holds the task: the body is
+    interrupted with :class:`LeaseLost` and its outcome will be rejected (self-fencing).
+    """
 
     def __init__(self, orchestrator: Orchestrator) -> None:
         self.orc = orchestrator
         self.lease = orchestrator.settings.lease_seconds
-        self._active: dict[tuple[str, str, int], threading.Event] = {}
+        self._active: dict[tuple[str, str, int], int] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def track(self, run_id: str, key: str, attempt: int) -> threading.Event:
-        """Start beating for an attempt; the returned event is set if the lease is lost."""
-        lost = threading.Event()
+    def track(self, run_id: str, key: str, attempt: int) -> None:
+        """Start beating for an attempt run by the calling thread."""
         with self._lock:
-            self._active[(run_id, key, attempt)] = lost
+            self._active[(run_id, key, attempt)] = threading.get_ident()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="orc-heartbeat", daemon=True)
                 self._thread.start()
-        return lost
 
-    def untrack(self, run_id: str, key: str, attempt: int) -> None:
+    def untrack(self, run_id: str, key: str, attempt: int) -> bool:
+        """Stop beating; ``False`` if the attempt was no longer tracked (its lease was lost)."""
         with self._lock:
-            self._active.pop((run_id, key, attempt), None)
+            return self._active.pop((run_id, key, attempt), None) is not None
 
     def _loop(self) -> None:
         interval = max(self.lease / 3.0, 0.05)
         while True:
-            self._wake.wait(interval)
+            time.sleep(interval)
             with self._lock:
                 items = list(self._active.items())
-            for (run_id, key, attempt), lost in items:
+            for (run_id, key, attempt), thread_id in items:
                 try:
-                    if not self.orc.store.heartbeat(run_id, key, attempt, self.lease):
-                        log.warning("lease lost for %s.%s attempt %s", run_id, key, attempt)
-                        lost.set()
+                    alive = self.orc.store.heartbeat(run_id, key, attempt, self.lease)
                 except Exception:
                     log.exception("heartbeat failed for %s.%s attempt %s", run_id, key, attempt)
+                    continue
+                if alive:
+                    continue
+                with self._lock:
+                    # under the lock: untrack() cannot return between the check and the interrupt
+                    if self._active.pop((run_id, key, attempt), None) is None:
+                        continue  # finished meanwhile
+                    log.warning("lease lost for %s.%s attempt %s: stopping the body", run_id, key, attempt)
+                    _interrupt(thread_id)
 
 
 _heartbeaters: dict[int, Heartbeater] = {}
@@ -165,44 +189,50 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         try:
             claim = orc.store.claim(run_id, key, attempt, worker, settings.lease_seconds)
         except Exception:
-            log.exception(
-                "claim of %s.%s attempt %s failed; message dropped, the reconciler recovers", run_id, key, attempt
-            )
+            log.exception("claim of %s.%s attempt %s failed; left to the reconciler", run_id, key, attempt)
             return None
         if claim is None:
             log.info("claim of %s.%s attempt %s refused; duplicate or stale message dropped", run_id, key, attempt)
             return None
+        crash_point("after_claim_commit")
         kwargs = dict(claim.kwargs)
         if declares_upstream(self):
             kwargs[UPSTREAM_KWARG] = claim.upstream_results
         hb = _heartbeater(orc)
         hb.track(run_id, key, attempt)
         token = _context.set(TaskContext(run_id, key, attempt, claim.upstream_results))
+        tracked = True
         try:
-            result = self.run(*claim.args, **kwargs)
+            try:
+                result = self.run(*claim.args, **kwargs)
+            finally:
+                tracked = hb.untrack(run_id, key, attempt)
         except BaseException as exc:
             hb.untrack(run_id, key, attempt)
-            retry = not isinstance(exc, (ResultNotSerializable, ValidationError))
-            outcome = orc.store.fail(
-                run_id,
-                key,
-                attempt,
-                error=_describe(exc),
-                retry=retry,
-                window=settings.dispatch_window,
-            )
-            orc.publish(outcome.dispatches)
+            fp, evidence = fingerprint(exc)
+            fenced = isinstance(exc, LeaseLost) or not tracked
+            retryable = not isinstance(exc, (ResultNotSerializable, ValidationError, LeaseLost))
+            error = "LeaseLost: the lease was taken over; body stopped" if fenced else f"{_describe(exc)} [{evidence}]"
+            orc.settle(
+                orc.store.fail(
+                    run_id, key, attempt, error=error, window=settings.dispatch_window,
+                    exc_types=exception_names(exc), fingerprint=fp, retryable=retryable,
+                ),
+                run_id, key,
+            )  # fmt: skip
             raise
         finally:
             _context.reset(token)
-            hb.untrack(run_id, key, attempt)
         problem = _result_problem(result, settings.max_result_bytes)
         if problem is not None:
-            outcome = orc.store.fail(run_id, key, attempt, error=problem, retry=False, window=settings.dispatch_window)
-            orc.publish(outcome.dispatches)
+            outcome = orc.store.fail(
+                run_id, key, attempt, error=problem, window=settings.dispatch_window, retryable=False
+            )
+            orc.settle(outcome, run_id, key)
             raise ResultNotSerializable(f"task {self.name} ({run_id}.{key}): {problem}")
         outcome = orc.store.succeed(run_id, key, attempt, result, settings.dispatch_window)
-        orc.publish(outcome.dispatches)
+        crash_point("after_result_commit")
+        orc.settle(outcome, run_id, key)
         return result
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
@@ -218,10 +248,11 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             outcome = orc.store.fail(
                 *parsed,
                 error=f"TimeLimitExceeded: hard time limit ({exc})",
-                retry=True,
                 window=orc.settings.dispatch_window,
+                exc_types=exception_names(exc),
+                fingerprint=fingerprint(exc)[0],
             )
-            orc.publish(outcome.dispatches)
+            orc.settle(outcome, parsed[0], parsed[1])
         except Exception:
             log.exception("could not record the hard time limit of %s", task_id)
 
@@ -242,3 +273,74 @@ def _result_problem(result: Any, max_bytes: int) -> str | None:
     if size > max_bytes:
         return f"result is {size} bytes of JSON, over ORCHESTRATOR_MAX_RESULT_BYTES={max_bytes}"
     return None
+
+
+class WorkerRegistry:
+    """Keeps this worker's capacity row fresh so dispatch admits what it can take."""
+
+    def __init__(self, orchestrator: Orchestrator, name: str, queues: list[str], concurrency: int) -> None:
+        self.orc, self.name, self.queues, self.concurrency = orchestrator, name, queues, concurrency
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="orc-registry", daemon=True)
+
+    def start(self) -> None:
+        self.orc.store.register_worker(self.name, self.queues, self.concurrency)
+        self.orc.publish(self.orc.store.admit_ready(self.orc.settings.dispatch_window))
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self.orc.store.unregister_worker(self.name)
+        except Exception:
+            log.exception("could not unregister worker %s", self.name)
+
+    def _loop(self) -> None:
+        interval = max(min(5.0, self.orc.settings.worker_ttl / 3.0), 0.2)
+        while not self._stop.wait(interval):
+            try:
+                if not self.orc.store.touch_worker(self.name):
+                    self.orc.store.register_worker(self.name, self.queues, self.concurrency)
+            except Exception:
+                log.exception("worker registry heartbeat failed")
+
+
+_registry: WorkerRegistry | None = None
+
+
+def start_registry(app: Celery, name: str, queues: list[str], concurrency: int) -> WorkerRegistry:
+    """Register a worker's capacity and keep it fresh until :func:`stop_registry`."""
+    global _registry
+    _registry = WorkerRegistry(current_orchestrator(app), name, queues, concurrency)
+    _registry.start()
+    return _registry
+
+
+def stop_registry() -> None:
+    global _registry
+    if _registry is not None:
+        _registry.stop()
+        _registry = None
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None or not hasattr(app, "orchestrator_settings"):
+        return
+    queues = sorted(q.name for q in sender.task_consumer.queues)
+    concurrency = int(getattr(sender.controller, "concurrency", None) or 1)
+    start_registry(app, sender.hostname, queues, concurrency)
+
+
+@signals.worker_shutdown.connect
+def _on_worker_shutdown(**_: Any) -> None:
+    stop_registry()
+
+
+@signals.worker_process_init.connect
+def _on_pool_process_init(**_: Any) -> None:
+    # a forked pool process must not use (or close) its parent's pooled connections
+    for orc in list(_orchestrators.values()):
+        if "store" in orc.__dict__:
+            orc.store.engine.dispose(close=False)

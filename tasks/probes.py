@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from orchestrator.celery_app import get_app
-from orchestrator.worker import current_context
+from orchestrator.worker import current_context, current_orchestrator
 
 app = get_app()
 
@@ -22,29 +22,51 @@ def _attempt(task: Any) -> int:
     return ctx.attempt if ctx else int(task.request.retries or 0) + 1
 
 
+def _effect() -> None:
+    """Record this execution (run, key, attempt, pid) when ORCHESTRATOR_RECORD_PROBE_EFFECTS is on."""
+    ctx = current_context()
+    if ctx is None:
+        return
+    orc = current_orchestrator(app)
+    if orc.settings.record_probe_effects:
+        orc.store.record_effect(ctx.run_id, ctx.key, ctx.attempt, os.getpid())
+
+
 @app.task(bind=True)
 def noop(self: Any) -> None:
     """Do nothing."""
+    _effect()
     return None
 
 
 @app.task(bind=True)
 def sleep(self: Any, seconds: float = 1.0) -> float:
     """Sleep ``seconds`` and return them."""
+    _effect()
     time.sleep(float(seconds))
     return float(seconds)
 
 
 class FlakyError(RuntimeError):
-    """Raised by :func:`flaky` on its early attempts."""
+    """Raised by :func:`flaky` on its odd early attempts."""
+
+
+class FlakyTimeout(TimeoutError):
+    """Raised by :func:`flaky` on its even early attempts."""
 
 
 @app.task(bind=True)
 def flaky(self: Any, fail_times: int = 1) -> int:
-    """Raise :class:`FlakyError` while the attempt number is <= ``fail_times``; return the attempt."""
+    """Fail while the attempt number is <= ``fail_times``, then return the attempt.
+
+    Consecutive failures alternate between :class:`FlakyError` and :class:`FlakyTimeout`, so
+    their fingerprints differ: a transient fault that retries, never poison.
+    """
+    _effect()
     attempt = _attempt(self)
     if attempt <= int(fail_times):
-        raise FlakyError(f"flaky: attempt {attempt} of the first {fail_times} fails")
+        error = FlakyError if attempt % 2 else FlakyTimeout
+        raise error(f"flaky: attempt {attempt} of the first {fail_times} fails")
     return attempt
 
 
@@ -55,18 +77,21 @@ class ProbeFailure(RuntimeError):
 @app.task(bind=True)
 def fail(self: Any, message: str = "probe failure") -> None:
     """Always raise :class:`ProbeFailure` with ``message``."""
+    _effect()
     raise ProbeFailure(message)
 
 
 @app.task(bind=True)
 def crash(self: Any) -> None:
     """Kill the process running it (SIGKILL): a pool child dies mid-task."""
+    _effect()
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 @app.task(bind=True)
 def hang(self: Any) -> None:
     """Never return (until a time limit stops it)."""
+    _effect()
     while True:
         time.sleep(1.0)
 
@@ -74,4 +99,5 @@ def hang(self: Any) -> None:
 @app.task(bind=True)
 def echo(self: Any, upstream: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
     """Return its keyword arguments and its parents' results."""
+    _effect()
     return {"kwargs": kwargs, "upstream": upstream or {}}

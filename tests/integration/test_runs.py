@@ -118,19 +118,19 @@ def test_flaky_task_retries_with_backoff(orc: Orchestrator, worker: WorkerProces
     assert task.attempt == 3 and task.result == 3
     retries = [e for e in run.events() if e.to_state == "RETRYING" and e.accepted]
     assert [e.attempt for e in retries] == [1, 2]
-    assert all("FlakyError" in (e.reason or "") for e in retries)
+    assert "FlakyError" in (retries[0].reason or "") and "FlakyTimeout" in (retries[1].reason or "")
     one_accepted_outcome_per_task(orc, run.id)
 
 
 def test_failure_cascades_and_run_fails(orc: Orchestrator, worker: WorkerProcess) -> None:
     dag = DAG("cascade")
-    a = dag.task("a", P + "fail", max_attempts=2, backoff={"base": 0.1, "cap": 0.1})
+    a = dag.task("a", P + "fail")
     b = dag.task("b", P + "noop", upstream=[a])
     dag.task("c", P + "noop", upstream=[b])
     run = orc.submit(dag)
     assert run.wait(timeout=60).state is RunState.FAILED
     assert states(run) == {"a": T.FAILED, "b": T.UPSTREAM_FAILED, "c": T.UPSTREAM_FAILED}
-    assert run.task("a").attempt == 2
+    assert run.task("a").attempt == 1
 
 
 def test_time_limits_count_as_failures(orc: Orchestrator, worker: WorkerProcess) -> None:

@@ -12,7 +12,8 @@ import sqlalchemy as sa
 
 from orchestrator import DAG, TaskState, TriggerRule
 from orchestrator import schema as s
-from orchestrator.routing import route
+from orchestrator.dbtime import db_after
+from orchestrator.routing import default_queues, route
 from orchestrator.states import RunState
 from orchestrator.store import Store
 
@@ -29,6 +30,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         with st.engine.begin() as conn:
             for table in reversed(s.metadata.sorted_tables):
                 conn.execute(table.delete())
+    st.register_worker("test-worker", default_queues(), 10_000)
     yield st
     st.dispose()
 
@@ -53,7 +55,7 @@ def run_task(store: Store, run_id: str, key: str, result: object = None, *, ok: 
     if ok:
         assert store.succeed(run_id, key, task.attempt, result, 10_000).accepted
     else:
-        assert store.fail(run_id, key, task.attempt, error="boom", retry=False, window=10_000).accepted
+        assert store.fail(run_id, key, task.attempt, error="boom", retryable=False, window=10_000).accepted
 
 
 def diamond() -> DAG:
@@ -144,7 +146,7 @@ def test_failure_retries_with_backoff_in_the_database(store: Store) -> None:
     run_id = submit(store, dag)
     store.admit_ready(100)
     store.claim(run_id, "a", 1, "w", 30)
-    out = store.fail(run_id, "a", 1, error="E: transient", retry=True, window=100)
+    out = store.fail(run_id, "a", 1, error="E: transient", window=100)
     assert out.accepted and out.state is T.RETRYING
     task = store.get_task(run_id, "a")
     assert task.attempt == 2 and task.not_before is not None
@@ -154,7 +156,7 @@ def test_failure_retries_with_backoff_in_the_database(store: Store) -> None:
     assert released == 1 and [(d.key, d.attempt) for d in dispatches] == [("a", 2)]
     assert dispatches[0].task_id == f"{run_id}.a.2"
     store.claim(run_id, "a", 2, "w", 30)
-    out = store.fail(run_id, "a", 2, error="E: again", retry=True, window=100)
+    out = store.fail(run_id, "a", 2, error="E: again", window=100)
     assert out.state is T.FAILED  # attempts exhausted
     assert store.get_run(run_id).state is RunState.FAILED
 
@@ -263,3 +265,124 @@ def test_concurrent_parents_release_a_fan_in_child_once(store: Store) -> None:
     assert child.state is T.QUEUED
     queued = [e for e in store.events(run_id) if e.key == "child" and e.to_state == "QUEUED" and e.accepted]
     assert len(queued) == 1
+
+
+def test_admission_is_bounded_by_live_worker_capacity(store: Store) -> None:
+    store.unregister_worker("test-worker")
+    dag = DAG("cap")
+    for i in range(10):
+        dag.task(f"n{i}", "t")
+    run_id = submit(store, dag)
+    assert store.admit_ready(1000) == []  # no live worker: the backlog waits as READY
+    store.register_worker("w1", ["orchestrator.default"], 2)
+    store.register_worker("w2", ["orchestrator.default"], 1)
+    assert len(store.admit_ready(1000)) == 3  # exactly the free slots
+    assert store.admit_ready(1000) == []
+    store.register_worker("w1", ["orchestrator.default"], 2)
+    with store.engine.begin() as conn:  # both workers go silent past the TTL
+        conn.execute(s.workers.update().values(seen_at=db_after(-3600)))
+    assert store.get_run(run_id).counts["QUEUED"] == 3
+    store.register_worker("w3", ["orchestrator.default"], 5)
+    assert len(store.admit_ready(1000)) == 2  # 5 slots, 3 already in flight
+
+
+def test_stale_dispatch_is_republished_once(store: Store) -> None:
+    run_id = submit(store, diamond())
+    store.admit_ready(100)
+    time.sleep(0.05)
+    stale = store.stale_queued(0.01)
+    assert [(r, k, a) for r, k, a, _ in stale] == [(run_id, "a", 1)]
+    first = store.redispatch(*stale[0])
+    second = store.redispatch(*stale[0])  # a second reconciler with the same stale read
+    assert first is not None and first.task_id == f"{run_id}.a.1" and second is None
+    ledger = [(e.from_state, e.to_state, e.accepted) for e in store.events(run_id) if e.actor == "reconciler"]
+    assert ledger == [("QUEUED", "QUEUED", True), ("QUEUED", "QUEUED", False)]
+
+
+def test_expired_lease_fails_the_attempt_and_crash_loops_dead_letter(store: Store) -> None:
+    dag = DAG("lease")
+    dag.task("a", "t", max_attempts=5, backoff={"base": 0.01, "cap": 0.01})
+    run_id = submit(store, dag)
+    store.admit_ready(100)
+    store.claim(run_id, "a", 1, "w", 30)
+    assert store.expired_leases(5.0) == []
+    time.sleep(0.05)
+    assert store.expired_leases(0.01) == [(run_id, "a", 1)]
+    out = store.lose_lease(run_id, "a", 1, 0.01, 100)
+    assert out.accepted and out.state is T.RETRYING
+    assert not store.lose_lease(run_id, "a", 1, 0.01, 100).accepted  # a second reconciler loses
+    time.sleep(0.05)
+    store.release_due_retries(100)
+    store.claim(run_id, "a", 2, "w", 30)
+    time.sleep(0.05)
+    out = store.lose_lease(run_id, "a", 2, 0.01, 100)
+    assert out.state is T.DEAD_LETTER  # two lost leases in a row: crash loop
+    task = store.get_task(run_id, "a")
+    assert "crash loop" in (task.error or "")
+    view = store.get_run(run_id)
+    assert view.state is RunState.RUNNING and view.needs_attention
+
+
+def test_same_fingerprint_twice_is_poison(store: Store) -> None:
+    dag = DAG("poison")
+    dag.task("a", "t", max_attempts=5, backoff={"base": 0.01, "cap": 0.01})
+    dag.task("b", "t", upstream=["a"])
+    run_id = submit(store, dag)
+    store.admit_ready(100)
+    store.claim(run_id, "a", 1, "w", 30)
+    assert store.fail(run_id, "a", 1, error="E", window=100, fingerprint="fp1").state is T.RETRYING
+    time.sleep(0.05)
+    store.release_due_retries(100)
+    store.claim(run_id, "a", 2, "w", 30)
+    assert store.fail(run_id, "a", 2, error="E", window=100, fingerprint="fp1").state is T.DEAD_LETTER
+    assert state(store, run_id, "b") is T.PENDING  # DEAD_LETTER does not cascade
+    # the operator retries it, it fails again differently, then the operator skips it
+    store.retry_task(run_id, "a", 100)
+    store.claim(run_id, "a", 3, "w", 30)
+    assert store.fail(run_id, "a", 3, error="F", window=100, fingerprint="fp2").state is T.RETRYING
+    time.sleep(0.05)
+    store.release_due_retries(100)
+    store.claim(run_id, "a", 4, "w", 30)
+    assert store.fail(run_id, "a", 4, error="F", window=100, fingerprint="fp2").state is T.DEAD_LETTER
+    store.resolve_dead_letter(run_id, "a", T.SKIPPED, 100)
+    assert state(store, run_id, "b") is T.SKIPPED
+    assert store.get_run(run_id).state is RunState.SUCCEEDED
+
+
+def test_retry_on_and_no_retry_on(store: Store) -> None:
+    dag = DAG("classes")
+    dag.task("a", "t", max_attempts=3, no_retry_on=["ValueError"])
+    dag.task("b", "t", max_attempts=3, retry_on=["TimeoutError"])
+    run_id = submit(store, dag)
+    store.admit_ready(100)
+    store.claim(run_id, "a", 1, "w", 30)
+    store.claim(run_id, "b", 1, "w", 30)
+    assert store.fail(run_id, "a", 1, error="v", window=100, exc_types=["ValueError"]).state is T.FAILED
+    assert store.fail(run_id, "b", 1, error="k", window=100, exc_types=["KeyError"]).state is T.FAILED
+
+
+def test_operator_retry_of_a_failed_leaf_reopens_the_run(store: Store) -> None:
+    dag = DAG("leaf")
+    dag.task("a", "t")
+    run_id = submit(store, dag)
+    run_task(store, run_id, "a", ok=False)
+    assert store.get_run(run_id).state is RunState.FAILED
+    store.retry_task(run_id, "a", 100)
+    assert store.get_run(run_id).state is RunState.RUNNING
+    run_task(store, run_id, "a", "ok")
+    assert store.get_run(run_id).state is RunState.SUCCEEDED
+    from orchestrator.errors import OperatorError
+
+    with pytest.raises(OperatorError, match="only DEAD_LETTER or FAILED"):
+        store.retry_task(run_id, "a", 100)
+
+
+def test_cancel_run(store: Store) -> None:
+    run_id = submit(store, diamond())
+    store.admit_ready(100)
+    store.claim(run_id, "a", 1, "w", 30)
+    revoke = store.cancel_run(run_id)
+    assert revoke == [f"{run_id}.a.1"]
+    assert {t.state for t in store.get_tasks(run_id)} == {T.CANCELLED}
+    assert store.get_run(run_id).state is RunState.CANCELLED
+    assert not store.succeed(run_id, "a", 1, "late", 100).accepted  # the late result is rejected

@@ -1,0 +1,40 @@
+"""Alerts for tasks parked in DEAD_LETTER: a log line, a Celery signal and an optional webhook.
+
+Connect to :data:`task_dead_lettered` (``sender`` is the actor, keyword ``alert`` the payload)
+or set ``ORCHESTRATOR_ALERT_WEBHOOK`` to receive a JSON POST per alert.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from typing import Any
+
+from celery.utils.dispatch import Signal
+
+log = logging.getLogger(__name__)
+
+task_dead_lettered = Signal(name="task_dead_lettered", providing_args={"alert"})
+
+
+def raise_alert(alert: dict[str, Any], *, webhook: str | None, actor: str, timeout: float = 5.0) -> None:
+    """Deliver ``alert`` everywhere it is wanted; a failing receiver never fails the caller."""
+    log.error("task dead-lettered, needs attention: %s", json.dumps(alert, sort_keys=True))
+    try:
+        task_dead_lettered.send(sender=actor, alert=alert)
+    except Exception:
+        log.exception("a task_dead_lettered receiver failed")
+    if not webhook:
+        return
+    request = urllib.request.Request(
+        webhook,
+        data=json.dumps(alert).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+    except Exception:
+        log.exception("alert webhook %s failed", webhook)
