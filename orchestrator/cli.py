@@ -262,5 +262,25 @@ def fail_task(run_id: str, key: str) -> None:
     click.echo(f"{run_id}.{key} FAILED")
 
 
+@main.command()
+@click.option("--runs", default=100, show_default=True, help="DAG runs to drive through the faults.")
+@click.option("--seed", default=1, show_default=True, help="Random seed: the same seed, the same DAGs and faults.")
+@click.option("--workers", default=2, show_default=True, help="Prefork worker processes (-c 2 each).")
+@click.option("--min-faults", default=200, show_default=True, help="Keep injecting until this many faults.")
+@click.option("--database-url", envvar="ORCHESTRATOR_CHAOS_DATABASE_URL",
+              default="postgresql+psycopg://postgres@127.0.0.1:5432/orchestrator_chaos", show_default=True,
+              help="A Postgres database the soak may wipe.")  # fmt: skip
+@click.option("--timeout", default=900.0, show_default=True, help="Give up after this many seconds.")
+def chaos(runs: int, seed: int, workers: int, min_faults: int, database_url: str, timeout: float) -> None:
+    """Soak a local deployment (private Redis, real workers, reconciler) under random faults.
+
+    Exits 1 if any task was lost, stuck or committed twice. The database is wiped first.
+    """
+    from .chaos import run_chaos
+
+    sys.exit(run_chaos(runs=runs, seed=seed, database_url=database_url, workers=workers,
+                       min_faults=min_faults, timeout=timeout))  # fmt: skip
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

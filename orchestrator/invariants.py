@@ -1,0 +1,100 @@
+"""The promise, checked from the database alone (fault tests and the chaos soak use this).
+
+:func:`check_runs` returns one line per violation; an empty list means the runs kept every
+invariant of ARCHITECTURE.md section 2 that the database can show.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+
+import sqlalchemy as sa
+
+from . import schema as s
+from .states import TERMINAL, TRANSITIONS, TaskState
+from .store import Store
+
+_OUTCOMES = {"SUCCEEDED", "FAILED", "RETRYING", "DEAD_LETTER"}
+
+
+def check_runs(store: Store, run_ids: Iterable[str], *, allow_dead_letter: bool = False) -> list[str]:
+    """Violations across ``run_ids``:
+
+    - every task terminal (DEAD_LETTER too when ``allow_dead_letter``), every run final;
+    - at most one accepted SUCCEEDED per task, exactly one for a SUCCEEDED task, and its
+      attempt is the row's attempt;
+    - every execution recorded in ``orc_probe_effects`` beyond the first of an attempt is
+      matched by an outcome event (accepted or rejected) of that attempt;
+    - parents finished before their children started;
+    - only legal transitions were accepted, and attempts never went backwards.
+    """
+    ids = list(run_ids)
+    problems: list[str] = []
+    if not ids:
+        return problems
+    with store.engine.connect() as conn:
+        tasks = conn.execute(sa.select(s.tasks).where(s.tasks.c.run_id.in_(ids))).all()
+        runs = conn.execute(sa.select(s.runs.c.id, s.runs.c.state).where(s.runs.c.id.in_(ids))).all()
+        events = conn.execute(sa.select(s.events).where(s.events.c.run_id.in_(ids)).order_by(s.events.c.id)).all()
+        edges = conn.execute(sa.select(s.edges).where(s.edges.c.run_id.in_(ids))).all()
+        effects = conn.execute(
+            sa.select(s.effects.c.run_id, s.effects.c.key, s.effects.c.attempt, sa.func.count())
+            .where(s.effects.c.run_id.in_(ids))
+            .group_by(s.effects.c.run_id, s.effects.c.key, s.effects.c.attempt)
+        ).all()
+    allowed = {st.value for st in TERMINAL} | ({TaskState.DEAD_LETTER.value} if allow_dead_letter else set())
+    by_key = {(t.run_id, t.key): t for t in tasks}
+    for t in tasks:
+        if t.state not in allowed:
+            problems.append(f"{t.run_id}.{t.key}: stuck in {t.state} (attempt {t.attempt})")
+    if not allow_dead_letter:
+        problems.extend(f"run {r.id}: not final ({r.state})" for r in runs if r.state == "RUNNING")
+
+    accepted_success: Counter[tuple[str, str]] = Counter()
+    outcome_events: Counter[tuple[str, str, int]] = Counter()
+    last_attempt: dict[tuple[str, str], int] = {}
+    for e in events:
+        k = (e.run_id, e.key)
+        if e.from_state == "RUNNING" or e.to_state in _OUTCOMES:
+            outcome_events[(e.run_id, e.key, e.attempt)] += 1
+        if not e.accepted:
+            continue
+        if e.to_state == "SUCCEEDED":
+            accepted_success[k] += 1
+            row = by_key.get(k)
+            if row is not None and row.attempt != e.attempt:
+                problems.append(f"{e.run_id}.{e.key}: success accepted for attempt {e.attempt}, row at {row.attempt}")
+        if e.from_state is not None:
+            legal = TRANSITIONS.get((TaskState(e.from_state), TaskState(e.to_state)))
+            if legal is None or e.actor not in legal:
+                problems.append(f"{e.run_id}.{e.key}: illegal {e.from_state} -> {e.to_state} by {e.actor}")
+        if e.attempt < last_attempt.get(k, 0):
+            problems.append(f"{e.run_id}.{e.key}: attempt went back from {last_attempt[k]} to {e.attempt}")
+        last_attempt[k] = max(last_attempt.get(k, 0), e.attempt)
+    for k, n in accepted_success.items():
+        if n > 1:
+            problems.append(f"{k[0]}.{k[1]}: {n} accepted results (committed twice)")
+    for t in tasks:
+        if t.state == "SUCCEEDED" and accepted_success[(t.run_id, t.key)] != 1:
+            problems.append(f"{t.run_id}.{t.key}: SUCCEEDED without exactly one accepted result")
+
+    for run_id, key, attempt, n in effects:
+        if n > 1 and outcome_events[(run_id, key, attempt)] < n:
+            problems.append(
+                f"{run_id}.{key} attempt {attempt}: {n} executions but {outcome_events[(run_id, key, attempt)]}"
+                " outcome events (an extra execution left no record)"
+            )
+
+    parents: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for e in edges:
+        parents[(e.run_id, e.child_key)].append(e.parent_key)
+    for (run_id, child), ps in parents.items():
+        c = by_key.get((run_id, child))
+        if c is None or c.started_at is None:
+            continue
+        for p in ps:
+            parent = by_key[(run_id, p)]
+            if parent.finished_at is None or parent.finished_at > c.started_at:
+                problems.append(f"{run_id}.{child}: started before its parent {p} finished")
+    return problems
