@@ -263,8 +263,10 @@ def fail_task(run_id: str, key: str) -> None:
 
 
 @main.command()
-@click.option("--runs", default=100, show_default=True, help="DAG runs to drive through the faults.")
-@click.option("--seed", default=1, show_default=True, help="Random seed: the same seed, the same DAGs and faults.")
+@click.option(
+    "--runs", default=100, show_default=True, help="At least this many DAG runs (more while faults are owed)."
+)
+@click.option("--seed", default=1, show_default=True, help="Random seed of the DAGs and of the fault sequence.")
 @click.option("--workers", default=2, show_default=True, help="Prefork worker processes (-c 2 each).")
 @click.option("--min-faults", default=200, show_default=True, help="Keep injecting until this many faults.")
 @click.option("--database-url", envvar="ORCHESTRATOR_CHAOS_DATABASE_URL",
@@ -274,7 +276,8 @@ def fail_task(run_id: str, key: str) -> None:
 def chaos(runs: int, seed: int, workers: int, min_faults: int, database_url: str, timeout: float) -> None:
     """Soak a local deployment (private Redis, real workers, reconciler) under random faults.
 
-    Exits 1 if any task was lost, stuck or committed twice. The database is wiped first.
+    Exits 1 if any invariant broke: a task lost, stuck or committed twice, an illegal
+    transition, a child started before its parent. The database is wiped first.
     """
     from .chaos import run_chaos
 

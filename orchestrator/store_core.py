@@ -40,6 +40,8 @@ from .states import (
 )
 
 log = logging.getLogger(__name__)
+#: advisory lock key serializing admission on Postgres (any constant unlikely to clash)
+ADMISSION_LOCK = 0x6F7263_01
 T = TaskState
 R = TypeVar("R")
 
@@ -156,6 +158,9 @@ class StoreCore:
         groups = self._capacity(conn)
         if not groups:
             return []
+        if self.is_postgres:
+            # count and admit as one step: two dispatchers counting at once would overshoot capacity
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(ADMISSION_LOCK)))
         inflight: dict[str, int] = {
             q: n
             for q, n in conn.execute(

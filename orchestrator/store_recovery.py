@@ -218,6 +218,8 @@ class RecoveryOps(StoreCore):
             run = conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id).with_for_update()).first()
             if run is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
+            if run.state != RunState.RUNNING.value:
+                raise OperatorError(f"run {run_id} is already {run.state}: only a RUNNING run can be cancelled")
             rows = conn.execute(
                 sa.select(t_tasks.c.key, t_tasks.c.state, t_tasks.c.attempt)
                 .where(t_tasks.c.run_id == run_id, t_tasks.c.state.not_in([s.value for s in TERMINAL]))

@@ -386,3 +386,7 @@ def test_cancel_run(store: Store) -> None:
     assert {t.state for t in store.get_tasks(run_id)} == {T.CANCELLED}
     assert store.get_run(run_id).state is RunState.CANCELLED
     assert not store.succeed(run_id, "a", 1, "late", 100).accepted  # the late result is rejected
+    from orchestrator.errors import OperatorError
+
+    with pytest.raises(OperatorError, match="already CANCELLED"):
+        store.cancel_run(run_id)
