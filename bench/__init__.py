@@ -1,0 +1,1 @@
+"""Benchmarks of the orchestrator (not tests): run ``python bench/bench.py``."""

@@ -1,0 +1,944 @@
+"""Benchmark: raw Celery vs orchestrated DAGs on one Redis and one real Celery worker.
+
+Run from the repository root::
+
+    /work/venv/bin/python bench/bench.py [--concurrency 2] [--json]
+
+In one run, against the same Redis database and the same ``celery worker`` subprocess
+(prefork, acks_late, prefetch multiplier 1) it measures:
+
+1. raw Celery throughput: ``--raw-tasks`` plain no-op tasks sent with ``send_task``;
+2. orchestrated throughput of a fan-out/fan-in DAG (1 root -> ``--fanout`` no-ops -> 1 sink)
+   and of a ``--chain``-node chain, each from ``submit`` until the run is final;
+3. the wall time of ``Orchestrator.submit`` for a ``--submit-nodes``-node DAG (done last,
+   in a separate database, on a queue no worker consumes);
+4. p50/p99 of parent ``finished_at`` -> child ``started_at`` (both DB ``now()``) over the
+   chain's edges;
+5. references and probes: a raw Celery chain (each link sends the next), and the cost of
+   the worker's child-counter update in a new run before and after ANALYZE
+   (``--planner-probe``; the measured runs are ANALYZEd after submit, see ``--planner-stats``).
+
+The bench databases (their name must contain "bench") are dropped and re-created, and
+the bench Redis database is flushed, at the start of every run. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import ctypes
+import io
+import json
+import os
+import platform
+import pstats
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/orchestrator_bench"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/9"
+TASK_MODULES = "tasks.probes,tasks.etl,bench.raw_tasks"
+NOOP = "tasks.probes.noop"
+#: the submit benchmark's nodes go to this queue, which the bench worker does not consume
+UNCONSUMED_QUEUE = "orc-bench.unconsumed"
+
+PLANNER_STATS = {
+    "run": "orc_* tables ANALYZEd after the warm-up and right after each measured submit, inside the timed span",
+    "warmup": "orc_* tables ANALYZEd after the warm-up only: the planner does not know the measured runs",
+    "none": "orc_* tables never ANALYZEd",
+}
+
+TARGET_FANOUT_RATIO = 0.5
+TARGET_SUBMIT_S = 1.0
+TARGET_P99_MS = 25.0
+
+
+def fanout_dag(n: int, name: str, *, queue: str | None = None) -> Any:
+    """1 root -> ``n`` middle no-ops -> 1 sink."""
+    from orchestrator.dag import DAG
+
+    dag = DAG(name)
+    root = dag.task("root", NOOP, queue=queue)
+    mids = [dag.task(f"m{i:05d}", NOOP, upstream=[root], queue=queue) for i in range(n)]
+    dag.task("sink", NOOP, upstream=mids, queue=queue)
+    return dag
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not complete (worker died, a run failed, a timeout)."""
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Linear-interpolated percentile (``p`` in 0..100) of a non-empty list."""
+    data = sorted(values)
+    if len(data) == 1:
+        return data[0]
+    pos = (len(data) - 1) * p / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def summary_ms(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "min_ms": min(values),
+        "p50_ms": percentile(values, 50),
+        "p90_ms": percentile(values, 90),
+        "p99_ms": percentile(values, 99),
+        "max_ms": max(values),
+        "mean_ms": statistics.fmean(values),
+    }
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def reset_database(url: str) -> None:
+    """Drop and re-create the bench database (refused unless its name contains 'bench')."""
+    import sqlalchemy as sa
+
+    u = sa.engine.make_url(url)
+    name = u.database or ""
+    if not u.drivername.startswith("postgresql"):
+        raise SystemExit(f"--database-url must be PostgreSQL, not {u.drivername}")
+    if "bench" not in name or not re.fullmatch(r"[A-Za-z0-9_]+", name):
+        raise SystemExit(
+            f"refusing to reset database {name!r}: the bench drops and re-creates its database,"
+            " so its name must contain 'bench' (letters, digits, '_')"
+        )
+    admin = sa.create_engine(u.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    finally:
+        admin.dispose()
+    from orchestrator import migrate
+    from orchestrator.store import make_engine
+
+    engine = make_engine(url)
+    try:
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+def server_setting(url: str, name: str) -> str:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return str(conn.execute(sa.text("select current_setting(:n)"), {"n": name}).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def derived_url(url: str, suffix: str) -> str:
+    import sqlalchemy as sa
+
+    u = sa.engine.make_url(url)
+    return u.set(database=f"{u.database}{suffix}").render_as_string(hide_password=False)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child before exec
+    """Linux: SIGTERM the worker if the bench process dies without cleaning up."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+# ---------------------------------------------------------------------------- worker
+
+
+@dataclass
+class Worker:
+    """A real ``celery worker`` subprocess in its own process group."""
+
+    env: dict[str, str]
+    concurrency: int
+    queues: str
+    logfile: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "config.celery_app", "worker",
+            "-c", str(self.concurrency), "--pool", "prefork", "-Q", self.queues,
+            "--without-gossip", "--without-mingle", "--loglevel", "WARNING",
+            "-n", f"orc-bench-{os.getpid()}@%h",
+        ]  # fmt: skip
+        out = self.logfile.open("wb")
+        try:
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )  # fmt: skip
+        finally:
+            out.close()
+        log(f"worker pid {self.proc.pid}: {' '.join(cmd[1:])} (log: {self.logfile})")
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise BenchError(f"the worker exited with code {self.proc.returncode}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no worker log)"
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Warm shutdown (SIGTERM) of the whole process group, SIGKILL after ``timeout``."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the worker leads its own process group
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log(f"worker {pgid} did not stop within {timeout:g}s: SIGKILL")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5.0)
+        # pool children that outlived the main process, if any
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        log(f"worker {pgid} stopped (exit code {proc.returncode})")
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, what: str, worker: Worker, interval: float = 0.002
+) -> float:
+    """Poll ``predicate`` until true; returns the perf_counter() at which it was seen true."""
+    deadline = time.monotonic() + timeout
+    last_check = 0.0
+    while True:
+        if predicate():
+            return time.perf_counter()
+        now = time.monotonic()
+        if now >= deadline:
+            raise BenchError(f"timed out after {timeout:g}s waiting for {what}")
+        if now - last_check > 0.5:
+            worker.check_alive()
+            last_check = now
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------------------- phases
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    worker: Worker
+    redis: Any
+    results: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def app(self) -> Any:
+        from orchestrator.celery_app import get_app
+
+        return get_app()
+
+    # -------------------------------------------------------------- 1. raw Celery
+
+    def send_raw(self, n: int) -> tuple[float, float]:
+        from bench.raw_tasks import RAW_COUNTER, RAW_TASK
+
+        self.redis.delete(RAW_COUNTER)
+        app = self.app
+        t0 = time.perf_counter()
+        with app.producer_or_acquire() as producer:
+            for _ in range(n):
+                app.send_task(RAW_TASK, queue="orchestrator.default", producer=producer)
+        t_published = time.perf_counter()
+        t_done = wait_until(
+            lambda: int(self.redis.get(RAW_COUNTER) or 0) >= n, self.args.timeout, f"{n} raw tasks", self.worker
+        )
+        return t_published - t0, t_done - t0
+
+    def bench_raw(self) -> None:
+        n = self.args.raw_tasks
+        publish_s, total_s = self.send_raw(n)
+        self.results["raw"] = {
+            "tasks": n,
+            "publish_s": publish_s,
+            "elapsed_s": total_s,
+            "tasks_per_s": n / total_s,
+        }
+        log(f"raw Celery: {n} tasks in {total_s:.3f}s = {n / total_s:.1f} tasks/s (publish {publish_s:.3f}s)")
+
+    def bench_raw_chain(self) -> None:
+        """Reference for the chain and the hop latency: a plain Celery chain, each link
+        sending the next one at the end of its body."""
+        from bench.raw_tasks import RAW_CHAIN_TASK, RAW_CHAIN_TIMES
+
+        n = self.args.chain
+        self.redis.delete(RAW_CHAIN_TIMES)
+        t0 = time.perf_counter()
+        self.app.send_task(RAW_CHAIN_TASK, args=[0, n, "orchestrator.default"], queue="orchestrator.default")
+        t_done = wait_until(
+            lambda: int(self.redis.llen(RAW_CHAIN_TIMES)) >= n, self.args.timeout, f"a raw chain of {n}", self.worker
+        )
+        elapsed = t_done - t0
+        links: dict[int, tuple[float, float]] = {}
+        for item in self.redis.lrange(RAW_CHAIN_TIMES, 0, -1):
+            index, start, end = item.decode().split()
+            links[int(index)] = (float(start), float(end))
+        hops = [(links[i + 1][0] - links[i][1]) * 1000.0 for i in range(n - 1)]
+        self.results["raw_chain"] = {
+            "tasks": n,
+            "elapsed_s": elapsed,
+            "tasks_per_s": n / elapsed,
+            "step_ms": elapsed / n * 1000.0,
+            "hop": summary_ms(hops) if hops else None,
+        }
+        log(f"raw Celery chain {n}: {elapsed:.3f}s = {n / elapsed:.1f} tasks/s ({elapsed / n * 1000:.2f} ms per step)")
+
+    # -------------------------------------------------------------- 2. orchestrated
+
+    def orchestrator(self) -> Any:
+        from orchestrator.engine import Orchestrator
+
+        if not hasattr(self, "_orc"):
+            self._orc = Orchestrator()
+        return self._orc
+
+    def run_dag(self, dag: Any, *, analyze: bool | None = None) -> tuple[Any, float]:
+        """Submit ``dag`` and wait for its run; with ``analyze`` (default: ``--planner-stats
+        run``) ANALYZE the tables right after the submit, inside the timed span."""
+        orc = self.orchestrator()
+        if analyze is None:
+            analyze = self.args.planner_stats == "run"
+        t0 = time.perf_counter()
+        run = orc.submit(dag)
+        if analyze:
+            self.analyze()
+        view = run.wait(self.args.timeout, poll=0.01)
+        elapsed = time.perf_counter() - t0
+        if view.state.value != "SUCCEEDED":
+            raise BenchError(f"run {run.id} of {dag.name} ended {view.state.value}: {view.counts}")
+        return run, elapsed
+
+    def db_figures(self, run_id: str) -> dict[str, Any]:
+        """DB-clock figures of a run: created -> finished, per-task started -> finished."""
+        import sqlalchemy as sa
+
+        with self.orchestrator().store.engine.connect() as conn:
+            span = conn.execute(
+                sa.text("select extract(epoch from finished_at - created_at) from orc_runs where id = :r"),
+                {"r": run_id},
+            ).scalar_one()
+            service = [
+                float(v) * 1000.0
+                for (v,) in conn.execute(
+                    sa.text(
+                        "select extract(epoch from finished_at - started_at) from orc_tasks"
+                        " where run_id = :r and started_at is not null and finished_at is not null"
+                    ),
+                    {"r": run_id},
+                )
+            ]
+            queued = [
+                float(v) * 1000.0
+                for (v,) in conn.execute(
+                    sa.text(
+                        "select extract(epoch from started_at - dispatched_at) from orc_tasks"
+                        " where run_id = :r and started_at is not null and dispatched_at is not null"
+                    ),
+                    {"r": run_id},
+                )
+            ]
+            rejected = conn.execute(
+                sa.text("select count(*) from orc_task_events where run_id = :r and not accepted"), {"r": run_id}
+            ).scalar_one()
+        return {
+            "db_span_s": float(span),
+            "claim_to_commit": summary_ms(service),
+            "dispatch_to_claim": summary_ms(queued),
+            "rejected_events": rejected,
+        }
+
+    def bench_fanout(self) -> None:
+        n = self.args.fanout
+        run, elapsed = self.run_dag(fanout_dag(n, "bench_fanout"))
+        figures = self.db_figures(run.id)
+        raw = self.results["raw"]["tasks_per_s"]
+        self.results["fanout"] = {
+            "run_id": run.id,
+            "middle_tasks": n,
+            "total_tasks": n + 2,
+            "elapsed_s": elapsed,
+            "tasks_per_s": n / elapsed,
+            "all_tasks_per_s": (n + 2) / elapsed,
+            "ratio_to_raw": n / elapsed / raw,
+            **figures,
+        }
+        log(f"fan-out 1->{n}->1: {elapsed:.3f}s = {n / elapsed:.1f} middle tasks/s ({n / elapsed / raw:.2f}x raw)")
+
+    def bench_chain(self) -> None:
+        from orchestrator.dag import DAG
+
+        n = self.args.chain
+        dag = DAG("bench_chain")
+        prev = None
+        for i in range(n):
+            prev = dag.task(f"c{i:05d}", NOOP, upstream=[prev] if prev is not None else [])
+        run, elapsed = self.run_dag(dag)
+        figures = self.db_figures(run.id)
+        raw = self.results["raw"]["tasks_per_s"]
+        raw_chain = self.results["raw_chain"]["tasks_per_s"]
+        self.results["chain"] = {
+            "run_id": run.id,
+            "tasks": n,
+            "elapsed_s": elapsed,
+            "tasks_per_s": n / elapsed,
+            "ratio_to_raw": n / elapsed / raw,
+            "ratio_to_raw_chain": n / elapsed / raw_chain,
+            "step_ms": elapsed / n * 1000.0,
+            **figures,
+        }
+        log(f"chain {n}: {elapsed:.3f}s = {n / elapsed:.1f} tasks/s ({elapsed / n * 1000:.2f} ms per step)")
+
+    # -------------------------------------------------------------- 4. parent -> child latency
+
+    def bench_latency(self) -> None:
+        import sqlalchemy as sa
+
+        run_id = self.results["chain"]["run_id"]
+        with self.orchestrator().store.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "select extract(epoch from c.started_at - p.finished_at) * 1000"
+                    " from orc_edges e"
+                    " join orc_tasks p on p.run_id = e.run_id and p.key = e.parent_key"
+                    " join orc_tasks c on c.run_id = e.run_id and c.key = e.child_key"
+                    " where e.run_id = :r"
+                ),
+                {"r": run_id},
+            ).all()
+        values = [float(v) for (v,) in rows]
+        if not values:
+            raise BenchError("the chain run has no edges to measure")
+        self.results["latency"] = {"run": "chain", **summary_ms(values)}
+        s = self.results["latency"]
+        log(f"parent->child over {s['n']} edges: p50 {s['p50_ms']:.2f} ms, p99 {s['p99_ms']:.2f} ms")
+
+    # -------------------------------------------------------------- 3. submit
+
+    def submit_dag(self, n: int, name: str) -> Any:
+        from orchestrator.dag import DAG
+
+        dag = DAG(name)
+        root = dag.task("root", NOOP, queue=UNCONSUMED_QUEUE)
+        for i in range(n - 1):
+            dag.task(f"n{i:05d}", NOOP, upstream=[root], queue=UNCONSUMED_QUEUE)
+        return dag
+
+    def bench_submit(self, submit_url: str) -> None:
+        from orchestrator.config import Settings
+        from orchestrator.engine import Orchestrator
+
+        n = self.args.submit_nodes
+        orc = Orchestrator(Settings.from_env(database_url=submit_url), app=self.app)
+        # warm up: connection pool, compiled statements, task registry
+        orc.submit(self.submit_dag(3, "bench_submit_warmup"))
+        t0 = time.perf_counter()
+        self.submit_dag(n, "bench_submit")
+        build_s = time.perf_counter() - t0
+        times = []
+        for i in range(self.args.submit_repeat):
+            dag = self.submit_dag(n, "bench_submit")
+            t0 = time.perf_counter()
+            orc.submit(dag)
+            times.append(time.perf_counter() - t0)
+            log(f"submit {n} nodes #{i + 1}: {times[-1]:.3f}s")
+        breakdown = self.submit_breakdown(orc, n)
+        self.results["submit"] = {
+            "nodes": n,
+            "edges": n - 1,
+            "shape": f"1 root -> {n - 1} children",
+            "dag_build_s": build_s,
+            "runs_s": times,
+            "median_s": statistics.median(times),
+            "min_s": min(times),
+            "breakdown": breakdown,
+        }
+        if self.args.profile_submit:
+            self.results["submit"]["profile"] = self.profile_submit(orc, n)
+        orc.store.dispose()
+
+    def submit_breakdown(self, orc: Any, n: int) -> dict[str, Any]:
+        """One more submit with its steps timed (instance-level wrappers, engine code unchanged)
+        and every DB round trip counted and timed (SQLAlchemy cursor events)."""
+        import sqlalchemy as sa
+
+        dag = self.submit_dag(n, "bench_submit")
+        acc: dict[str, list[float]] = {}
+
+        def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*a: Any, **kw: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    slot = acc.setdefault(name, [0.0, 0])
+                    slot[0] += time.perf_counter() - t
+                    slot[1] += 1
+
+            return wrapper
+
+        starts: dict[int, float] = {}
+        sql: dict[str, list[float]] = {}
+
+        def before(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+            starts[id(cursor)] = time.perf_counter()
+
+        def after(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+            took = time.perf_counter() - starts.pop(id(cursor), time.perf_counter())
+            head = " ".join(statement.split()[:3])[:40]
+            slot = sql.setdefault(head, [0.0, 0])
+            slot[0] += took
+            slot[1] += 1
+
+        store = orc.store
+        dialect = store.engine.dialect
+        targets = [
+            (dag, "validate", "dag.validate"),
+            (orc, "_check_time_limits", "check_time_limits"),
+            (orc, "wants_upstream", "wants_upstream (per node, inside create_run)"),
+            (store, "create_run", "store.create_run (one transaction)"),
+            (store, "admit_ready", "store.admit_ready"),
+            (orc, "publish", "publish"),
+            (dialect, "do_commit", "COMMIT"),
+            (dialect, "do_ping", "pool pre-ping (SELECT 1)"),
+        ]
+        # instance attributes shadow the methods for this one submit; names that the engine
+        # no longer has are skipped, so the breakdown degrades instead of failing
+        patched = {(obj, attr): timed(label, getattr(obj, attr)) for obj, attr, label in targets if hasattr(obj, attr)}
+        for (obj, attr), fn in patched.items():
+            setattr(obj, attr, fn)
+        sa.event.listen(store.engine, "before_cursor_execute", before)
+        sa.event.listen(store.engine, "after_cursor_execute", after)
+        try:
+            t0 = time.perf_counter()
+            orc.submit(dag)
+            total = time.perf_counter() - t0
+        finally:
+            sa.event.remove(store.engine, "before_cursor_execute", before)
+            sa.event.remove(store.engine, "after_cursor_execute", after)
+            for obj, attr in patched:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, attr)
+        steps = {k: {"s": v[0], "calls": int(v[1])} for k, v in acc.items()}
+        return {
+            "total_s": total,
+            "steps": steps,
+            "sql": {k: {"s": v[0], "calls": int(v[1])} for k, v in sorted(sql.items(), key=lambda kv: -kv[1][0])},
+            "sql_total_s": sum(v[0] for v in sql.values()),
+        }
+
+    def profile_submit(self, orc: Any, n: int) -> str:
+        dag = self.submit_dag(n, "bench_submit")
+        prof = cProfile.Profile()
+        prof.enable()
+        orc.submit(dag)
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
+        return out.getvalue()
+
+    # -------------------------------------------------------------- planner probe
+
+    def planner_probe(self, probe_url: str) -> None:
+        """Time the store's ``_settle`` (what a finishing task runs to count itself into its
+        children) for one middle task of a new fan-out run, in a transaction rolled back:
+        first while the planner's statistics only know an earlier small run (a young
+        deployment, or any run submitted since the last analyze), then after ANALYZE.
+
+        Runs in its own database on the unconsumed queue, with no worker: nothing executes.
+        """
+        from orchestrator.config import Settings
+        from orchestrator.engine import Orchestrator
+        from orchestrator.states import TaskState
+
+        n = self.args.planner_probe
+        orc = Orchestrator(Settings.from_env(database_url=probe_url), app=self.app)
+        store = orc.store
+        settle = getattr(store, "_settle", None)
+        if settle is None:
+            self.results["planner_probe"] = {"skipped": "Store._settle not found"}
+            return
+        orc.submit(fanout_dag(10, "bench_planner_probe_small", queue=UNCONSUMED_QUEUE))
+        self.analyze(store.engine)  # statistics of the small run only, not of the probe's
+        run = orc.submit(fanout_dag(n, "bench_planner_probe", queue=UNCONSUMED_QUEUE))
+
+        def settle_ms() -> float:
+            times = []
+            for i in range(5):
+                key = f"m{(i * 397) % n:05d}"
+                with store.engine.connect() as conn:
+                    tx = conn.begin()
+                    t0 = time.perf_counter()
+                    settle(conn, run.id, [(key, TaskState.SUCCEEDED)])
+                    times.append((time.perf_counter() - t0) * 1000.0)
+                    tx.rollback()
+            return statistics.median(times)
+
+        stale = settle_ms()
+        self.analyze(store.engine)
+        fresh = settle_ms()
+        orc.store.dispose()
+        self.results["planner_probe"] = {"fanout": n, "tasks": n + 2, "stale_ms": stale, "analyzed_ms": fresh}
+        log(f"planner probe: settle in a new {n + 2}-task run {stale:.1f} ms, {fresh:.2f} ms after ANALYZE")
+
+    # -------------------------------------------------------------- warm-up
+
+    def warm_up(self) -> None:
+        from orchestrator.dag import DAG
+
+        c = self.args.concurrency
+        self.send_raw(20 * c)
+        dag = DAG("bench_warmup")
+        root = dag.task("root", NOOP)
+        mids = [dag.task(f"m{i}", NOOP, upstream=[root]) for i in range(10 * c)]
+        dag.task("sink", NOOP, upstream=mids)
+        self.run_dag(dag, analyze=False)
+        log("worker warmed up (raw tasks and an orchestrated DAG ran)")
+        if self.args.planner_stats != "none":
+            self.analyze()
+
+    def analyze(self, engine: Any = None) -> None:
+        """ANALYZE the orchestrator's tables, as autovacuum's auto-analyze would eventually.
+
+        When the statistics do not know a run (always true of a new run until the next
+        analyze), the planner estimates ~1 row per run id and may pick an O(tasks x edges)
+        plan for the worker's child-counter UPDATE: see :meth:`planner_probe`.
+        """
+        import sqlalchemy as sa
+
+        engine = engine if engine is not None else self.orchestrator().store.engine
+        with engine.connect() as conn:
+            tables = [
+                name
+                for (name,) in conn.execute(
+                    sa.text(
+                        "select tablename from pg_tables where schemaname = current_schema() and tablename like 'orc_%'"
+                    )
+                )
+            ]
+            for name in tables:
+                conn.exec_driver_sql(f'ANALYZE "{name}"')
+            conn.commit()
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def verdict(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
+    raw = results["raw"]
+    fan = results["fanout"]
+    chain = results["chain"]
+    lat = results["latency"]
+    sub = results.get("submit")
+    raw_chain = results["raw_chain"]
+    rows: list[tuple[str, str, str, str]] = [
+        (f"raw Celery no-op x{raw['tasks']} (send_task)", f"{raw['tasks_per_s']:.1f} tasks/s", "baseline", ""),
+        (f"raw Celery chain of {raw_chain['tasks']}", f"{raw_chain['tasks_per_s']:.1f} tasks/s", "reference", ""),
+        (f"orchestrated fan-out 1->{fan['middle_tasks']}->1", f"{fan['tasks_per_s']:.1f} tasks/s", "", ""),
+        (
+            "  fan-out / raw Celery",
+            f"{fan['ratio_to_raw']:.2f}x",
+            f">= {TARGET_FANOUT_RATIO:.2f}x",
+            verdict(fan["ratio_to_raw"] >= TARGET_FANOUT_RATIO),
+        ),
+        (f"orchestrated chain of {chain['tasks']}", f"{chain['tasks_per_s']:.1f} tasks/s", "", ""),
+        ("  chain / raw Celery", f"{chain['ratio_to_raw']:.2f}x", "(none)", ""),
+        ("  chain / raw Celery chain", f"{chain['ratio_to_raw_chain']:.2f}x", "(none)", ""),
+    ]
+    if sub is not None:
+        rows.append(
+            (
+                f"submit {sub['nodes']:,}-node DAG (median of {len(sub['runs_s'])})",
+                f"{sub['median_s'] * 1000:.0f} ms",
+                f"< {TARGET_SUBMIT_S * 1000:.0f} ms",
+                verdict(sub["median_s"] < TARGET_SUBMIT_S),
+            )
+        )
+    rows += [
+        ("parent finished -> child started, p50", f"{lat['p50_ms']:.2f} ms", "", ""),
+        (
+            "parent finished -> child started, p99",
+            f"{lat['p99_ms']:.2f} ms",
+            f"< {TARGET_P99_MS:.0f} ms",
+            verdict(lat["p99_ms"] < TARGET_P99_MS),
+        ),
+    ]
+    if raw_chain["hop"]:
+        hop = raw_chain["hop"]
+        rows.append(
+            (
+                "  raw Celery parent end -> child start, p50/p99",
+                f"{hop['p50_ms']:.2f} / {hop['p99_ms']:.2f} ms",
+                "reference",
+                "",
+            )
+        )
+    probe = results.get("planner_probe")
+    if probe and "stale_ms" in probe:
+        rows.append(
+            (
+                f"settle 1 task of a new {probe['tasks']}-task run, stale stats",
+                f"{probe['stale_ms']:.1f} ms",
+                "(probe)",
+                "",
+            )
+        )
+        rows.append(("  same after ANALYZE", f"{probe['analyzed_ms']:.2f} ms", "(probe)", ""))
+    head = ("figure", "measured", "target", "met")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+    lines = [
+        "",
+        "Orchestrator benchmark  "
+        + "  ".join(f"{k}={v}" for k, v in meta.items() if k in ("concurrency", "cpus", "celery", "python")),
+        f"  database {meta['database']}   broker {meta['broker']}",
+        f"  server autovacuum={meta['autovacuum']}; --planner-stats {meta['planner_stats']}"
+        f" ({PLANNER_STATS[meta['planner_stats']]})",
+        f"  load average (1/5/15 min) at start {meta['loadavg_start']}, at end {meta['loadavg_end']}"
+        " - other processes on this machine skew every figure",
+        "",
+        "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines += [
+        "",
+        "details",
+        f"  raw: {raw['tasks']} tasks, publish {raw['publish_s']:.3f}s, first publish -> last executed"
+        f" {raw['elapsed_s']:.3f}s (each task INCRs a Redis counter)",
+        f"  fan-out: submit -> run final {fan['elapsed_s']:.3f}s wall, {fan['db_span_s']:.3f}s DB clock;"
+        f" {fan['all_tasks_per_s']:.1f} tasks/s counting all {fan['total_tasks']};"
+        f" per task claim -> succeed p50 {fan['claim_to_commit']['p50_ms']:.2f} ms"
+        f" p99 {fan['claim_to_commit']['p99_ms']:.2f} ms; dispatched -> claimed p50"
+        f" {fan['dispatch_to_claim']['p50_ms']:.2f} ms p99 {fan['dispatch_to_claim']['p99_ms']:.2f} ms;"
+        f" rejected events {fan['rejected_events']}",
+        f"  raw chain: {raw_chain['elapsed_s']:.3f}s, {raw_chain['step_ms']:.2f} ms per step (each link sends the"
+        " next at the end of its body; hop = child body start - parent body end, worker clock)",
+        f"  chain: submit -> run final {chain['elapsed_s']:.3f}s wall, {chain['db_span_s']:.3f}s DB clock;"
+        f" {chain['step_ms']:.2f} ms per step; per task claim -> succeed p50"
+        f" {chain['claim_to_commit']['p50_ms']:.2f} ms; rejected events {chain['rejected_events']}",
+        f"  parent -> child over {lat['n']} chain edges: min {lat['min_ms']:.2f}  p50 {lat['p50_ms']:.2f}"
+        f"  p90 {lat['p90_ms']:.2f}  p99 {lat['p99_ms']:.2f}  max {lat['max_ms']:.2f} ms"
+        " (parent finished_at = now() of its succeed transaction, i.e. its start, not its commit)",
+    ]
+    if sub is not None:
+        runs = ", ".join(f"{t * 1000:.0f}" for t in sub["runs_s"])
+        lines.append(
+            f"  submit: {sub['shape']} on an unconsumed queue, separate database; runs {runs} ms;"
+            f" building the DAG object (not timed in submit) {sub['dag_build_s'] * 1000:.0f} ms"
+        )
+        b = sub["breakdown"]
+        lines.append(f"  submit breakdown (one instrumented submit, {b['total_s'] * 1000:.0f} ms total):")
+        for name, v in b["steps"].items():
+            lines.append(f"    {name:<46} {v['s'] * 1000:8.1f} ms  ({v['calls']} calls)")
+        lines.append(f"    {'SQL round trips (cursor execute), total':<46} {b['sql_total_s'] * 1000:8.1f} ms")
+        for name, v in b["sql"].items():
+            lines.append(f"      {name:<44} {v['s'] * 1000:8.1f} ms  ({v['calls']} executes)")
+        if "profile" in sub:
+            lines += ["", "cProfile of one submit (top 30 by cumulative time):", sub["profile"]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--concurrency", type=int, default=2, help="worker processes (prefork), default 2")
+    p.add_argument("--raw-tasks", type=int, default=2000, help="plain Celery no-op tasks, default 2000")
+    p.add_argument("--fanout", type=int, default=2000, help="middle tasks of the fan-out DAG, default 2000")
+    p.add_argument("--chain", type=int, default=500, help="tasks of the chain DAG, default 500")
+    p.add_argument("--submit-nodes", type=int, default=10_000, help="nodes of the submit DAG, default 10000")
+    p.add_argument("--submit-repeat", type=int, default=3, help="timed submits (median reported), default 3")
+    p.add_argument("--profile-submit", action="store_true", help="also print a cProfile of one submit")
+    p.add_argument("--database-url", default=DEFAULT_DB, help=f"bench database (re-created!), default {DEFAULT_DB}")
+    p.add_argument(
+        "--redis-url", default=DEFAULT_REDIS, help=f"bench Redis database (flushed!), default {DEFAULT_REDIS}"
+    )
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds each phase may take, default 180")
+    p.add_argument(
+        "--planner-stats",
+        choices=("run", "warmup", "none"),
+        default="run",
+        help="when to ANALYZE the orc_* tables (the bench server runs with autovacuum off):\n"
+        "run: after the warm-up and right after each measured submit (default);\n"
+        "warmup: after the warm-up only, so every measured run is unknown to the planner;\n"
+        "none: never",
+    )
+    p.add_argument(
+        "--planner-probe",
+        type=int,
+        default=2000,
+        help="time the child-counter update of one task of a new 1->N->1 run, before and\n"
+        "after ANALYZE (in the submit database, rolled back; 0 skips it), default 2000",
+    )
+    p.add_argument("--json", action="store_true", help="also print the figures as one JSON object (last line)")
+    args = p.parse_args(argv)
+    for name in ("concurrency", "raw_tasks", "fanout", "chain", "submit_repeat"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.planner_probe < 0:
+        p.error("--planner-probe must be 0 or more")
+    if args.submit_nodes < 2:
+        p.error("--submit-nodes must be at least 2")
+    return args
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit so the worker is still stopped by the ``finally`` blocks."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.redis_url.startswith("redis://"):
+        raise SystemExit("--redis-url must be redis://host:port/db")
+    data_dir = Path(tempfile.mkdtemp(prefix="orc-bench-"))
+    env_settings = {
+        "ORCHESTRATOR_DATABASE_URL": args.database_url,
+        "ORCHESTRATOR_BROKER_URL": args.redis_url,
+        "ORCHESTRATOR_DATA_DIR": str(data_dir),
+        "ORCHESTRATOR_TASK_MODULES": TASK_MODULES,
+    }
+    # this process uses the very same settings as the worker: set them before importing the app
+    os.environ.update(env_settings)
+    worker_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+    import celery
+    import redis
+
+    submit_url = derived_url(args.database_url, "_submit")
+    probe_url = derived_url(args.database_url, "_probe")
+    log(f"resetting {args.database_url}, {submit_url} and {probe_url}; flushing {args.redis_url}")
+    reset_database(args.database_url)
+    reset_database(submit_url)
+    if args.planner_probe > 0:
+        reset_database(probe_url)
+    r = redis.Redis.from_url(args.redis_url)
+    r.flushdb()
+
+    from orchestrator.celery_app import get_app
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.routing import default_queues
+
+    app = get_app()
+    app.loader.import_default_modules()
+    raw_task = app.tasks["bench.raw_noop"]
+    conf = app.conf
+    if not (conf.task_acks_late and conf.worker_prefetch_multiplier == 1 and raw_task.acks_late):
+        raise BenchError("expected task_acks_late and worker_prefetch_multiplier=1 for both task kinds")
+
+    worker = Worker(
+        env=worker_env,
+        concurrency=args.concurrency,
+        queues=",".join(default_queues()),
+        logfile=data_dir / "worker.log",
+    )
+    bench = Bench(args, worker, r)
+    meta = {
+        "concurrency": args.concurrency,
+        "cpus": os.cpu_count(),
+        "celery": celery.__version__,
+        "python": platform.python_version(),
+        "database": args.database_url,
+        "submit_database": submit_url,
+        "probe_database": probe_url,
+        "broker": args.redis_url,
+        "worker": "prefork, acks_late, prefetch multiplier 1, queues " + worker.queues,
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "autovacuum": server_setting(args.database_url, "autovacuum"),
+        "planner_stats": args.planner_stats,
+    }
+    ok = False
+    started = time.perf_counter()
+    with sigterm_as_exit():
+        try:
+            worker.start()
+            bench.warm_up()
+            bench.bench_raw()
+            bench.bench_raw_chain()
+            bench.bench_fanout()
+            bench.bench_chain()
+            bench.bench_latency()
+            worker.stop()  # not needed for the submit phase, which nobody consumes
+            bench.bench_submit(submit_url)
+            if args.planner_probe > 0:
+                bench.planner_probe(probe_url)
+            ok = True
+        except (BenchError, OrchestratorError) as exc:
+            log(f"FAILED: {type(exc).__name__}: {exc}")
+        except KeyboardInterrupt:
+            log("interrupted")
+        finally:
+            if worker.proc is not None and not ok:
+                log(f"worker log tail:\n{worker.log_tail()}")
+            worker.stop()
+            with contextlib.suppress(Exception):
+                r.flushdb()
+            with contextlib.suppress(Exception):
+                bench.orchestrator().store.dispose()
+    meta["total_s"] = round(time.perf_counter() - started, 1)
+    meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    if not ok:
+        log(f"kept the data dir {data_dir} for inspection")
+        if bench.results:
+            print(json.dumps({"meta": meta, "results": bench.results, "complete": False}, default=str))
+        return 1
+    shutil.rmtree(data_dir, ignore_errors=True)
+    print(report(bench.results, meta))
+    print(f"\n(total bench time {meta['total_s']}s)")
+    if args.json:
+        print(json.dumps({"meta": meta, "results": bench.results, "complete": True}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
