@@ -25,8 +25,8 @@ from .states import (
     RunState,
     check_transition,
 )
-from .store_core import Outcome as Outcome
 from .store_core import (
+    _EVENTS_AT_DB_NOW,
     T,
     _event,
     _run_view,
@@ -36,6 +36,7 @@ from .store_core import (
     t_runs,
     t_tasks,
 )
+from .store_core import Outcome as Outcome
 from .store_core import make_engine as make_engine
 from .store_core import new_run_id as new_run_id
 from .store_recovery import RecoveryOps
@@ -135,11 +136,11 @@ class Store(RecoveryOps):
                 )
                 edge_rows.extend({"run_id": run_id, "parent_key": p, "child_key": node.key} for p in node.upstream)
                 if root:
-                    event_rows.append(_event(run_id, node.key, 1, T.PENDING, T.READY, "submit", "root", True, now))
+                    event_rows.append(_event(run_id, node.key, 1, T.PENDING, T.READY, "submit", "root", True))
             conn.execute(t_tasks.insert(), rows)
             if edge_rows:
                 conn.execute(t_edges.insert(), edge_rows)
-            conn.execute(t_events.insert(), event_rows)
+            conn.execute(_EVENTS_AT_DB_NOW, event_rows)
             return run_id, True
 
         try:

@@ -203,10 +203,9 @@ class StoreCore:
             return []
         # RETURNING has no order: publish in the order the rows were picked
         rows.sort(key=lambda r: (r.priority_rank, r.ready_at))
-        now = conn.execute(sa.select(db_now())).scalar_one()
         conn.execute(
-            t_events.insert(),
-            [_event(r.run_id, r.key, r.attempt, T.READY, T.QUEUED, "dispatcher", None, True, now) for r in rows],
+            _EVENTS_AT_DB_NOW,
+            [_event(r.run_id, r.key, r.attempt, T.READY, T.QUEUED, "dispatcher", None, True) for r in rows],
         )
         return [_dispatch(r) for r in rows]
 
@@ -238,11 +237,10 @@ class StoreCore:
                 .returning(t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt)
             ).all()
             if rows:
-                now = conn.execute(sa.select(db_now())).scalar_one()
                 conn.execute(
-                    t_events.insert(),
+                    _EVENTS_AT_DB_NOW,
                     [
-                        _event(r.run_id, r.key, r.attempt, T.RETRYING, T.READY, "reconciler", "retry due", True, now)
+                        _event(r.run_id, r.key, r.attempt, T.RETRYING, T.READY, "reconciler", "retry due", True)
                         for r in rows
                     ],
                 )
@@ -374,32 +372,7 @@ class StoreCore:
         work = list(finished)
         while work:
             key, state = work.pop()
-            rows = conn.execute(
-                t_tasks.update()
-                .where(
-                    t_tasks.c.run_id == run_id,
-                    t_tasks.c.key.in_(
-                        sa.select(t_edges.c.child_key).where(t_edges.c.run_id == run_id, t_edges.c.parent_key == key)
-                    ),
-                )
-                .values(
-                    n_done=t_tasks.c.n_done + 1,
-                    n_succeeded=t_tasks.c.n_succeeded + int(state is T.SUCCEEDED),
-                    n_failed=t_tasks.c.n_failed + int(state in (T.FAILED, T.UPSTREAM_FAILED)),
-                    n_skipped=t_tasks.c.n_skipped + int(state is T.SKIPPED),
-                )
-                .returning(
-                    t_tasks.c.key,
-                    t_tasks.c.state,
-                    t_tasks.c.attempt,
-                    t_tasks.c.trigger_rule,
-                    t_tasks.c.n_upstream,
-                    t_tasks.c.n_done,
-                    t_tasks.c.n_succeeded,
-                    t_tasks.c.n_failed,
-                    t_tasks.c.n_skipped,
-                )
-            ).all()
+            rows = self._count_into_children(conn, run_id, key, state)
             decided: dict[TaskState, list[tuple[str, int]]] = {}
             for r in rows:
                 if r.state != T.PENDING.value:
@@ -416,6 +389,38 @@ class StoreCore:
                     closed += len(moved)
                     work.extend((k, verdict) for k in moved)
         self._close_tasks(conn, run_id, closed)
+
+    def _count_into_children(self, conn: Connection, run_id: str, parent: str, state: TaskState) -> list[Any]:
+        """Add a terminal parent to its children's counters; return the children's new rows.
+
+        The child keys are read first by the edges' primary key, then matched on the tasks'
+        full primary key (a VALUES join on Postgres): a join through ``orc_edges`` in one
+        statement is planned as a scan of the whole run when the run is newer than the
+        table statistics, hundreds of milliseconds for a 2,000-task run.
+        """
+        children = (
+            conn.execute(
+                sa.select(t_edges.c.child_key).where(t_edges.c.run_id == run_id, t_edges.c.parent_key == parent)
+            )
+            .scalars()
+            .all()
+        )
+        if not children:
+            return []
+        stmt = t_tasks.update().values(
+            n_done=t_tasks.c.n_done + 1,
+            n_succeeded=t_tasks.c.n_succeeded + int(state is T.SUCCEEDED),
+            n_failed=t_tasks.c.n_failed + int(state in (T.FAILED, T.UPSTREAM_FAILED)),
+            n_skipped=t_tasks.c.n_skipped + int(state is T.SKIPPED),
+        )
+        if self.is_postgres and len(children) > 1:
+            keys = sa.values(sa.column("child", sa.String), name="children").data([(c,) for c in children])
+            stmt = stmt.where(t_tasks.c.run_id == run_id, t_tasks.c.key == keys.c.child)
+        elif len(children) == 1:
+            stmt = stmt.where(t_tasks.c.run_id == run_id, t_tasks.c.key == children[0])
+        else:
+            stmt = stmt.where(t_tasks.c.run_id == run_id, t_tasks.c.key.in_(children))
+        return list(conn.execute(stmt.returning(*_COUNTER_COLUMNS)).all())
 
     def _cas_many(
         self,
@@ -439,11 +444,10 @@ class StoreCore:
             .values(state=dst.value, **extra)
             .returning(t_tasks.c.key, t_tasks.c.attempt)
         ).all()
-        now = conn.execute(sa.select(db_now())).scalar_one()
         if moved:
             conn.execute(
-                t_events.insert(),
-                [_event(run_id, m.key, m.attempt, src, dst, actor, reason, True, now) for m in moved],
+                _EVENTS_AT_DB_NOW,
+                [_event(run_id, m.key, m.attempt, src, dst, actor, reason, True) for m in moved],
             )
         lost = {k for k, _ in keys} - {m.key for m in moved}
         for k, a in keys:
@@ -488,8 +492,8 @@ def _event(
     actor: str,
     reason: str | None,
     accepted: bool,
-    at: Any,
 ) -> dict[str, Any]:
+    """One event row's parameters for :data:`_EVENTS_AT_DB_NOW` (its time is the database's)."""
     return {
         "run_id": run_id,
         "key": key,
@@ -499,9 +503,24 @@ def _event(
         "actor": actor,
         "reason": reason,
         "accepted": accepted,
-        "at": at,
     }
 
+
+#: bulk insert of event rows stamped with the database's clock, without a round trip for it
+_EVENTS_AT_DB_NOW = t_events.insert().values(at=db_now())
+
+
+_COUNTER_COLUMNS = (
+    t_tasks.c.key,
+    t_tasks.c.state,
+    t_tasks.c.attempt,
+    t_tasks.c.trigger_rule,
+    t_tasks.c.n_upstream,
+    t_tasks.c.n_done,
+    t_tasks.c.n_succeeded,
+    t_tasks.c.n_failed,
+    t_tasks.c.n_skipped,
+)
 
 _DISPATCH_COLUMNS = (
     t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.task_name, t_tasks.c.args, t_tasks.c.kwargs,

@@ -15,6 +15,7 @@ from .models import Dispatch, task_id
 from .states import TERMINAL, RunState, TaskState, check_transition
 from .store_core import (
     _DISPATCH_COLUMNS,
+    _EVENTS_AT_DB_NOW,
     Outcome,
     StoreCore,
     T,
@@ -22,7 +23,6 @@ from .store_core import (
     _event,
     t_edges,
     t_effects,
-    t_events,
     t_runs,
     t_tasks,
     t_workers,
@@ -230,16 +230,15 @@ class RecoveryOps(StoreCore):
                 .where(t_tasks.c.run_id == run_id, t_tasks.c.state.not_in([s.value for s in TERMINAL]))
                 .values(state=T.CANCELLED.value, finished_at=db_now(), lease_expires_at=None)
             )
-            now = conn.execute(sa.select(db_now())).scalar_one()
             if rows:
+                why = "run cancelled"
                 conn.execute(
-                    t_events.insert(),
+                    _EVENTS_AT_DB_NOW,
                     [
-                        _event(run_id, r.key, r.attempt, TaskState(r.state), T.CANCELLED, "operator", "run cancelled",
-                               True, now)
+                        _event(run_id, r.key, r.attempt, TaskState(r.state), T.CANCELLED, "operator", why, True)
                         for r in rows
                     ],
-                )  # fmt: skip
+                )
             conn.execute(
                 t_runs.update()
                 .where(t_runs.c.id == run_id)
