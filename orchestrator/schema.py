@@ -65,6 +65,8 @@ tasks = sa.Table(
     sa.Column("result", sa.JSON, nullable=True),
     sa.Column("error", sa.Text, nullable=True),
     sa.Column("fingerprint", sa.String(64), nullable=True),
+    #: child keys, so a finishing task reaches its children by primary key
+    sa.Column("children", sa.JSON, nullable=True),
     sa.Column("retry_on", sa.JSON, nullable=True),
     sa.Column("no_retry_on", sa.JSON, nullable=True),
     #: consecutive failed attempts with the same fingerprint (poison detection)

@@ -23,7 +23,6 @@ from .models import Claim, EventView, RunView, TaskView
 from .poison import is_retryable, verdict
 from .states import (
     RunState,
-    check_transition,
 )
 from .store_core import (
     _EVENTS_AT_DB_NOW,
@@ -98,6 +97,10 @@ class Store(RecoveryOps):
             rows: list[dict[str, Any]] = []
             edge_rows: list[dict[str, str]] = []
             event_rows: list[dict[str, Any]] = []
+            children: dict[str, list[str]] = {}
+            for node in dag.nodes.values():
+                for parent in node.upstream:
+                    children.setdefault(parent, []).append(node.key)
             for node in dag.nodes.values():
                 prio = dag.priority_of(node)
                 root = not node.upstream
@@ -130,6 +133,7 @@ class Store(RecoveryOps):
                         "soft_time_limit": node.soft_time_limit,
                         "time_limit": node.time_limit,
                         "ready_at": now if root else None,
+                        "children": children.get(node.key),
                         "retry_on": list(node.retry_on) or None,
                         "no_retry_on": list(node.no_retry_on) or None,
                     }
@@ -163,28 +167,17 @@ class Store(RecoveryOps):
         """
 
         def tx(conn: Connection) -> Claim | None:
-            check_transition(T.QUEUED, T.RUNNING, "worker")
-            row = conn.execute(
-                t_tasks.update()
-                .where(
-                    t_tasks.c.run_id == run_id,
-                    t_tasks.c.key == key,
-                    t_tasks.c.state == T.QUEUED.value,
-                    t_tasks.c.attempt == attempt,
-                )
-                .values(
-                    state=T.RUNNING.value,
-                    started_at=db_now(),
-                    heartbeat_at=db_now(),
-                    lease_expires_at=db_after(lease_seconds),
-                    worker=worker,
-                )
-                .returning(t_tasks.c.args, t_tasks.c.kwargs, t_tasks.c.wants_upstream)
-            ).first()
+            values = {
+                "started_at": db_now(),
+                "heartbeat_at": db_now(),
+                "lease_expires_at": db_after(lease_seconds),
+                "worker": worker,
+            }
+            returning = (t_tasks.c.args, t_tasks.c.kwargs, t_tasks.c.wants_upstream)
+            reason = f"claim by {worker}"
+            row = self._cas_row(conn, run_id, key, attempt, T.QUEUED, T.RUNNING, "worker", reason, values, returning)
             if row is None:
-                self._reject(conn, run_id, key, attempt, T.RUNNING, "worker", f"claim refused ({worker})")
                 return None
-            self._record(conn, run_id, key, attempt, T.QUEUED, T.RUNNING, "worker", worker)
             upstream: dict[str, Any] = {}
             if row.wants_upstream:
                 upstream = dict(
@@ -227,7 +220,7 @@ class Store(RecoveryOps):
         """CAS RUNNING -> SUCCEEDED with ``result``, settle the children, admit ready tasks."""
 
         def tx(conn: Connection) -> Outcome:
-            ok = self._cas(
+            children = self._cas(
                 conn,
                 run_id,
                 key,
@@ -238,9 +231,9 @@ class Store(RecoveryOps):
                 None,
                 {"result": result, "finished_at": db_now(), "lease_expires_at": None},
             )
-            if not ok:
+            if children is None:
                 return Outcome(False, None, [])
-            self._settle(conn, run_id, [(key, T.SUCCEEDED)])
+            self._settle(conn, run_id, [(key, T.SUCCEEDED, children)])
             return Outcome(True, T.SUCCEEDED, self.admit(conn, window))
 
         return self.transaction(tx)

@@ -186,7 +186,9 @@ class RecoveryOps(StoreCore):
                 "attempt": task.attempt + 1, "ready_at": db_now(), "finished_at": None, "not_before": None,
                 "fingerprint_streak": 0, "lease_losses": 0,
             }  # fmt: skip
-            ok = self._cas(conn, run_id, key, task.attempt, src, T.READY, "operator", "manual retry", values)
+            ok = (
+                self._cas(conn, run_id, key, task.attempt, src, T.READY, "operator", "manual retry", values) is not None
+            )
             return Outcome(ok, T.READY if ok else None, self.admit(conn, window) if ok else [])
 
         return self.transaction(tx)
@@ -200,10 +202,10 @@ class RecoveryOps(StoreCore):
                 raise OperatorError(f"task {key!r} is {task.state}: only a DEAD_LETTER task can be {to.value.lower()}")
             reason = "operator gave up" if to is T.FAILED else "operator skipped it"
             values = {"finished_at": db_now()}
-            ok = self._cas(conn, run_id, key, task.attempt, T.DEAD_LETTER, to, "operator", reason, values)
-            if not ok:
+            children = self._cas(conn, run_id, key, task.attempt, T.DEAD_LETTER, to, "operator", reason, values)
+            if children is None:
                 return Outcome(False, None, [])
-            self._settle(conn, run_id, [(key, to)])
+            self._settle(conn, run_id, [(key, to, children)])
             return Outcome(True, to, self.admit(conn, window))
 
         return self.transaction(tx)

@@ -1,4 +1,5 @@
-"""Recovery: retry_on/no_retry_on, poison counters, worker capacity registry, probe effects.
+"""Recovery: child keys on the task row, retry_on/no_retry_on, poison counters, worker
+capacity registry, probe effects.
 
 Revision ID: 0002
 Revises: 0001
@@ -17,6 +18,7 @@ TS = sa.DateTime(timezone=True)
 
 def upgrade() -> None:
     with op.batch_alter_table("orc_tasks") as batch:
+        batch.add_column(sa.Column("children", sa.JSON, nullable=True))
         batch.add_column(sa.Column("retry_on", sa.JSON, nullable=True))
         batch.add_column(sa.Column("no_retry_on", sa.JSON, nullable=True))
         batch.add_column(sa.Column("fingerprint_streak", sa.Integer, nullable=False, server_default="0"))
@@ -51,3 +53,4 @@ def downgrade() -> None:
         batch.drop_column("fingerprint_streak")
         batch.drop_column("no_retry_on")
         batch.drop_column("retry_on")
+        batch.drop_column("children")
