@@ -114,10 +114,11 @@ class Orchestrator:
             n.key: route(dag.tenant, dag.priority_of(n), n.queue, self.settings.dedicated_tenants)
             for n in dag.nodes.values()
         }
+        wants = {name: self.wants_upstream(name) for name in {n.task for n in dag.nodes.values()}}
         run_id, created = self.store.create_run(
             dag,
             queues=queues,
-            wants_upstream=self.wants_upstream,
+            wants_upstream=wants.__getitem__,
             idempotency_key=idempotency_key,
             logical_date=logical_date,
         )

@@ -159,8 +159,11 @@ class StoreCore:
         if not groups:
             return []
         if self.is_postgres:
-            # count and admit as one step: two dispatchers counting at once would overshoot capacity
-            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(ADMISSION_LOCK)))
+            # Count and admit as one step: two dispatchers counting at once would overshoot the
+            # capacity. Not waiting: the holder is admitting right now, and a slot it could not
+            # see yet is filled by the next completion or tick.
+            if not conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(ADMISSION_LOCK))).scalar_one():
+                return []
         inflight: dict[str, int] = {
             q: n
             for q, n in conn.execute(
