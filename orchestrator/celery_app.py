@@ -66,7 +66,8 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
     )
     app.orchestrator_settings = settings
 
-    @app.task(name="orchestrator.tick", ignore_result=True, acks_late=False)
+    # not shared: a second app in the process must reconcile its own database, not the first's
+    @app.task(name="orchestrator.tick", ignore_result=True, acks_late=False, shared=False)
     def tick() -> dict[str, int]:
         """Beat's periodic tick: one reconcile pass (see Orchestrator.reconcile)."""
         from .worker import current_orchestrator

@@ -71,6 +71,27 @@ def fingerprint(exc: BaseException) -> tuple[str, str]:
     return hashlib.sha256(evidence.encode()).hexdigest()[:32], evidence
 
 
+#: exception class names of infrastructure faults (database, broker, network): a task that
+#: meets one keeps retrying; it never counts toward poison, an outage is not a bug in the task
+INFRASTRUCTURE = frozenset(
+    {
+        "sqlalchemy.exc.OperationalError",
+        "sqlalchemy.exc.InterfaceError",
+        "psycopg.OperationalError",
+        "psycopg.errors.OperationalError",
+        "redis.exceptions.ConnectionError",
+        "redis.exceptions.TimeoutError",
+        "kombu.exceptions.OperationalError",
+        "builtins.ConnectionError",
+    }
+)
+
+
+def is_infrastructure(exc: BaseException) -> bool:
+    """Whether ``exc`` is (a subclass of) a database, broker or connection error."""
+    return any(name in INFRASTRUCTURE for name in exception_names(exc))
+
+
 def is_retryable(names: Iterable[str], retry_on: Sequence[str] | None, no_retry_on: Sequence[str] | None) -> bool:
     """``no_retry_on`` wins; a non-empty ``retry_on`` retries only what it names."""
     have = set(names)

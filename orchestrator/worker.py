@@ -17,6 +17,7 @@ import ctypes
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -25,14 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery, Task, signals
-from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from .crashpoints import crash_point
 from .dag import UPSTREAM_KWARG, check_json
 from .engine import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, Orchestrator, declares_upstream
 from .errors import ResultNotSerializable, ValidationError
 from .models import parse_task_id
-from .poison import exception_names, fingerprint
+from .poison import exception_names, fingerprint, is_infrastructure
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,36 @@ class LeaseLost(BaseException):
     A BaseException, so that a body's ``except Exception`` does not swallow it."""
 
 
+_FENCE_SIGNAL = signal.SIGUSR2
+_fence_requested = threading.Event()
+
+
+def _on_fence_signal(signum: int, frame: Any) -> None:
+    if _fence_requested.is_set():
+        _fence_requested.clear()
+        raise LeaseLost()
+
+
+def _prepare_fencing() -> bool:
+    """Install the fence signal handler when bodies run on the main thread (prefork, solo)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(_FENCE_SIGNAL) is not _on_fence_signal:
+        signal.signal(_FENCE_SIGNAL, _on_fence_signal)
+    return True
+
+
 def _interrupt(thread_id: int) -> None:
-    """Raise :class:`LeaseLost` in the thread running the body (checked between bytecodes)."""
+    """Raise :class:`LeaseLost` in the thread running the body.
+
+    On the main thread (prefork and solo pools) a signal does it, which also breaks a
+    blocking call such as ``time.sleep`` or a socket read; in other threads (the threads
+    pool) an asynchronous exception does it, taking effect at the next bytecode.
+    """
+    if thread_id == threading.main_thread().ident and signal.getsignal(_FENCE_SIGNAL) is _on_fence_signal:
+        _fence_requested.set()
+        signal.pthread_kill(thread_id, _FENCE_SIGNAL)
+        return
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(LeaseLost))
 
 
@@ -104,6 +133,7 @@ class Heartbeater:
 
     def track(self, run_id: str, key: str, attempt: int) -> None:
         """Start beating for an attempt run by the calling thread."""
+        _prepare_fencing()
         with self._lock:
             self._active[(run_id, key, attempt)] = threading.get_ident()
             if self._thread is None or not self._thread.is_alive():
@@ -174,7 +204,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             return self.run(*args, **kwargs)
         if isinstance(token, str):
             log.error("dropping message %s of %s: %s", request.id, self.name, token)
-            return None
+            raise Ignore()
         return self._run_attempt(*token)
 
     def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Any:
@@ -190,10 +220,10 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             claim = orc.store.claim(run_id, key, attempt, worker, settings.lease_seconds)
         except Exception:
             log.exception("claim of %s.%s attempt %s failed; left to the reconciler", run_id, key, attempt)
-            return None
+            raise Ignore() from None
         if claim is None:
             log.info("claim of %s.%s attempt %s refused; duplicate or stale message dropped", run_id, key, attempt)
-            return None
+            raise Ignore()
         crash_point("after_claim_commit")
         kwargs = dict(claim.kwargs)
         if declares_upstream(self):
@@ -213,13 +243,21 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             fenced = isinstance(exc, LeaseLost) or not tracked
             retryable = not isinstance(exc, (ResultNotSerializable, ValidationError, LeaseLost))
             error = "LeaseLost: the lease was taken over; body stopped" if fenced else f"{_describe(exc)} [{evidence}]"
-            orc.settle(
-                orc.store.fail(
-                    run_id, key, attempt, error=error, window=settings.dispatch_window,
-                    exc_types=exception_names(exc), fingerprint=fp, retryable=retryable,
-                ),
-                run_id, key,
-            )  # fmt: skip
+            outcome = orc.store.fail(
+                run_id,
+                key,
+                attempt,
+                error=error,
+                window=settings.dispatch_window,
+                exc_types=exception_names(exc),
+                # an attempt taken over, or an outage, says nothing about the task's code
+                fingerprint=None if fenced or is_infrastructure(exc) else fp,
+                retryable=retryable,
+            )
+            orc.settle(outcome, run_id, key)
+            if fenced:
+                # the attempt was taken over; its rejected outcome is in the ledger
+                raise Ignore() from None
             raise
         finally:
             _context.reset(token)
