@@ -583,8 +583,11 @@ class Bench:
 
         Runs in its own database on the unconsumed queue, with no worker: nothing executes.
         """
+        import sqlalchemy as sa
+
         from orchestrator.config import Settings
         from orchestrator.engine import Orchestrator
+        from orchestrator.schema import tasks
         from orchestrator.states import TaskState
 
         n = self.args.planner_probe
@@ -604,8 +607,11 @@ class Bench:
                 key = f"m{(i * 397) % n:05d}"
                 with store.engine.connect() as conn:
                     tx = conn.begin()
+                    children = conn.execute(
+                        sa.select(tasks.c.children).where(tasks.c.run_id == run.id, tasks.c.key == key)
+                    ).scalar_one()
                     t0 = time.perf_counter()
-                    settle(conn, run.id, [(key, TaskState.SUCCEEDED)])
+                    settle(conn, run.id, [(key, TaskState.SUCCEEDED, children)])
                     times.append((time.perf_counter() - t0) * 1000.0)
                     tx.rollback()
             return statistics.median(times)
