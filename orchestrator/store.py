@@ -1,11 +1,7 @@
-"""Persistence facade: submit, the worker side and reads (layers: ``store_core``,
-``store_recovery``, this module). SQL lives in these three modules and nowhere else.
+"""Persistence facade: submit, the worker side and reads.
 
-Contract: every task state change is one compare-and-set ``UPDATE ... WHERE state =
-:expected AND attempt = :attempt`` with its event row in the same transaction; a CAS
-that loses its race writes a *rejected* event instead (the conflict ledger) and the
-method reports the loss to its caller. Times come from the database (``db_now``).
-Rows become domain objects (``models.py``) here and nowhere else.
+The store is three layers (``store_core``, ``store_recovery``, this module) under one
+contract, stated in ``store_core``. SQL lives in these three modules and nowhere else.
 """
 
 from __future__ import annotations
@@ -31,6 +27,7 @@ from .store_core import (
     _event,
     _run_view,
     _task_view,
+    holds,
     t_edges,
     t_events,
     t_runs,
@@ -225,12 +222,7 @@ class Store(RecoveryOps):
         with self.engine.begin() as conn:
             res = conn.execute(
                 t_tasks.update()
-                .where(
-                    t_tasks.c.run_id == run_id,
-                    t_tasks.c.key == key,
-                    t_tasks.c.state == T.RUNNING.value,
-                    t_tasks.c.attempt == attempt,
-                )
+                .where(*holds(run_id, key, T.RUNNING, attempt))
                 .values(heartbeat_at=db_now(), lease_expires_at=db_after(lease_seconds))
             )
             return res.rowcount == 1

@@ -322,12 +322,7 @@ class StoreCore:
         check_transition(src, dst, actor)
         moved = (
             t_tasks.update()
-            .where(
-                t_tasks.c.run_id == run_id,
-                t_tasks.c.key == key,
-                t_tasks.c.state == src.value,
-                t_tasks.c.attempt == attempt,
-            )
+            .where(*holds(run_id, key, src, attempt))
             .values(state=dst.value, **values)
             .returning(*returning)
         )
@@ -361,19 +356,7 @@ class StoreCore:
         actor: str,
         reason: str | None,
     ) -> None:
-        conn.execute(
-            t_events.insert().values(
-                run_id=run_id,
-                key=key,
-                attempt=attempt,
-                from_state=src.value if src else None,
-                to_state=dst.value,
-                actor=actor,
-                reason=reason,
-                accepted=True,
-                at=db_now(),
-            )
-        )
+        conn.execute(_EVENTS_AT_DB_NOW, _event(run_id, key, attempt, src, dst, actor, reason, True))
 
     def _reject(
         self,
@@ -392,19 +375,8 @@ class StoreCore:
         now_holds = "no such task" if row is None else f"row holds {row.state} attempt {row.attempt}"
         text = f"{reason + '; ' if reason else ''}{now_holds}"
         log.info("rejected %s %s.%s attempt %s -> %s: %s", actor, run_id, key, attempt, dst.value, text)
-        conn.execute(
-            t_events.insert().values(
-                run_id=run_id,
-                key=key,
-                attempt=attempt,
-                from_state=row.state if row else None,
-                to_state=dst.value,
-                actor=actor,
-                reason=text,
-                accepted=False,
-                at=db_now(),
-            )
-        )
+        src = TaskState(row.state) if row else None
+        conn.execute(_EVENTS_AT_DB_NOW, _event(run_id, key, attempt, src, dst, actor, text, False))
 
     def _settle(self, conn: Connection, run_id: str, finished: list[tuple[str, TaskState, list[str]]]) -> None:
         """Count the newly terminal tasks (key, state, child keys) into their children's
@@ -517,6 +489,16 @@ class StoreCore:
             .where(t_runs.c.id == run_id, t_runs.c.state == RunState.RUNNING.value)
             .values(state=run_outcome(failed).value, finished_at=db_now())
         )
+
+
+def holds(run_id: str, key: str, state: TaskState, attempt: int) -> tuple[Any, ...]:
+    """The fence of every compare-and-set: the row still holds ``state`` for ``attempt``."""
+    return (
+        t_tasks.c.run_id == run_id,
+        t_tasks.c.key == key,
+        t_tasks.c.state == state.value,
+        t_tasks.c.attempt == attempt,
+    )
 
 
 def _event(

@@ -21,6 +21,7 @@ from .store_core import (
     T,
     _dispatch,
     _event,
+    holds,
     t_edges,
     t_effects,
     t_runs,
@@ -55,13 +56,7 @@ class RecoveryOps(StoreCore):
             check_transition(T.QUEUED, T.QUEUED, "reconciler")
             row = conn.execute(
                 t_tasks.update()
-                .where(
-                    t_tasks.c.run_id == run_id,
-                    t_tasks.c.key == key,
-                    t_tasks.c.state == T.QUEUED.value,
-                    t_tasks.c.attempt == attempt,
-                    t_tasks.c.dispatched_at == dispatched_at,
-                )
+                .where(*holds(run_id, key, T.QUEUED, attempt), t_tasks.c.dispatched_at == dispatched_at)
                 .values(dispatched_at=db_now())
                 .returning(*_DISPATCH_COLUMNS)
             ).first()
@@ -96,13 +91,7 @@ class RecoveryOps(StoreCore):
             last_seen = sa.func.coalesce(t_tasks.c.heartbeat_at, t_tasks.c.started_at, t_tasks.c.dispatched_at)
             row = conn.execute(
                 sa.select(t_tasks.c.max_attempts, t_tasks.c.backoff, t_tasks.c.lease_losses, t_tasks.c.worker)
-                .where(
-                    t_tasks.c.run_id == run_id,
-                    t_tasks.c.key == key,
-                    t_tasks.c.state == T.RUNNING.value,
-                    t_tasks.c.attempt == attempt,
-                    last_seen < db_after(-lease_seconds),
-                )
+                .where(*holds(run_id, key, T.RUNNING, attempt), last_seen < db_after(-lease_seconds))
                 .with_for_update()
             ).first()
             error = "LeaseExpired: no heartbeat for a whole lease (worker killed, paused or lost)"
