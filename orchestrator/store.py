@@ -191,7 +191,7 @@ class Store(RecoveryOps):
             }
             returning = (t_tasks.c.args, t_tasks.c.kwargs, t_tasks.c.wants_upstream)
             reason = f"claim by {worker}"
-            row = self._cas_row(conn, run_id, key, attempt, T.QUEUED, T.RUNNING, "worker", reason, values, returning)
+            row = self._cas(conn, run_id, key, attempt, T.QUEUED, T.RUNNING, "worker", reason, values, returning)
             if row is None:
                 return None
             upstream: dict[str, Any] = {}
@@ -231,7 +231,7 @@ class Store(RecoveryOps):
         """CAS RUNNING -> SUCCEEDED with ``result``, settle the children, admit ready tasks."""
 
         def tx(conn: Connection) -> Outcome:
-            children = self._cas(
+            moved = self._cas(
                 conn,
                 run_id,
                 key,
@@ -242,9 +242,9 @@ class Store(RecoveryOps):
                 None,
                 {"result": result, "finished_at": db_now(), "lease_expires_at": None},
             )
-            if children is None:
+            if moved is None:
                 return Outcome(False, None, [])
-            self._settle(conn, run_id, [(key, T.SUCCEEDED, children)])
+            self._settle(conn, run_id, [(key, T.SUCCEEDED, moved.children or [])])
             return Outcome(True, T.SUCCEEDED, self.admit(conn, window))
 
         return self.transaction(tx)

@@ -274,11 +274,11 @@ class StoreCore:
             reason = f"dead letter: {error}"
         else:
             values["finished_at"] = db_now()
-        children = self._cas(conn, run_id, key, attempt, T.RUNNING, state, actor, reason, values)
-        if children is None:
+        moved = self._cas(conn, run_id, key, attempt, T.RUNNING, state, actor, reason, values)
+        if moved is None:
             return Outcome(False, None, [])
         if state is T.FAILED:
-            self._settle(conn, run_id, [(key, T.FAILED, children)])
+            self._settle(conn, run_id, [(key, T.FAILED, moved.children or [])])
             return Outcome(True, state, self.admit(conn, window))
         return Outcome(True, state, self.admit(conn, window))
 
@@ -295,30 +295,14 @@ class StoreCore:
         actor: str,
         reason: str | None,
         values: dict[str, Any],
-    ) -> list[str] | None:
+        returning: tuple[Any, ...] = (t_tasks.c.children,),
+    ) -> Any:
         """The compare-and-set of one task ``src`` -> ``dst`` for ``attempt``, with its event.
 
-        Returns the task's child keys when it moved, ``None`` (and a rejected event) when the
-        row did not hold ``src`` and ``attempt``.
+        Returns the moved row's ``returning`` columns (default: its child keys), or ``None``
+        with a rejected event when the row did not hold ``src`` and ``attempt``. On Postgres
+        the UPDATE and the event INSERT are one statement (a data-modifying CTE).
         """
-        row = self._cas_row(conn, run_id, key, attempt, src, dst, actor, reason, values, (t_tasks.c.children,))
-        return None if row is None else list(row.children or [])
-
-    def _cas_row(
-        self,
-        conn: Connection,
-        run_id: str,
-        key: str,
-        attempt: int,
-        src: TaskState,
-        dst: TaskState,
-        actor: str,
-        reason: str | None,
-        values: dict[str, Any],
-        returning: tuple[Any, ...],
-    ) -> Any:
-        """:meth:`_cas` returning the moved row's ``returning`` columns (or ``None``). On
-        Postgres the UPDATE and the event INSERT are one statement (a data-modifying CTE)."""
         check_transition(src, dst, actor)
         moved = (
             t_tasks.update()

@@ -191,10 +191,10 @@ class RecoveryOps(StoreCore):
                 raise OperatorError(f"task {key!r} is {task.state}: only a DEAD_LETTER task can be {to.value.lower()}")
             reason = "operator gave up" if to is T.FAILED else "operator skipped it"
             values = {"finished_at": db_now()}
-            children = self._cas(conn, run_id, key, task.attempt, T.DEAD_LETTER, to, "operator", reason, values)
-            if children is None:
+            moved = self._cas(conn, run_id, key, task.attempt, T.DEAD_LETTER, to, "operator", reason, values)
+            if moved is None:
                 return Outcome(False, None, [])
-            self._settle(conn, run_id, [(key, to, children)])
+            self._settle(conn, run_id, [(key, to, moved.children or [])])
             return Outcome(True, to, self.admit(conn, window))
 
         return self.transaction(tx)
