@@ -50,6 +50,8 @@ class Claim:
     attempt: int
     args: list[Any]
     kwargs: dict[str, Any]
+    #: the task declares ``upstream`` (decided once, at submit): pass it ``upstream_results``
+    wants_upstream: bool = False
     upstream_results: dict[str, Any] = field(default_factory=dict)
 
 

@@ -213,7 +213,7 @@ class Store(RecoveryOps):
                         )
                     ).all()
                 )
-            return Claim(run_id, key, attempt, list(row.args), dict(row.kwargs), upstream)
+            return Claim(run_id, key, attempt, list(row.args), dict(row.kwargs), bool(row.wants_upstream), upstream)
 
         return self.transaction(tx)
 

@@ -30,7 +30,7 @@ from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from .crashpoints import crash_point
 from .dag import UPSTREAM_KWARG, check_json
-from .engine import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, Orchestrator, declares_upstream
+from .engine import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, Orchestrator
 from .errors import ResultNotSerializable, ValidationError
 from .models import parse_task_id
 from .poison import exception_names, fingerprint, is_infrastructure
@@ -226,7 +226,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             raise Ignore()
         crash_point("after_claim_commit")
         kwargs = dict(claim.kwargs)
-        if declares_upstream(self):
+        if claim.wants_upstream:
             kwargs[UPSTREAM_KWARG] = claim.upstream_results
         hb = _heartbeater(orc)
         hb.track(run_id, key, attempt)
