@@ -326,7 +326,7 @@ class Bench:
         from orchestrator.engine import Orchestrator
 
         if not hasattr(self, "_orc"):
-            self._orc = Orchestrator()
+            self._orc = Orchestrator(app=self.app)
         return self._orc
 
     def run_dag(self, dag: Any, *, analyze: bool | None = None) -> tuple[Any, float]:
@@ -531,10 +531,10 @@ class Bench:
         targets = [
             (dag, "validate", "dag.validate"),
             (orc, "_check_time_limits", "check_time_limits"),
-            (orc, "wants_upstream", "wants_upstream (per node, inside create_run)"),
-            (store, "create_run", "store.create_run (one transaction)"),
-            (store, "admit_ready", "store.admit_ready"),
-            (orc, "publish", "publish"),
+            (orc.registry, "wants_upstream", "wants_upstream (per task name)"),
+            (store.submission, "create_run", "store.submission.create_run (one transaction)"),
+            (store.admission, "admit_ready", "store.admission.admit_ready"),
+            (orc.publisher, "publish", "publish"),
             (dialect, "do_commit", "COMMIT"),
             (dialect, "do_ping", "pool pre-ping (SELECT 1)"),
         ]
@@ -576,7 +576,7 @@ class Bench:
     # -------------------------------------------------------------- planner probe
 
     def planner_probe(self, probe_url: str) -> None:
-        """Time the store's ``_settle`` (what a finishing task runs to count itself into its
+        """Time the store's settlement (what a finishing task runs to count itself into its
         children) for one middle task of a new fan-out run, in a transaction rolled back:
         first while the planner's statistics only know an earlier small run (a young
         deployment, or any run submitted since the last analyze), then after ANALYZE.
@@ -593,10 +593,11 @@ class Bench:
         n = self.args.planner_probe
         orc = Orchestrator(Settings.from_env(database_url=probe_url), app=self.app)
         store = orc.store
-        settle = getattr(store, "_settle", None)
-        if settle is None:
-            self.results["planner_probe"] = {"skipped": "Store._settle not found"}
-            return
+        from orchestrator.models import WORKER
+
+        def settle(conn: Any, run_id: str, finished: list[Any]) -> None:
+            store.settlement.settle(conn, run_id, finished, WORKER)
+
         orc.submit(fanout_dag(10, "bench_planner_probe_small", queue=UNCONSUMED_QUEUE))
         self.analyze(store.engine)  # statistics of the small run only, not of the probe's
         run = orc.submit(fanout_dag(n, "bench_planner_probe", queue=UNCONSUMED_QUEUE))

@@ -18,7 +18,9 @@ from .dag import DAG, Limits, Node, load_spec
 from .engine import Orchestrator, RunHandle
 from .errors import (
     ConfigurationError,
+    ConflictError,
     CycleError,
+    OperatorError,
     OrchestratorError,
     RunNotFound,
     RunTimeout,
@@ -38,7 +40,9 @@ def default() -> Orchestrator:
     """The process-wide :class:`Orchestrator` built from the environment."""
     global _default
     if _default is None:
-        _default = Orchestrator()
+        from .celery_app import get_app
+
+        _default = Orchestrator(app=get_app())
     return _default
 
 
@@ -56,10 +60,12 @@ __all__ = [
     "DAG",
     "Backoff",
     "ConfigurationError",
+    "ConflictError",
     "CycleError",
     "Jitter",
     "Limits",
     "Node",
+    "OperatorError",
     "Orchestrator",
     "OrchestratorError",
     "Priority",

@@ -1,5 +1,8 @@
 """The project's Celery app: JSON only, late acks, one message per attempt, no result backend.
 
+Importing this module connects the worker's signal handlers (``orchestrator.worker``): on
+``worker_ready`` a worker registers its capacity and starts its reconciler service.
+
 ``celery -A config.celery_app worker`` and ``orchestrator worker`` both use :func:`get_app`.
 """
 
@@ -57,23 +60,13 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
         task_default_queue=queues[1],
         task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q) for q in queues],
         task_create_missing_queues=True,
-        beat_schedule={
-            "orchestrator-tick": {"task": "orchestrator.tick", "schedule": settings.tick_seconds},
-        },
+        # beat is for schedules; the reconciler runs beside the workers' pools, not as a task
+        beat_schedule={},
         beat_schedule_filename=os.path.join(settings.data_dir, "celerybeat-schedule"),
         timezone="UTC",
         enable_utc=True,
     )
     app.orchestrator_settings = settings
-
-    # not shared: a second app in the process must reconcile its own database, not the first's
-    @app.task(name="orchestrator.tick", ignore_result=True, acks_late=False, shared=False)
-    def tick() -> dict[str, int]:
-        """Beat's periodic tick: one reconcile pass (see Orchestrator.reconcile)."""
-        from .worker import current_orchestrator
-
-        return current_orchestrator(app).tick()
-
     return app
 
 

@@ -28,10 +28,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import migrate
-from . import schema as s
 from .dag import DAG
-from .engine import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, Orchestrator
+from .engine import Orchestrator
 from .invariants import check_runs
+from .protocol import FencingToken, send_options
 from .store import Store, make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,18 +227,14 @@ class Injector:
             db.dispose()
 
     def duplicate_publish(self) -> None:
-        with self.orc.store.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(s.tasks.c.run_id, s.tasks.c.key, s.tasks.c.attempt, s.tasks.c.task_name, s.tasks.c.queue)
-                .where(s.tasks.c.state.in_(["QUEUED", "RUNNING"]))
-                .limit(1)
-            ).first()
-        if row is None:
+        found = self.orc.store.reads.in_flight(1)
+        if not found:
             return
+        row = found[0]
+        token = FencingToken(row.run_id, row.key, row.attempt)
         self.orc.app.send_task(
-            row.task_name, queue=row.queue, task_id=f"{row.run_id}.{row.key}.{row.attempt}",
-            headers={HEADER_RUN: row.run_id, HEADER_KEY: row.key, HEADER_ATTEMPT: row.attempt},
-        )  # fmt: skip
+            row.task_name, **send_options(token, queue=row.queue, soft_time_limit=None, time_limit=None)
+        )
 
 
 def run_chaos(
@@ -264,10 +260,7 @@ def run_chaos(
     data = Path(tempfile.mkdtemp(prefix="orc-chaos-"))
     dep = Deployment(database_url, workers, data)
     engine = make_engine(database_url)
-    with engine.begin() as conn:
-        conn.execute(sa.text("DROP SCHEMA public CASCADE"))
-        conn.execute(sa.text("CREATE SCHEMA public"))
-    migrate.upgrade(engine)
+    migrate.reset(engine)
     engine.dispose()
     for k, v in dep.env().items():
         os.environ[k] = v
@@ -319,21 +312,13 @@ def run_chaos(
 
 
 def _live_workers(orc: Orchestrator) -> int:
-    with orc.store.engine.connect() as conn:
-        return int(conn.execute(sa.select(sa.func.count()).select_from(s.workers)).scalar_one())
+    return orc.store.workers.live()
 
 
 def _finished(orc: Orchestrator, run_ids: list[str]) -> int:
-    if not run_ids:
-        return 0
     for _ in range(5):
         try:
-            with orc.store.engine.connect() as conn:
-                return int(
-                    conn.execute(
-                        sa.select(sa.func.count()).where(s.runs.c.id.in_(run_ids), s.runs.c.state != "RUNNING")
-                    ).scalar_one()
-                )
+            return orc.store.reads.finished_runs(run_ids)
         except sa.exc.DBAPIError:
             time.sleep(0.2)
     return 0
@@ -351,15 +336,10 @@ def _safe_check(orc: Orchestrator, run_ids: list[str]) -> list[str]:
 def _summary(
     orc: Orchestrator, run_ids: list[str], problems: list[str], faults: Counter[str], recovered: float, took: float
 ) -> dict[str, Any]:
-    with orc.store.engine.connect() as conn:
-        tasks = conn.execute(
-            sa.select(s.tasks.c.state, sa.func.count()).where(s.tasks.c.run_id.in_(run_ids)).group_by(s.tasks.c.state)
-        ).all()
-        executions = conn.execute(sa.select(sa.func.count()).where(s.effects.c.run_id.in_(run_ids))).scalar_one()
-        rejected = conn.execute(
-            sa.select(sa.func.count()).where(s.events.c.run_id.in_(run_ids), s.events.c.accepted.is_(False))
-        ).scalar_one()
-    states: dict[str, int] = {st: int(n) for st, n in tasks}
+    reads = orc.store.reads
+    states = reads.task_states(run_ids)
+    executions = sum(int(e[3]) for e in reads.snapshot(run_ids).effects)
+    rejected = reads.rejected_events(run_ids)
     stuck = sum(n for st, n in states.items() if st in ("PENDING", "READY", "QUEUED", "RUNNING", "RETRYING"))
     return {
         "runs": len(run_ids),

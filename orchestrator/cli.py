@@ -19,9 +19,17 @@ def _orc() -> Any:
 
 def _engine() -> Any:
     """An engine on the configured database without the schema check (for `db` commands)."""
+    from .config import Settings
     from .store import make_engine
 
-    return make_engine(_orc().settings.database_url)
+    return make_engine(Settings.from_env().database_url)
+
+
+def _me() -> str:
+    """The OS user, recorded in the ledger as who took an operator action."""
+    from .engine import os_user
+
+    return os_user()
 
 
 def _dump(obj: Any) -> None:
@@ -62,7 +70,10 @@ def demo(timeout: float) -> None:
 def worker(ctx: click.Context) -> None:
     """Start a Celery worker of the project's app; options go to `celery worker`.
 
-    Without -Q it consumes every queue the orchestrator routes to by default.
+    Without -Q it consumes every queue the orchestrator routes to by default. Beside its pool
+    the worker's main process keeps its capacity registered and runs the reconciler service
+    (one worker on duty at a time across the deployment; ORCHESTRATOR_WORKER_RECONCILER=0 to
+    turn it off), so a deployment of workers alone retries and recovers.
     """
     from .celery_app import get_app
 
@@ -72,7 +83,10 @@ def worker(ctx: click.Context) -> None:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
 def beat(ctx: click.Context) -> None:
-    """Start celery beat with the orchestrator's tick schedule; options go to `celery beat`."""
+    """Start celery beat with the project's app; options go to `celery beat`.
+
+    Beat is not needed for retries or recovery: the reconciler runs in the workers.
+    """
     from .celery_app import get_app
 
     get_app().start(argv=["beat", *ctx.args])
@@ -166,8 +180,8 @@ def status(run_id: str, as_json: bool) -> None:
     from .demo import format_tasks
 
     orc = _ready_store()
-    view = orc.store.get_run(run_id)
-    tasks = orc.store.get_tasks(run_id)
+    view = orc.store.reads.get_run(run_id)
+    tasks = orc.store.reads.get_tasks(run_id)
     if as_json:
         _dump({"run": view.to_json(), "tasks": [t.to_json() for t in tasks]})
         return
@@ -188,25 +202,40 @@ def runs(as_json: bool, limit: int, tenant: str | None) -> None:
         return
     for v in views:
         created = v.created_at.isoformat(timespec="seconds") if v.created_at else "-"
-        click.echo(f"{v.id}  {v.state.value:<9}  {v.dag}  tenant={v.tenant}  tasks={v.task_count}  {created}")
+        attention = "  (needs attention)" if v.needs_attention else ""
+        click.echo(
+            f"{v.id}  {v.state.value:<9}  {v.dag}  tenant={v.tenant}  tasks={v.task_count}  {created}{attention}"
+        )
 
 
 @main.command()
 @click.option("--once", is_flag=True, help="Run one pass and exit (default: loop every ORCHESTRATOR_TICK_SECONDS).")
 @click.option("--interval", type=float, default=None, help="Seconds between passes (default: tick_seconds).")
-def reconcile(once: bool, interval: float | None) -> None:
-    """Recover lost work: release due retries, re-publish lost dispatches, expire leases,
-    dispatch free capacity and close finished runs. Safe to run beside beat."""
-    import time
+@click.option("--name", default=None, help="Name shown for this reconciler (default: reconcile@HOST:PID).")
+def reconcile(once: bool, interval: float | None, name: str | None) -> None:
+    """Run the reconciler as a service: release due retries, re-publish lost dispatches,
+    expire leases, dispatch free capacity and close finished runs.
+
+    Every worker already runs one; this command is for deployments that want it apart from
+    the workers. Only one reconciler is on duty at a time across the deployment (a Postgres
+    advisory lock); the others wait and print nothing. Prints one line of counts per pass.
+    """
+    import os
+    import socket
+
+    from .reconciler import ReconcilerService
 
     orc = _ready_store()
-    pause = interval or orc.settings.tick_seconds
-    while True:
-        report = orc.reconcile()
-        click.echo(" ".join(f"{k}={v}" for k, v in report.items()))
-        if once:
-            return
-        time.sleep(pause)
+    service = ReconcilerService(
+        orc.reconciler,
+        name=name or f"reconcile@{socket.gethostname()}:{os.getpid()}",
+        interval=interval or orc.settings.tick_seconds,
+        stall_seconds=orc.settings.reconciler_stall_seconds,
+    )
+    if once:
+        click.echo(" ".join(f"{k}={v}" for k, v in orc.reconcile().items()))
+        return
+    service.run(echo=lambda report: click.echo(" ".join(f"{k}={v}" for k, v in report.items())))
 
 
 @main.command()
@@ -215,8 +244,8 @@ def reconcile(once: bool, interval: float | None) -> None:
 def events(run_id: str, as_json: bool) -> None:
     """Show the ledger of a run: every transition, accepted or rejected."""
     orc = _ready_store()
-    orc.store.get_run(run_id)
-    rows = orc.store.events(run_id)
+    orc.store.reads.get_run(run_id)
+    rows = orc.store.reads.events(run_id)
     if as_json:
         _dump({"events": [e.to_json() for e in rows]})
         return
@@ -224,14 +253,19 @@ def events(run_id: str, as_json: bool) -> None:
         mark = " " if e.accepted else "x"
         at = e.at.isoformat(timespec="milliseconds") if e.at else "-"
         reason = f"  {e.reason}" if e.reason else ""
-        click.echo(f"{at} {mark} {e.key}#{e.attempt} {e.from_state or '-'} -> {e.to_state} by {e.actor}{reason}")
+        who = f"{e.actor} ({e.by})" if e.by else e.actor
+        what = "run" if e.key is None else f"{e.key}#{e.attempt}"
+        click.echo(f"{at} {mark} {what} {e.from_state or '-'} -> {e.to_state} by {who}{reason}")
 
 
 @main.command()
 @click.argument("run_id")
 def cancel(run_id: str) -> None:
-    """Cancel a run: open tasks become CANCELLED, running ones are revoked."""
-    revoked = _ready_store().cancel(run_id)
+    """Cancel a run: open tasks become CANCELLED, running ones are revoked.
+
+    The ledger records the OS user as who acted. Exits 2 with an `error:` line when the run
+    is unknown or already final."""
+    revoked = _ready_store().cancel(run_id, by=_me())
     click.echo(f"run {run_id} cancelled; {revoked} running or queued task(s) revoked")
 
 
@@ -239,8 +273,11 @@ def cancel(run_id: str) -> None:
 @click.argument("run_id")
 @click.argument("key")
 def retry(run_id: str, key: str) -> None:
-    """Retry a DEAD_LETTER or FAILED task (attempt + 1)."""
-    _ready_store().retry_task(run_id, key)
+    """Retry a DEAD_LETTER or FAILED task (attempt + 1).
+
+    Exits 2 with an `error:` line when the task's state does not allow it or another writer
+    changed it first (the refused write is in the ledger)."""
+    _ready_store().retry_task(run_id, key, by=_me())
     click.echo(f"{run_id}.{key} is READY again")
 
 
@@ -248,8 +285,8 @@ def retry(run_id: str, key: str) -> None:
 @click.argument("run_id")
 @click.argument("key")
 def skip(run_id: str, key: str) -> None:
-    """Skip a DEAD_LETTER task; its descendants follow their trigger rules."""
-    _ready_store().skip_task(run_id, key)
+    """Skip a DEAD_LETTER task; its descendants follow their trigger rules (errors as `retry`)."""
+    _ready_store().skip_task(run_id, key, by=_me())
     click.echo(f"{run_id}.{key} SKIPPED")
 
 
@@ -257,8 +294,8 @@ def skip(run_id: str, key: str) -> None:
 @click.argument("run_id")
 @click.argument("key")
 def fail_task(run_id: str, key: str) -> None:
-    """Give up on a DEAD_LETTER task: it becomes FAILED and its descendants follow."""
-    _ready_store().fail_task(run_id, key)
+    """Give up on a DEAD_LETTER task: it becomes FAILED and its descendants follow (errors as `retry`)."""
+    _ready_store().fail_task(run_id, key, by=_me())
     click.echo(f"{run_id}.{key} FAILED")
 
 

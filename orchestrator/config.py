@@ -28,8 +28,12 @@ class Settings:
     dedicated_tenants: tuple[str, ...] = ()
     #: seconds a claimed task may go without a heartbeat before it counts as lost
     lease_seconds: float = 30.0
-    #: seconds between beat ticks (due retries -> READY, READY -> dispatch)
+    #: seconds between reconciler passes (due retries -> READY, lost work, READY -> dispatch)
     tick_seconds: float = 1.0
+    #: run the reconciler service in every worker's main process (one on duty at a time)
+    worker_reconciler: bool = True
+    #: seconds a paused process may hold the reconciler duty before the database frees it
+    reconciler_stall_seconds: float = 10.0
     #: most tasks QUEUED or RUNNING at once; the rest waits in the database as READY
     dispatch_window: int = 2000
     #: Redis visibility timeout; must exceed the longest hard time limit

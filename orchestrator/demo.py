@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 from .dag import DAG
-from .engine import Orchestrator, RunHandle
+from .engine import RunHandle
 from .models import TaskView
 from .routing import default_queues
 from .states import RunState, TaskState
@@ -78,37 +77,29 @@ def follow(run: RunHandle, echo: Callable[[str], None], timeout: float, poll: fl
 
 
 def run_demo(echo: Callable[[str], None] = print, timeout: float = 120.0) -> int:
-    """Run the demo DAG with an in-process worker and ticker; 0 when the run SUCCEEDED."""
+    """Run the demo DAG with an in-process worker and reconciler; 0 when the run SUCCEEDED."""
     from celery.contrib.testing.worker import start_worker
 
-    from .worker import start_registry, stop_registry
+    from .celery_app import get_app
+    from .worker import current_orchestrator, start_services, stop_services
 
-    orc = Orchestrator()
-    app = orc.app
+    app = get_app()
+    orc = current_orchestrator(app)
     # the flaky extract's first attempt fails on purpose; the table below reports it
     logging.getLogger("celery.app.trace").setLevel(logging.CRITICAL)
     echo(f"database: {orc.store.engine.url.render_as_string(hide_password=True)}")
     echo(f"broker:   {orc.settings.broker_url}")
-    stop = threading.Event()
-
-    def ticker() -> None:
-        while not stop.wait(0.2):
-            orc.tick()
-
     with start_worker(
         app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="ERROR", shutdown_timeout=30
     ):
-        start_registry(app, "demo@in-process", default_queues(orc.settings.dedicated_tenants), 4)
-        thread = threading.Thread(target=ticker, name="demo-ticker", daemon=True)
-        thread.start()
+        # what `orchestrator worker` starts beside its pool: the registry and the reconciler
+        start_services(app, "demo@in-process", default_queues(orc.settings.dedicated_tenants), 4)
         try:
             run = orc.submit(build_demo_dag())
             echo(f"run {run.id} submitted: demo_etl, 6 tasks")
             state = follow(run, echo, timeout)
         finally:
-            stop.set()
-            thread.join()
-            stop_registry()
+            stop_services()
     echo("")
     echo(format_tasks(run.tasks()))
     echo("")

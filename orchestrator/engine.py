@@ -1,62 +1,73 @@
-"""The orchestrator facade: submit DAGs, publish dispatches, tick, and look runs up."""
+"""The orchestrator facade: submit DAGs, the worker's calls, operator actions, reads.
+
+:class:`Orchestrator` is the one object applications, workers, the reconciler and the CLI
+talk to. It owns no Celery code: messages leave through a :class:`~orchestrator.publisher.Publisher`
+and task names are checked against a :class:`~orchestrator.registry.TaskRegistry`, both given
+by the caller (``app=`` wires the Celery ones; unit tests pass in-memory ones).
+"""
 
 from __future__ import annotations
 
-import inspect
+import getpass
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .alerts import raise_alert
 from .config import Settings
 from .crashpoints import crash_point
-from .dag import DAG, UPSTREAM_KWARG
-from .errors import RunTimeout, ValidationError
-from .models import Dispatch, EventView, RunView, TaskView
+from .dag import DAG
+from .errors import ConfigurationError, ConflictError, RunTimeout, ValidationError
+from .models import WORKER, Actor, Claim, EventView, Outcome, RunView, TaskView, operator
+from .protocol import FencingToken
+from .publisher import CeleryPublisher, Publisher
+from .reconciler import Reconciler
+from .registry import CeleryRegistry, TaskRegistry
 from .routing import route
 from .states import RunState, TaskState
-from .store import Outcome, Store
-
-if TYPE_CHECKING:
-    from celery import Celery
+from .store import Store
 
 log = logging.getLogger(__name__)
-_Item = Any
 
-#: message headers that carry the fencing token of an orchestrated message
-HEADER_RUN, HEADER_KEY, HEADER_ATTEMPT = "orc_run", "orc_key", "orc_attempt"
+
+def os_user() -> str:
+    """Who runs this process (the ``by`` of operator actions that do not name anyone)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user database entry (containers): still act, unnamed
+        return "unknown"
 
 
 class Orchestrator:
-    """Submits DAGs to the database and publishes their tasks to Celery.
+    """Submits DAGs to the database and publishes their tasks.
 
-    ``settings`` default to the environment; ``app`` to the project's Celery app
-    (:func:`orchestrator.celery_app.get_app`); ``store`` to one built from the settings.
+    ``settings`` default to ``app.orchestrator_settings`` or the environment; ``store`` to
+    one built from the settings. Give either ``app`` (a Celery app: publishes with it and
+    checks task names against its registry) or both ``publisher`` and ``registry``.
+    Raises :class:`ConfigurationError` with neither.
     """
 
     def __init__(
         self,
         settings: Settings | None = None,
         *,
-        app: Celery | None = None,
+        app: Any = None,
         store: Store | None = None,
+        publisher: Publisher | None = None,
+        registry: TaskRegistry | None = None,
     ) -> None:
-        self.settings = (
-            settings or (getattr(app, "orchestrator_settings", None) if app else None) or Settings.from_env()
-        )
-        self._app = app
+        self.settings = settings or getattr(app, "orchestrator_settings", None) or Settings.from_env()
+        self.app = app
+        if app is None and (publisher is None or registry is None):
+            raise ConfigurationError(
+                "Orchestrator needs a Celery app (app=...) or both a publisher and a task registry;"
+                " orchestrator.default() builds one from the environment"
+            )
+        self.publisher: Publisher = publisher or CeleryPublisher(app)
+        self.registry: TaskRegistry = registry or CeleryRegistry(app)
         self._store = store
-
-    @cached_property
-    def app(self) -> Celery:
-        if self._app is None:
-            from .celery_app import get_app
-
-            self._app = get_app()
-        self._app.loader.import_default_modules()
-        return self._app
 
     @cached_property
     def store(self) -> Store:
@@ -76,15 +87,14 @@ class Orchestrator:
         store.check_schema()
         return store
 
-    # ------------------------------------------------------------------ registry
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's pooled connections without closing them."""
+        if "store" in self.__dict__:
+            self.store.engine.dispose(close=False)
 
-    def is_registered(self, name: str) -> bool:
-        """True for tasks of the Celery app that DAG nodes may name (not Celery's or ours)."""
-        return name in self.app.tasks and not name.startswith(("celery.", "orchestrator."))
-
-    def wants_upstream(self, name: str) -> bool:
-        task = self.app.tasks.get(name)
-        return task is not None and declares_upstream(task)
+    @cached_property
+    def reconciler(self) -> Reconciler:
+        return Reconciler(self.store, self.publisher, self.settings, after=self._after)
 
     # ------------------------------------------------------------------ submit
 
@@ -96,7 +106,8 @@ class Orchestrator:
         tenant: str | None = None,
         logical_date: str | None = None,
     ) -> RunHandle:
-        """Validate ``dag``, store it as a run in one transaction and dispatch its roots.
+        """Validate ``dag``, store it as a run in one transaction, then admit and publish
+        what live workers can take (a second transaction, after the run is committed).
 
         Idempotent on (DAG name, tenant, ``idempotency_key``): the same key returns the
         handle of the run it created first. Raises :class:`ValidationError` (nothing is
@@ -104,7 +115,7 @@ class Orchestrator:
         """
         if tenant is not None and tenant != dag.tenant:
             dag = dag.with_tenant(tenant)
-        dag.validate(self.is_registered, self.settings.limits)
+        dag.validate(self.registry.is_registered, self.settings.limits)
         self._check_time_limits(dag)
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200
@@ -114,8 +125,8 @@ class Orchestrator:
             n.key: route(dag.tenant, dag.priority_of(n), n.queue, self.settings.dedicated_tenants)
             for n in dag.nodes.values()
         }
-        wants = {name: self.wants_upstream(name) for name in {n.task for n in dag.nodes.values()}}
-        run_id, created = self.store.create_run(
+        wants = {name: self.registry.wants_upstream(name) for name in {n.task for n in dag.nodes.values()}}
+        run_id, created = self.store.submission.create_run(
             dag,
             queues=queues,
             wants_upstream=wants.__getitem__,
@@ -123,11 +134,10 @@ class Orchestrator:
             logical_date=logical_date,
         )
         if created:
-            self.publish(self.store.admit_ready(self.settings.dispatch_window))
+            self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
         return RunHandle(self, run_id)
 
     def _check_time_limits(self, dag: DAG) -> None:
-
         for node in dag.nodes.values():
             if node.time_limit is not None and node.time_limit > self.settings.max_time_limit:
                 raise ValidationError(
@@ -137,45 +147,63 @@ class Orchestrator:
                     node=node.key,
                 )
 
-    # ------------------------------------------------------------------ dispatch
+    # ------------------------------------------------------------------ the worker's calls
 
-    def publish(self, dispatches: Iterable[Dispatch]) -> int:
-        """Publish one Celery message per dispatch; returns how many were sent.
+    def claim(self, token: FencingToken, worker: str) -> Claim | None:
+        """QUEUED -> RUNNING for the token's attempt, with a lease; ``None`` if refused."""
+        return self.store.attempts.claim(token.run_id, token.key, token.attempt, worker, self.settings.lease_seconds)
 
-        Called only after the QUEUED rows are committed. A publish that fails leaves its
-        row QUEUED for the reconciler to re-publish; it is logged, not raised.
-        """
-        batch = list(dispatches)
-        if not batch:
-            return 0
-        crash_point("after_dispatch_commit")
-        sent = 0
-        try:
-            with self.app.producer_or_acquire() as producer:
-                for d in batch:
-                    self.app.send_task(
-                        d.task_name,
-                        args=d.args,
-                        kwargs=d.kwargs,
-                        queue=d.queue,
-                        task_id=d.task_id,
-                        headers={HEADER_RUN: d.run_id, HEADER_KEY: d.key, HEADER_ATTEMPT: d.attempt},
-                        soft_time_limit=d.soft_time_limit,
-                        time_limit=d.time_limit,
-                        producer=producer,
-                    )
-                    sent += 1
-        except Exception:
-            log.exception(
-                "publish failed after %d of %d messages; the reconciler re-publishes the rest", sent, len(batch)
-            )
-        return sent
+    def heartbeat(self, token: FencingToken) -> bool:
+        """Extend the attempt's lease; ``False`` once the attempt no longer holds the task."""
+        return self.store.attempts.heartbeat(token.run_id, token.key, token.attempt, self.settings.lease_seconds)
 
-    def settle(self, outcome: Outcome, run_id: str, key: str) -> None:
+    def complete(self, token: FencingToken, result: Any) -> Outcome:
+        """Commit the attempt's result (fenced), then publish what its children made ready."""
+        outcome = self.store.attempts.succeed(
+            token.run_id, token.key, token.attempt, result, self.settings.dispatch_window
+        )
+        crash_point("after_result_commit")
+        self._after(outcome, token.run_id, token.key)
+        return outcome
+
+    def fail_attempt(
+        self,
+        token: FencingToken,
+        *,
+        error: str,
+        exc_types: Sequence[str] = (),
+        fingerprint: str | None = None,
+        retryable: bool = True,
+    ) -> Outcome:
+        """Commit a failed attempt (fenced): RETRYING, FAILED or DEAD_LETTER (see
+        :meth:`orchestrator.store.attempts.Attempts.fail`), then publish and alert."""
+        outcome = self.store.attempts.fail(
+            token.run_id, token.key, token.attempt,
+            error=error, window=self.settings.dispatch_window, exc_types=exc_types,
+            fingerprint=fingerprint, retryable=retryable, actor=WORKER,
+        )  # fmt: skip
+        self._after(outcome, token.run_id, token.key)
+        return outcome
+
+    def register_worker(self, name: str, queues: Sequence[str], concurrency: int) -> None:
+        """Record a live worker's capacity and fill it with READY work."""
+        self.store.workers.register(name, queues, concurrency)
+        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+
+    def touch_worker(self, name: str, queues: Sequence[str], concurrency: int) -> None:
+        """Refresh a live worker's capacity row (re-registering it if it was dropped)."""
+        if not self.store.workers.touch(name):
+            self.store.workers.register(name, queues, concurrency)
+
+    def unregister_worker(self, name: str) -> None:
+        """A worker is going away: its capacity no longer counts."""
+        self.store.workers.unregister(name)
+
+    def _after(self, outcome: Outcome, run_id: str, key: str) -> None:
         """After a committed outcome: publish what it admitted, alert if it parked the task."""
-        self.publish(outcome.dispatches)
+        self.publisher.publish(outcome.dispatches)
         if outcome.accepted and outcome.state is TaskState.DEAD_LETTER:
-            task = self.store.get_task(run_id, key)
+            task = self.store.reads.get_task(run_id, key)
             alert = {
                 "run_id": run_id,
                 "key": key,
@@ -186,102 +214,60 @@ class Orchestrator:
             }
             raise_alert(alert, webhook=self.settings.alert_webhook or None, actor="orchestrator")
 
+    # ------------------------------------------------------------------ reconciler
+
     def reconcile(self) -> dict[str, int]:
-        """One reconcile pass (beat runs it every ``tick_seconds``); returns counts per action.
-
-        Due retries -> READY; QUEUED unclaimed past the dispatch timeout -> re-published with
-        the same attempt; RUNNING past its lease -> attempt failed (RETRYING / FAILED /
-        DEAD_LETTER); READY with free capacity -> dispatched; runs with every task terminal ->
-        final state. Each item is handled on its own: an error is logged and counted, and the
-        pass goes on. Concurrent passes act once per item (CAS, ``SKIP LOCKED``).
-        """
-        s = self.settings
-        report = dict.fromkeys(
-            ("released", "republished", "leases_expired", "dispatched", "runs_finalized", "errors"), 0
-        )
-        try:
-            released, dispatches = self.store.release_due_retries(s.dispatch_window)
-            report["released"] = released
-            report["dispatched"] += self.publish(dispatches)
-        except Exception:
-            log.exception("reconcile: releasing due retries failed")
-            report["errors"] += 1
-        for run_id, key, attempt, dispatched_at in self._safely(report, self.store.stale_queued, s.dispatch_timeout):
-            try:
-                d = self.store.redispatch(run_id, key, attempt, dispatched_at)
-                if d is not None:
-                    report["republished"] += self.publish([d])
-            except Exception:
-                log.exception("reconcile: re-publishing %s.%s failed", run_id, key)
-                report["errors"] += 1
-        for run_id, key, attempt in self._safely(report, self.store.expired_leases, s.lease_seconds):
-            try:
-                outcome = self.store.lose_lease(run_id, key, attempt, s.lease_seconds, s.dispatch_window)
-                report["leases_expired"] += int(outcome.accepted)
-                self.settle(outcome, run_id, key)
-            except Exception:
-                log.exception("reconcile: expiring the lease of %s.%s failed", run_id, key)
-                report["errors"] += 1
-        try:
-            report["dispatched"] += self.publish(self.store.admit_ready(s.dispatch_window))
-            report["runs_finalized"] = self.store.finalize_runs()
-        except Exception:
-            log.exception("reconcile: dispatch or run finalization failed")
-            report["errors"] += 1
-        return report
-
-    def tick(self) -> dict[str, int]:
-        """Beat's periodic tick: one reconcile pass."""
-        return self.reconcile()
-
-    @staticmethod
-    def _safely(report: dict[str, int], fn: Callable[[float], list[_Item]], arg: float) -> list[_Item]:
-        try:
-            return fn(arg)
-        except Exception:
-            log.exception("reconcile: %s failed", fn.__name__)
-            report["errors"] += 1
-            return []
+        """One reconciler pass now (see :meth:`orchestrator.reconciler.Reconciler.run_pass`)."""
+        return self.reconciler.run_pass()
 
     # ------------------------------------------------------------------ operator actions
 
-    def retry_task(self, run_id: str, key: str) -> None:
-        """DEAD_LETTER or FAILED -> READY with ``attempt + 1``; raises :class:`OperatorError`."""
-        self.settle(self.store.retry_task(run_id, key, self.settings.dispatch_window), run_id, key)
-
-    def skip_task(self, run_id: str, key: str) -> None:
-        """DEAD_LETTER -> SKIPPED; descendants follow their trigger rules."""
-        self.settle(
-            self.store.resolve_dead_letter(run_id, key, TaskState.SKIPPED, self.settings.dispatch_window), run_id, key
+    def retry_task(self, run_id: str, key: str, *, by: str | None = None) -> None:
+        """DEAD_LETTER or FAILED -> READY with ``attempt + 1``. ``by`` names who asked
+        (default: the OS user). Raises :class:`ConflictError` (a rejected event is in the
+        ledger) when the task's state does not allow it, whether it never did or another writer
+        changed it first, and :class:`OperatorError` when children were already decided."""
+        actor = operator(by or os_user())
+        self._operator_done(
+            self.store.operator.retry_task(run_id, key, self.settings.dispatch_window, actor), run_id, key, "retry"
         )
 
-    def fail_task(self, run_id: str, key: str) -> None:
-        """DEAD_LETTER -> FAILED (give up); descendants follow their trigger rules."""
-        self.settle(
-            self.store.resolve_dead_letter(run_id, key, TaskState.FAILED, self.settings.dispatch_window), run_id, key
-        )
+    def skip_task(self, run_id: str, key: str, *, by: str | None = None) -> None:
+        """DEAD_LETTER -> SKIPPED; descendants follow their trigger rules (errors as :meth:`retry_task`)."""
+        self._resolve(run_id, key, TaskState.SKIPPED, by)
 
-    def cancel(self, run_id: str) -> int:
+    def fail_task(self, run_id: str, key: str, *, by: str | None = None) -> None:
+        """DEAD_LETTER -> FAILED (give up); descendants follow (errors as :meth:`retry_task`)."""
+        self._resolve(run_id, key, TaskState.FAILED, by)
+
+    def _resolve(self, run_id: str, key: str, to: TaskState, by: str | None) -> None:
+        actor = operator(by or os_user())
+        outcome = self.store.operator.resolve_dead_letter(run_id, key, to, self.settings.dispatch_window, actor)
+        self._operator_done(outcome, run_id, key, to.value.lower())
+
+    def _operator_done(self, outcome: Outcome, run_id: str, key: str, action: str) -> None:
+        self._after(outcome, run_id, key)
+        if not outcome.accepted:
+            raise ConflictError(f"{action} of {run_id}.{key} refused: {outcome.conflict or 'the task changed state'}")
+
+    def cancel(self, run_id: str, *, by: str | None = None) -> int:
         """Cancel a run: its open tasks become CANCELLED and the attempts in flight are revoked
-        with terminate (their late results are then rejected). Returns how many were revoked."""
-        in_flight = self.store.cancel_run(run_id)
-        if in_flight:
-            try:
-                self.app.control.revoke(in_flight, terminate=True, signal="SIGTERM")
-            except Exception:
-                log.exception(
-                    "revoking %d task(s) of run %s failed; their results will be rejected", len(in_flight), run_id
-                )
+        with terminate (their late results are then rejected). Returns how many were revoked.
+        Raises :class:`RunNotFound`, or :class:`ConflictError` when the run is already final."""
+        in_flight, conflict = self.store.operator.cancel_run(run_id, operator(by or os_user()))
+        if conflict is not None:
+            raise ConflictError(conflict)
+        self.publisher.revoke(in_flight)
         return len(in_flight)
 
     # ------------------------------------------------------------------ reads
 
     def run(self, run_id: str) -> RunHandle:
-        self.store.get_run(run_id)
+        self.store.reads.get_run(run_id)
         return RunHandle(self, run_id)
 
     def runs(self, limit: int = 20, tenant: str | None = None) -> list[RunView]:
-        return self.store.list_runs(limit, tenant=tenant)
+        return self.store.reads.list_runs(limit, tenant=tenant)
 
 
 class RunHandle:
@@ -295,32 +281,32 @@ class RunHandle:
         return f"<RunHandle {self.id}>"
 
     def status(self) -> RunView:
-        return self.orchestrator.store.get_run(self.id)
+        return self.orchestrator.store.reads.get_run(self.id)
 
     @property
     def state(self) -> RunState:
-        return self.orchestrator.store.run_state(self.id)
+        return self.orchestrator.store.reads.run_state(self.id)
 
     def tasks(self) -> list[TaskView]:
-        return self.orchestrator.store.get_tasks(self.id)
+        return self.orchestrator.store.reads.get_tasks(self.id)
 
     def task(self, key: str) -> TaskView:
-        return self.orchestrator.store.get_task(self.id, key)
+        return self.orchestrator.store.reads.get_task(self.id, key)
 
     def events(self) -> list[EventView]:
-        return self.orchestrator.store.events(self.id)
+        return self.orchestrator.store.reads.events(self.id)
 
-    def cancel(self) -> int:
-        return self.orchestrator.cancel(self.id)
+    def cancel(self, *, by: str | None = None) -> int:
+        return self.orchestrator.cancel(self.id, by=by)
 
-    def retry(self, key: str) -> None:
-        self.orchestrator.retry_task(self.id, key)
+    def retry(self, key: str, *, by: str | None = None) -> None:
+        self.orchestrator.retry_task(self.id, key, by=by)
 
-    def skip(self, key: str) -> None:
-        self.orchestrator.skip_task(self.id, key)
+    def skip(self, key: str, *, by: str | None = None) -> None:
+        self.orchestrator.skip_task(self.id, key, by=by)
 
-    def fail(self, key: str) -> None:
-        self.orchestrator.fail_task(self.id, key)
+    def fail(self, key: str, *, by: str | None = None) -> None:
+        self.orchestrator.fail_task(self.id, key, by=by)
 
     def results(self) -> dict[str, Any]:
         """The stored JSON result of every task that succeeded, by node key."""
@@ -337,11 +323,4 @@ class RunHandle:
             time.sleep(poll)
 
 
-def declares_upstream(task: Any) -> bool:
-    """Whether a task's function declares a parameter named ``upstream``."""
-    try:
-        params = inspect.signature(task.run).parameters
-    except (TypeError, ValueError):
-        return False
-    p = params.get(UPSTREAM_KWARG)
-    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+__all__ = ["Actor", "Orchestrator", "RunHandle", "os_user"]

@@ -72,3 +72,9 @@ class ResultNotSerializable(OrchestratorError):
 
 class OperatorError(OrchestratorError):
     """An operator action does not apply to the task or run in its current state."""
+
+
+class ConflictError(OperatorError):
+    """A state change lost its compare-and-set: the task or run no longer holds the state
+    (or attempt) the action expected. The refused write is in the ledger as a rejected event;
+    re-read the state and decide again."""

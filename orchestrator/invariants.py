@@ -9,10 +9,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
-import sqlalchemy as sa
-
-from . import schema as s
-from .states import TERMINAL, TRANSITIONS, TaskState
+from .states import RUN_TRANSITIONS, TERMINAL, TRANSITIONS, RunState, TaskState
 from .store import Store
 
 _OUTCOMES = {"SUCCEEDED", "FAILED", "RETRYING", "DEAD_LETTER"}
@@ -27,22 +24,17 @@ def check_runs(store: Store, run_ids: Iterable[str], *, allow_dead_letter: bool 
     - every execution recorded in ``orc_probe_effects`` beyond the first of an attempt is
       matched by an outcome event (accepted or rejected) of that attempt;
     - parents finished before their children started;
-    - only legal transitions were accepted, and attempts never went backwards.
+    - only legal transitions were accepted (tasks and runs), and attempts never went backwards;
+    - every final run's ledger ends with its accepted transition to that state.
     """
     ids = list(run_ids)
     problems: list[str] = []
     if not ids:
         return problems
-    with store.engine.connect() as conn:
-        tasks = conn.execute(sa.select(s.tasks).where(s.tasks.c.run_id.in_(ids))).all()
-        runs = conn.execute(sa.select(s.runs.c.id, s.runs.c.state).where(s.runs.c.id.in_(ids))).all()
-        events = conn.execute(sa.select(s.events).where(s.events.c.run_id.in_(ids)).order_by(s.events.c.id)).all()
-        edges = conn.execute(sa.select(s.edges).where(s.edges.c.run_id.in_(ids))).all()
-        effects = conn.execute(
-            sa.select(s.effects.c.run_id, s.effects.c.key, s.effects.c.attempt, sa.func.count())
-            .where(s.effects.c.run_id.in_(ids))
-            .group_by(s.effects.c.run_id, s.effects.c.key, s.effects.c.attempt)
-        ).all()
+    snap = store.reads.snapshot(ids)
+    tasks, runs, edges, effects = snap.tasks, snap.runs, snap.edges, snap.effects
+    events = [e for e in snap.events if e.key is not None]
+    run_events = [e for e in snap.events if e.key is None]
     allowed = {st.value for st in TERMINAL} | ({TaskState.DEAD_LETTER.value} if allow_dead_letter else set())
     by_key = {(t.run_id, t.key): t for t in tasks}
     for t in tasks:
@@ -85,6 +77,19 @@ def check_runs(store: Store, run_ids: Iterable[str], *, allow_dead_letter: bool 
                 f"{run_id}.{key} attempt {attempt}: {n} executions but {outcome_events[(run_id, key, attempt)]}"
                 " outcome events (an extra execution left no record)"
             )
+
+    last_run_state: dict[str, str] = {}
+    for e in run_events:
+        if not e.accepted:
+            continue
+        src = RunState(e.from_state) if e.from_state else None
+        legal = RUN_TRANSITIONS.get((src, RunState(e.to_state)))
+        if legal is None or e.actor not in legal:
+            problems.append(f"run {e.run_id}: illegal {e.from_state} -> {e.to_state} by {e.actor}")
+        last_run_state[e.run_id] = e.to_state
+    for r in runs:
+        if last_run_state.get(r.id) != r.state:
+            problems.append(f"run {r.id}: is {r.state} but its ledger says {last_run_state.get(r.id)}")
 
     parents: dict[tuple[str, str], list[str]] = defaultdict(list)
     for e in edges:

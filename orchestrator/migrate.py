@@ -28,6 +28,15 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
+def reset(engine: Engine) -> None:
+    """Drop everything in the database's ``public`` schema and migrate from scratch (Postgres;
+    tests and the chaos soak, on databases they own)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP SCHEMA public CASCADE")
+        conn.exec_driver_sql("CREATE SCHEMA public")
+    upgrade(engine)
+
+
 def downgrade(engine: Engine, revision: str) -> None:
     cfg = _config()
     with engine.begin() as conn:
@@ -45,9 +54,15 @@ def schema_diff(engine: Engine) -> list[Any]:
     from alembic.autogenerate import compare_metadata
 
     from .schema import metadata
+    from .store.probes import probe_metadata
+
+    def product_only(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        # probe instrumentation is created on demand and is not part of the product schema
+        return not (type_ == "table" and name in probe_metadata.tables)
 
     with engine.connect() as conn:
-        return list(compare_metadata(MigrationContext.configure(conn), metadata))
+        context = MigrationContext.configure(conn, opts={"include_object": product_only})
+        return list(compare_metadata(context, metadata))
 
 
 def head() -> str | None:

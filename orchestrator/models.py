@@ -1,4 +1,5 @@
-"""Domain values that cross the store boundary: frozen dataclasses, built in ``store.py`` only."""
+"""Domain values that cross the store boundary: frozen dataclasses, built from rows in
+``store/rows.py`` only."""
 
 from __future__ import annotations
 
@@ -6,7 +7,25 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from .protocol import FencingToken
 from .states import RunState, TaskState
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who makes a state change: the role (``submit``, ``dispatcher``, ``worker``,
+    ``reconciler``, ``operator``) checked against the transition tables, and for operator
+    actions the person it acts for (``by``), recorded in the ledger."""
+
+    role: str
+    by: str | None = None
+
+
+SUBMIT, DISPATCHER, WORKER, RECONCILER = Actor("submit"), Actor("dispatcher"), Actor("worker"), Actor("reconciler")
+
+
+def operator(by: str | None) -> Actor:
+    return Actor("operator", by)
 
 
 @dataclass(frozen=True)
@@ -24,21 +43,24 @@ class Dispatch:
     time_limit: float | None
 
     @property
+    def token(self) -> FencingToken:
+        return FencingToken(self.run_id, self.key, self.attempt)
+
+    @property
     def task_id(self) -> str:
-        return task_id(self.run_id, self.key, self.attempt)
+        return self.token.task_id
 
 
-def task_id(run_id: str, key: str, attempt: int) -> str:
-    """The Celery task id of one attempt: ``<run>.<key>.<attempt>``."""
-    return f"{run_id}.{key}.{attempt}"
+@dataclass(frozen=True)
+class Outcome:
+    """What a state change did: whether its compare-and-set was accepted, the state it
+    moved the task to, and the messages it admitted (to publish after the commit)."""
 
-
-def parse_task_id(value: str) -> tuple[str, str, int] | None:
-    """Invert :func:`task_id`; ``None`` when ``value`` is not an orchestrator task id."""
-    parts = value.split(".")
-    if len(parts) != 3 or not parts[2].isdigit():
-        return None
-    return parts[0], parts[1], int(parts[2])
+    accepted: bool
+    state: TaskState | None
+    dispatches: list[Dispatch] = field(default_factory=list)
+    #: when not accepted: what the row held instead (for the caller's error message)
+    conflict: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +166,10 @@ class RunView:
 
 @dataclass(frozen=True)
 class EventView:
-    key: str
+    """One ledger row. ``key`` is ``None`` for a transition of the run itself; ``by`` names
+    the person (operator actions) on whose behalf ``actor`` acted."""
+
+    key: str | None
     attempt: int
     from_state: str | None
     to_state: str
@@ -152,6 +177,7 @@ class EventView:
     reason: str | None
     accepted: bool
     at: dt.datetime | None
+    by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -160,6 +186,7 @@ class EventView:
             "from": self.from_state,
             "to": self.to_state,
             "actor": self.actor,
+            "by": self.by,
             "reason": self.reason,
             "accepted": self.accepted,
             "at": _iso(self.at),

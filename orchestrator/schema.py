@@ -91,11 +91,14 @@ events = sa.Table(
     metadata,
     sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
     sa.Column("run_id", sa.String(32), nullable=False),
-    sa.Column("key", sa.String(200), nullable=False),
+    #: null for a transition of the run itself
+    sa.Column("key", sa.String(200), nullable=True),
     sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("from_state", sa.String(16), nullable=True),
     sa.Column("to_state", sa.String(16), nullable=False),
     sa.Column("actor", sa.String(32), nullable=False),
+    #: the person an operator action was taken for (the OS user of the CLI, or the API's ``by``)
+    sa.Column("by", sa.String(255), nullable=True),
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("accepted", sa.Boolean, nullable=False),
     sa.Column("at", TS, nullable=False),
@@ -112,16 +115,3 @@ workers = sa.Table(
     sa.Column("started_at", TS, nullable=False),
     sa.Column("seen_at", TS, nullable=False),
 )
-
-#: one row per execution of a probe task inside a DAG, so duplicate executions are visible
-effects = sa.Table(
-    "orc_probe_effects",
-    metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
-    sa.Column("run_id", sa.String(32), nullable=False),
-    sa.Column("key", sa.String(200), nullable=False),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("pid", sa.Integer, nullable=False),
-    sa.Column("at", TS, nullable=False),
-)
-sa.Index("ix_orc_probe_effects_run", effects.c.run_id, effects.c.key)

@@ -1,7 +1,8 @@
 """Task and run states, the transition table and trigger rules (pure code).
 
-The table :data:`TRANSITIONS` is the only definition of which state changes are legal;
-the store refuses any other (see :func:`check_transition`).
+The tables :data:`TRANSITIONS` (tasks) and :data:`RUN_TRANSITIONS` (runs) are the only
+definition of which state changes are legal; the store's one transition writer
+(``store/ledger.py``) checks every change against them.
 """
 
 from __future__ import annotations
@@ -85,6 +86,26 @@ def check_transition(src: TaskState, dst: TaskState, actor: str) -> None:
     allowed = TRANSITIONS.get((src, dst))
     if allowed is None or actor not in allowed:
         raise IllegalTransition(f"{actor} may not move a task from {src.value} to {dst.value}")
+
+
+#: run (from, to) -> who may make the change; ``None`` as source means "created". A run closes
+#: when its last task becomes terminal, by whoever made that happen; only an operator's retry of
+#: a FAILED task reopens a FAILED run, and a CANCELLED run stays cancelled.
+RUN_TRANSITIONS: dict[tuple[RunState | None, RunState], frozenset[str]] = {
+    (None, RunState.RUNNING): frozenset({"submit"}),
+    (RunState.RUNNING, RunState.SUCCEEDED): frozenset({"worker", "reconciler", "operator"}),
+    (RunState.RUNNING, RunState.FAILED): frozenset({"worker", "reconciler", "operator"}),
+    (RunState.RUNNING, RunState.CANCELLED): frozenset({"operator"}),
+    (RunState.FAILED, RunState.RUNNING): frozenset({"operator"}),
+}
+
+
+def check_run_transition(src: RunState | None, dst: RunState, actor: str) -> None:
+    """Raise :class:`IllegalTransition` unless ``actor`` may move a run from ``src`` to ``dst``."""
+    allowed = RUN_TRANSITIONS.get((src, dst))
+    if allowed is None or actor not in allowed:
+        origin = src.value if src else "nothing"
+        raise IllegalTransition(f"{actor} may not move a run from {origin} to {dst.value}")
 
 
 class TriggerRule(enum.StrEnum):

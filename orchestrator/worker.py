@@ -30,10 +30,11 @@ from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from .crashpoints import crash_point
 from .dag import UPSTREAM_KWARG, check_json
-from .engine import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, Orchestrator
+from .engine import Orchestrator
 from .errors import ResultNotSerializable, ValidationError
-from .models import parse_task_id
 from .poison import exception_names, fingerprint, is_infrastructure
+from .protocol import FencingToken, MalformedHeaders, parse_task_id, read_token
+from .reconciler import ReconcilerService
 
 log = logging.getLogger(__name__)
 
@@ -127,23 +128,23 @@ class Heartbeater:
     def __init__(self, orchestrator: Orchestrator) -> None:
         self.orc = orchestrator
         self.lease = orchestrator.settings.lease_seconds
-        self._active: dict[tuple[str, str, int], int] = {}
+        self._active: dict[FencingToken, int] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def track(self, run_id: str, key: str, attempt: int) -> None:
+    def track(self, token: FencingToken) -> None:
         """Start beating for an attempt run by the calling thread."""
         _prepare_fencing()
         with self._lock:
-            self._active[(run_id, key, attempt)] = threading.get_ident()
+            self._active[token] = threading.get_ident()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="orc-heartbeat", daemon=True)
                 self._thread.start()
 
-    def untrack(self, run_id: str, key: str, attempt: int) -> bool:
+    def untrack(self, token: FencingToken) -> bool:
         """Stop beating; ``False`` if the attempt was no longer tracked (its lease was lost)."""
         with self._lock:
-            return self._active.pop((run_id, key, attempt), None) is not None
+            return self._active.pop(token, None) is not None
 
     def _loop(self) -> None:
         interval = max(self.lease / 3.0, 0.05)
@@ -151,19 +152,19 @@ class Heartbeater:
             time.sleep(interval)
             with self._lock:
                 items = list(self._active.items())
-            for (run_id, key, attempt), thread_id in items:
+            for token, thread_id in items:
                 try:
-                    alive = self.orc.store.heartbeat(run_id, key, attempt, self.lease)
+                    alive = self.orc.heartbeat(token)
                 except Exception:
-                    log.exception("heartbeat failed for %s.%s attempt %s", run_id, key, attempt)
+                    log.exception("heartbeat failed for %s", token.task_id)
                     continue
                 if alive:
                     continue
                 with self._lock:
                     # under the lock: untrack() cannot return between the check and the interrupt
-                    if self._active.pop((run_id, key, attempt), None) is None:
+                    if self._active.pop(token, None) is None:
                         continue  # finished meanwhile
-                    log.warning("lease lost for %s.%s attempt %s: stopping the body", run_id, key, attempt)
+                    log.warning("lease lost for %s: stopping the body", token.task_id)
                     _interrupt(thread_id)
 
 
@@ -177,20 +178,6 @@ def _heartbeater(orc: Orchestrator) -> Heartbeater:
     return hb
 
 
-def _fencing_token(request: Any) -> tuple[str, str, int] | str | None:
-    """(run, key, attempt) from the message headers; None when absent; an error text when garbled."""
-    run_id = getattr(request, HEADER_RUN, None)
-    key = getattr(request, HEADER_KEY, None)
-    attempt = getattr(request, HEADER_ATTEMPT, None)
-    if run_id is None and key is None and attempt is None:
-        return None
-    if not isinstance(run_id, str) or not isinstance(key, str):
-        return f"malformed orchestrator headers run={run_id!r} key={key!r}"
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-        return f"malformed orchestrator attempt header {attempt!r}"
-    return run_id, key, attempt
-
-
 class OrchestratedTask(Task):  # type: ignore[misc]
     """Base class of every task of the project's app (``task_cls``)."""
 
@@ -198,79 +185,70 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         request = self.request
         if request.called_directly:
             return super().__call__(*args, **kwargs)
-        token = _fencing_token(request)
+        try:
+            token = read_token(request)
+        except MalformedHeaders as exc:
+            log.error("dropping message %s of %s: %s", request.id, self.name, exc)
+            raise Ignore() from None
         if token is None:
             # a plain Celery message: Task.__call__ would push a fresh request and hide this one
             return self.run(*args, **kwargs)
-        if isinstance(token, str):
-            log.error("dropping message %s of %s: %s", request.id, self.name, token)
-            raise Ignore()
-        return self._run_attempt(*token)
+        return self._run_attempt(token)
 
     def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Any:
         if current_context() is not None:
             raise RetryRequested(str(exc) if exc else "retry requested") from exc
         return super().retry(*args, exc=exc, **kwargs)
 
-    def _run_attempt(self, run_id: str, key: str, attempt: int) -> Any:
+    def _run_attempt(self, token: FencingToken) -> Any:
         orc = current_orchestrator(self.app)
-        settings = orc.settings
         worker = f"{self.request.hostname or socket.gethostname()}:{os.getpid()}"
         try:
-            claim = orc.store.claim(run_id, key, attempt, worker, settings.lease_seconds)
+            claim = orc.claim(token, worker)
         except Exception:
-            log.exception("claim of %s.%s attempt %s failed; left to the reconciler", run_id, key, attempt)
+            log.exception("claim of %s failed; left to the reconciler", token.task_id)
             raise Ignore() from None
         if claim is None:
-            log.info("claim of %s.%s attempt %s refused; duplicate or stale message dropped", run_id, key, attempt)
+            log.info("claim of %s refused; duplicate or stale message dropped", token.task_id)
             raise Ignore()
         crash_point("after_claim_commit")
         kwargs = dict(claim.kwargs)
         if claim.wants_upstream:
             kwargs[UPSTREAM_KWARG] = claim.upstream_results
         hb = _heartbeater(orc)
-        hb.track(run_id, key, attempt)
-        token = _context.set(TaskContext(run_id, key, attempt, claim.upstream_results))
+        hb.track(token)
+        context = _context.set(TaskContext(token.run_id, token.key, token.attempt, claim.upstream_results))
         tracked = True
         try:
             try:
                 result = self.run(*claim.args, **kwargs)
             finally:
-                tracked = hb.untrack(run_id, key, attempt)
+                tracked = hb.untrack(token)
         except BaseException as exc:
-            hb.untrack(run_id, key, attempt)
+            hb.untrack(token)
             fp, evidence = fingerprint(exc)
             fenced = isinstance(exc, LeaseLost) or not tracked
             retryable = not isinstance(exc, (ResultNotSerializable, ValidationError, LeaseLost))
             error = "LeaseLost: the lease was taken over; body stopped" if fenced else f"{_describe(exc)} [{evidence}]"
-            outcome = orc.store.fail(
-                run_id,
-                key,
-                attempt,
+            orc.fail_attempt(
+                token,
                 error=error,
-                window=settings.dispatch_window,
                 exc_types=exception_names(exc),
                 # an attempt taken over, or an outage, says nothing about the task's code
                 fingerprint=None if fenced or is_infrastructure(exc) else fp,
                 retryable=retryable,
             )
-            orc.settle(outcome, run_id, key)
             if fenced:
                 # the attempt was taken over; its rejected outcome is in the ledger
                 raise Ignore() from None
             raise
         finally:
-            _context.reset(token)
-        problem = _result_problem(result, settings.max_result_bytes)
+            _context.reset(context)
+        problem = _result_problem(result, orc.settings.max_result_bytes)
         if problem is not None:
-            outcome = orc.store.fail(
-                run_id, key, attempt, error=problem, window=settings.dispatch_window, retryable=False
-            )
-            orc.settle(outcome, run_id, key)
-            raise ResultNotSerializable(f"task {self.name} ({run_id}.{key}): {problem}")
-        outcome = orc.store.succeed(run_id, key, attempt, result, settings.dispatch_window)
-        crash_point("after_result_commit")
-        orc.settle(outcome, run_id, key)
+            orc.fail_attempt(token, error=problem, retryable=False)
+            raise ResultNotSerializable(f"task {self.name} ({token.task_id}): {problem}")
+        orc.complete(token, result)
         return result
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
@@ -283,14 +261,12 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             return
         orc = current_orchestrator(self.app)
         try:
-            outcome = orc.store.fail(
-                *parsed,
+            orc.fail_attempt(
+                FencingToken(*parsed),
                 error=f"TimeLimitExceeded: hard time limit ({exc})",
-                window=orc.settings.dispatch_window,
                 exc_types=exception_names(exc),
                 fingerprint=fingerprint(exc)[0],
             )
-            orc.settle(outcome, parsed[0], parsed[1])
         except Exception:
             log.exception("could not record the hard time limit of %s", task_id)
 
@@ -313,23 +289,37 @@ def _result_problem(result: Any, max_bytes: int) -> str | None:
     return None
 
 
-class WorkerRegistry:
-    """Keeps this worker's capacity row fresh so dispatch admits what it can take."""
+class WorkerServices:
+    """What runs in a worker's main process beside the pool: the registry heartbeat that
+    keeps this worker's capacity row fresh, and the reconciler service (on duty when it
+    holds the deployment-wide duty; see ``orchestrator.reconciler``)."""
 
     def __init__(self, orchestrator: Orchestrator, name: str, queues: list[str], concurrency: int) -> None:
         self.orc, self.name, self.queues, self.concurrency = orchestrator, name, queues, concurrency
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="orc-registry", daemon=True)
+        settings = orchestrator.settings
+        self.reconciler: ReconcilerService | None = None
+        if settings.worker_reconciler:
+            self.reconciler = ReconcilerService(
+                orchestrator.reconciler,
+                name=name,
+                interval=settings.tick_seconds,
+                stall_seconds=settings.reconciler_stall_seconds,
+            )
 
     def start(self) -> None:
-        self.orc.store.register_worker(self.name, self.queues, self.concurrency)
-        self.orc.publish(self.orc.store.admit_ready(self.orc.settings.dispatch_window))
+        self.orc.register_worker(self.name, self.queues, self.concurrency)
         self._thread.start()
+        if self.reconciler is not None:
+            self.reconciler.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.reconciler is not None:
+            self.reconciler.stop()
         try:
-            self.orc.store.unregister_worker(self.name)
+            self.orc.unregister_worker(self.name)
         except Exception:
             log.exception("could not unregister worker %s", self.name)
 
@@ -337,28 +327,27 @@ class WorkerRegistry:
         interval = max(min(5.0, self.orc.settings.worker_ttl / 3.0), 0.2)
         while not self._stop.wait(interval):
             try:
-                if not self.orc.store.touch_worker(self.name):
-                    self.orc.store.register_worker(self.name, self.queues, self.concurrency)
+                self.orc.touch_worker(self.name, self.queues, self.concurrency)
             except Exception:
                 log.exception("worker registry heartbeat failed")
 
 
-_registry: WorkerRegistry | None = None
+_services: WorkerServices | None = None
 
 
-def start_registry(app: Celery, name: str, queues: list[str], concurrency: int) -> WorkerRegistry:
-    """Register a worker's capacity and keep it fresh until :func:`stop_registry`."""
-    global _registry
-    _registry = WorkerRegistry(current_orchestrator(app), name, queues, concurrency)
-    _registry.start()
-    return _registry
+def start_services(app: Celery, name: str, queues: list[str], concurrency: int) -> WorkerServices:
+    """Register a worker's capacity and start its reconciler service until :func:`stop_services`."""
+    global _services
+    _services = WorkerServices(current_orchestrator(app), name, queues, concurrency)
+    _services.start()
+    return _services
 
 
-def stop_registry() -> None:
-    global _registry
-    if _registry is not None:
-        _registry.stop()
-        _registry = None
+def stop_services() -> None:
+    global _services
+    if _services is not None:
+        _services.stop()
+        _services = None
 
 
 @signals.worker_ready.connect
@@ -368,17 +357,18 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
         return
     queues = sorted(q.name for q in sender.task_consumer.queues)
     concurrency = int(getattr(sender.controller, "concurrency", None) or 1)
-    start_registry(app, sender.hostname, queues, concurrency)
+    start_services(app, sender.hostname, queues, concurrency)
 
 
 @signals.worker_shutdown.connect
 def _on_worker_shutdown(**_: Any) -> None:
-    stop_registry()
+    stop_services()
 
 
 @signals.worker_process_init.connect
 def _on_pool_process_init(**_: Any) -> None:
     # a forked pool process must not use (or close) its parent's pooled connections
     for orc in list(_orchestrators.values()):
-        if "store" in orc.__dict__:
-            orc.store.engine.dispose(close=False)
+        orc.after_fork()
+    if _services is not None and _services.reconciler is not None:
+        _services.reconciler.forget_after_fork()

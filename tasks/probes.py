@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from orchestrator.celery_app import get_app
+from orchestrator.store.probes import record_effect
 from orchestrator.worker import current_context, current_orchestrator
 
 app = get_app()
@@ -29,7 +30,7 @@ def _effect() -> None:
         return
     orc = current_orchestrator(app)
     if orc.settings.record_probe_effects:
-        orc.store.record_effect(ctx.run_id, ctx.key, ctx.attempt, os.getpid())
+        record_effect(orc.store.engine, ctx.run_id, ctx.key, ctx.attempt, os.getpid())
 
 
 @app.task(bind=True)

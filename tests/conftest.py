@@ -55,10 +55,7 @@ def reset_schema(url: str) -> None:
 
     engine = make_engine(url)
     try:
-        with engine.begin() as conn:
-            conn.execute(sa.text("DROP SCHEMA public CASCADE"))
-            conn.execute(sa.text("CREATE SCHEMA public"))
-        migrate.upgrade(engine)
+        migrate.reset(engine)
     finally:
         engine.dispose()
 

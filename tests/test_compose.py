@@ -2,6 +2,8 @@
 
 Every ``orchestrator ...`` command in the compose file must parse against the real click
 group, and every ``celery -A <module>`` must name an importable module with an ``app``.
+Recovery must not depend on beat: the workers run the reconciler (unless the compose file
+turns that off, in which case an ``orchestrator reconcile`` service must exist).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
+from orchestrator.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -141,6 +144,29 @@ def test_worker_and_beat_commands(services: dict[str, Any]) -> None:
     assert argv(services["worker"])[:2] == ["orchestrator", "worker"]
     assert "-c" in argv(services["worker"])
     assert argv(services["beat"])[:2] == ["orchestrator", "beat"]
+
+
+def service_settings(service: dict[str, Any]) -> Settings:
+    """The orchestrator settings a service's container reads from its environment."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return Settings.from_env({k: interpolate(str(v), COMPOSE_ENV) for k, v in env.items()})
+
+
+def test_something_reconciles_without_beat(services: dict[str, Any]) -> None:
+    # the reconciler runs in the workers' main processes, or as `orchestrator reconcile`
+    in_workers = service_settings(services["worker"]).worker_reconciler
+    standalone = [name for name, tokens in orchestrator_commands(services) if tokens[:1] == ["reconcile"]]
+    assert in_workers or standalone, "no service runs the reconciler: retries and recovery would stop"
+
+
+def test_beat_carries_no_reconciler_duty(tmp_path: Path) -> None:
+    # beat is kept for cron schedules (not built yet); today its schedule is empty
+    from orchestrator.celery_app import create_app
+
+    app = create_app(Settings.from_env({}, data_dir=str(tmp_path)), main="compose-check")
+    assert dict(app.conf.beat_schedule) == {}
 
 
 def test_flower_requires_basic_auth_from_the_environment(services: dict[str, Any]) -> None:

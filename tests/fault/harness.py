@@ -4,7 +4,7 @@ Everything runs on 127.0.0.1 against the suite's own Postgres database (``orches
 and its own ``redis-server`` (a child process on a free port), so a test may SHUTDOWN, FLUSHALL,
 restart or pause anything without touching the shared services other suites use.
 
-Why a :class:`FaultOrchestrator`: the process-wide Celery app (``get_app``) was built from the
+Why :func:`probe_registry`: the process-wide Celery app (``get_app``) was built from the
 environment of ``tests/conftest.py`` (the integration database and the shared Redis) and the
 task modules register their tasks on that app. The fault suite publishes through its own app
 (``create_app`` on the fault settings) and only borrows the global app's *registry* to check
@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import http.server
-import importlib
 import json
 import os
 import shutil
@@ -38,8 +37,8 @@ import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState, Settings, TaskState
 from orchestrator import schema as s
-from orchestrator.engine import declares_upstream
 from orchestrator.invariants import check_runs
+from orchestrator.registry import CeleryRegistry
 from orchestrator.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,23 +166,11 @@ class Proc:
             self.popen.wait(10)
 
 
-class FaultOrchestrator(Orchestrator):
-    """An Orchestrator that publishes on the fault suite's app (private Redis) and checks
-    task names against the registry where ``tasks.probes`` / ``tasks.etl`` registered them."""
+def probe_registry() -> CeleryRegistry:
+    """The registry where ``tasks.probes`` / ``tasks.etl`` registered their tasks (the global app)."""
+    from orchestrator.celery_app import get_app
 
-    def _registry(self) -> Any:
-        from orchestrator.celery_app import get_app
-
-        for module in self.settings.task_modules:  # each registers its tasks on get_app()
-            importlib.import_module(module)
-        return get_app().tasks
-
-    def is_registered(self, name: str) -> bool:
-        return name in self._registry() and not name.startswith(("celery.", "orchestrator."))
-
-    def wants_upstream(self, name: str) -> bool:
-        task = self._registry().get(name)
-        return task is not None and declares_upstream(task)
+    return CeleryRegistry(get_app())
 
 
 @dataclass
@@ -195,7 +182,7 @@ class Cluster:
     database_url: str
     settings_env: dict[str, str]
     procs: list[Proc] = field(default_factory=list)
-    _orc: FaultOrchestrator | None = None
+    _orc: Orchestrator | None = None
 
     # -- configuration
 
@@ -217,7 +204,7 @@ class Cluster:
         return Settings.from_env(self.settings_env)
 
     @property
-    def orc(self) -> FaultOrchestrator:
+    def orc(self) -> Orchestrator:
         if self._orc is None:
             from orchestrator.celery_app import create_app
 
@@ -228,7 +215,10 @@ class Cluster:
                 crash_loop_threshold=settings.crash_loop_threshold,
                 worker_ttl=settings.worker_ttl,
             )
-            self._orc = FaultOrchestrator(settings, app=create_app(settings, main="fault"), store=store)
+            # publishes on the fault suite's app (private Redis); checks names against the global app's tasks
+            self._orc = Orchestrator(
+                settings, app=create_app(settings, main="fault"), store=store, registry=probe_registry()
+            )
         return self._orc
 
     @property
@@ -333,17 +323,17 @@ class Cluster:
         """Until the run is final; on timeout fail with its tasks and the process logs."""
         deadline = time.monotonic() + timeout
         while True:
-            state = self.store.run_state(run_id)
+            state = self.store.reads.run_state(run_id)
             if state.terminal:
                 return state
             if time.monotonic() >= deadline:
-                rows = [(t.key, t.state.value, t.attempt, t.worker) for t in self.store.get_tasks(run_id)]
+                rows = [(t.key, t.state.value, t.attempt, t.worker) for t in self.store.reads.get_tasks(run_id)]
                 pytest.fail(f"run {run_id} still {state.value} after {timeout}s: {rows}\n{self.tails()}")
             time.sleep(0.1)
 
     def wait_task(self, run_id: str, key: str, pred: Callable[[Any], bool], timeout: float, what: str) -> Any:
         def check() -> Any:
-            t = self.store.get_task(run_id, key)
+            t = self.store.reads.get_task(run_id, key)
             return t if pred(t) else None
 
         deadline = time.monotonic() + timeout
@@ -352,23 +342,24 @@ class Cluster:
             if t is not None:
                 return t
             if time.monotonic() >= deadline:
-                now = self.store.get_task(run_id, key)
+                now = self.store.reads.get_task(run_id, key)
                 pytest.fail(
                     f"{what}: {key} is {now.state.value} attempt {now.attempt} after {timeout}s\n{self.tails()}"
                 )
             time.sleep(0.05)
 
     def events(self, run_id: str) -> list[Any]:
-        with self.store.engine.connect() as conn:
-            return list(
-                conn.execute(sa.select(s.events).where(s.events.c.run_id == run_id).order_by(s.events.c.id)).all()
-            )
+        """The run's task events, oldest first (the run's own events, ``key`` null, left out)."""
+        return [e for e in self.store.reads.events(run_id) if e.key is not None]
+
+    def run_events(self, run_id: str) -> list[Any]:
+        """The run's own transitions (ledger rows with a null key)."""
+        return [e for e in self.store.reads.events(run_id) if e.key is None]
 
     def effects(self, run_id: str) -> Counter[tuple[str, int]]:
         """Executions of probe bodies per (key, attempt)."""
-        with self.store.engine.connect() as conn:
-            rows = conn.execute(sa.select(s.effects.c.key, s.effects.c.attempt).where(s.effects.c.run_id == run_id))
-            return Counter((r.key, r.attempt) for r in rows)
+        effects = self.store.reads.snapshot([run_id]).effects
+        return Counter({(e.key, e.attempt): int(e[3]) for e in effects})
 
     # -- broker
 
@@ -518,4 +509,4 @@ def webhook() -> Iterator[Webhook]:
 
 
 def task_states(cluster: Cluster, run_id: str) -> dict[str, TaskState]:
-    return {t.key: t.state for t in cluster.store.get_tasks(run_id)}
+    return {t.key: t.state for t in cluster.store.reads.get_tasks(run_id)}

@@ -36,16 +36,16 @@ def _backlog(cluster: Cluster, n: int, timeout: float) -> None:
 
     # Then at most the live capacity is ever in flight, the rest waits as READY rows ...
     peak = 0
-    while cluster.store.run_state(run.id) is RunState.RUNNING:
+    while cluster.store.reads.run_state(run.id) is RunState.RUNNING:
         with cluster.store.engine.connect() as conn:
             inflight = conn.execute(
                 sa.select(sa.func.count()).where(s.tasks.c.run_id == run.id, s.tasks.c.state.in_(["QUEUED", "RUNNING"]))
             ).scalar_one()
         peak = max(peak, inflight)
         if time.monotonic() - started > timeout:
-            pytest.fail(f"backlog of {n} not done after {timeout}s: {cluster.store.get_run(run.id).counts}")
+            pytest.fail(f"backlog of {n} not done after {timeout}s: {cluster.store.reads.get_run(run.id).counts}")
         time.sleep(0.5)
-    assert cluster.store.get_run(run.id).state is RunState.SUCCEEDED
+    assert cluster.store.reads.get_run(run.id).state is RunState.SUCCEEDED
     assert peak <= 2, f"{peak} tasks in flight for 2 worker slots"
     # ... and not one task was re-published as lost: zero accepted QUEUED -> QUEUED events
     events = cluster.events(run.id)

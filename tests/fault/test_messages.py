@@ -29,7 +29,7 @@ def _crash_submit(cluster: Cluster, dag: DAG, tmp_path: Path) -> str:
     )
     assert done.returncode == -signal.SIGKILL, (done.returncode, done.stdout, done.stderr)
     assert done.stdout == "", "it died before printing the run id"
-    runs = cluster.store.list_runs(10)
+    runs = cluster.store.reads.list_runs(10)
     assert len(runs) == 1
     return runs[0].id
 
@@ -46,7 +46,7 @@ def test_crash_between_dispatch_commit_and_publish(cluster: Cluster, tmp_path: P
     run_id = _crash_submit(cluster, dag, tmp_path)
 
     # Then the roots are QUEUED in the database with no message anywhere in the broker
-    states = {t.key: t.state for t in cluster.store.get_tasks(run_id)}
+    states = {t.key: t.state for t in cluster.store.reads.get_tasks(run_id)}
     assert states == {"a": T.QUEUED, "b": T.QUEUED, "c": T.PENDING}
     assert not any(cluster.broker_backlog().values()), cluster.broker_backlog()
     # And once a reconciler runs, it re-publishes each lost root once after the dispatch timeout
@@ -54,8 +54,8 @@ def test_crash_between_dispatch_commit_and_publish(cluster: Cluster, tmp_path: P
     assert cluster.wait_run(run_id, 60) is RunState.SUCCEEDED
     events = cluster.events(run_id)
     assert republished(events) == {("a", 1): 1, ("b", 1): 1}
-    assert all(t.attempt == 1 for t in cluster.store.get_tasks(run_id))
-    assert set(cluster.store.get_task(run_id, "c").result["upstream"]) == {"a", "b"}
+    assert all(t.attempt == 1 for t in cluster.store.reads.get_tasks(run_id))
+    assert set(cluster.store.reads.get_task(run_id, "c").result["upstream"]) == {"a", "b"}
     cluster.assert_clean([run_id])
 
 
@@ -92,7 +92,7 @@ def test_crash_between_result_commit_and_ack(cluster: Cluster, tmp_path: Path) -
     assert [(e.key, e.attempt) for e in rejected(events, dst="RUNNING")] == [("a", 1)]
     assert cluster.effects(run.id) == {("a", 1): 1, ("b", 1): 1}, "the redelivery never ran the body"
     assert republished(events) == {("b", 1): 1}
-    assert cluster.store.get_task(run.id, "a").attempt == 1
+    assert cluster.store.reads.get_task(run.id, "a").attempt == 1
     cluster.assert_clean([run.id])
 
 
@@ -105,13 +105,13 @@ def test_same_message_delivered_twice_at_once(cluster: Cluster) -> None:
     dag.task("z", P + "echo", upstream=[x])
     orc = cluster.orc
     queues = {k: "orchestrator.default" for k in dag.nodes}
-    run_id, _ = orc.store.create_run(dag, queues=queues, wants_upstream=orc.wants_upstream)
-    dispatches = orc.store.admit_ready(orc.settings.dispatch_window)
+    run_id, _ = orc.store.submission.create_run(dag, queues=queues, wants_upstream=orc.registry.wants_upstream)
+    dispatches = orc.store.admission.admit_ready(orc.settings.dispatch_window)
     assert [(d.key, d.attempt) for d in dispatches] == [("x", 1)]
 
     # When its (run, key, attempt) message is published twice right away: same task id and
     # orchestrator headers, so each idle worker takes one copy at the same moment
-    assert orc.publish(dispatches + dispatches) == 2
+    assert orc.publisher.publish(dispatches + dispatches) == 2
 
     # Then both workers received it, one claim won and ran the body, the other claim was
     # refused while the winner was running, recorded as rejected, and dropped
@@ -137,7 +137,7 @@ def test_two_reconcilers_republish_each_lost_task_once(cluster: Cluster, tmp_pat
     roots = [dag.task(f"r{i}", P + "noop") for i in range(8)]
     dag.task("sink", P + "echo", upstream=roots)
     run_id = _crash_submit(cluster, dag, tmp_path)
-    lost = {t.key for t in cluster.store.get_tasks(run_id) if t.state is T.QUEUED}
+    lost = {t.key for t in cluster.store.reads.get_tasks(run_id) if t.state is T.QUEUED}
     assert len(lost) == 4
 
     # When two reconcile loops run at once

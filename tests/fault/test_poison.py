@@ -33,7 +33,7 @@ def test_poison_dead_letters_and_alerts_transient_faults_retry(cluster: Cluster)
 
         # Then the flaky task retried to success on attempt 4
         assert cluster.wait_run(good.id, 60) is RunState.SUCCEEDED
-        flaky = cluster.store.get_task(good.id, "flaky")
+        flaky = cluster.store.reads.get_task(good.id, "flaky")
         assert flaky.attempt == 4 and flaky.result == 4
         retries = accepted(cluster.events(good.id), dst="RETRYING")
         assert [e.attempt for e in retries] == [1, 2, 3]
@@ -66,7 +66,7 @@ def test_poison_dead_letters_and_alerts_transient_faults_retry(cluster: Cluster)
             ("always_fails", 2, "worker"),
         ]
         # the run waits for a person: not final, "needs attention"
-        view = cluster.store.get_run(bad.id)
+        view = cluster.store.reads.get_run(bad.id)
         assert view.state is RunState.RUNNING and view.needs_attention
 
         # And one JSON alert per dead letter reached the webhook

@@ -36,12 +36,12 @@ def _fan_dag(name: str, width: int = 12, seconds: float = 0.4) -> DAG:
 def _mid_run(cluster: Cluster, run_id: str, done: int) -> None:
     """Until at least ``done`` tasks of the run succeeded (and some are still open)."""
     cluster.wait_for(
-        lambda: sum(t.state is T.SUCCEEDED for t in cluster.store.get_tasks(run_id)) >= done,
+        lambda: sum(t.state is T.SUCCEEDED for t in cluster.store.reads.get_tasks(run_id)) >= done,
         30,
         f"{done} tasks done",
         run_id=run_id,
     )
-    assert cluster.store.run_state(run_id) is RunState.RUNNING, "the fault must hit a run in progress"
+    assert cluster.store.reads.run_state(run_id) is RunState.RUNNING, "the fault must hit a run in progress"
 
 
 def _backlog_in_broker(cluster: Cluster, *workers: Proc) -> int:

@@ -48,7 +48,7 @@ def test_pool_child_killed_mid_task(cluster: Cluster) -> None:
 
     # Then its lease expires, the attempt counts as failed, attempt 2 runs, and the run succeeds
     assert cluster.wait_run(run.id, 60) is RunState.SUCCEEDED
-    task = cluster.store.get_task(run.id, "victim")
+    task = cluster.store.reads.get_task(run.id, "victim")
     assert task.state is T.SUCCEEDED and task.attempt == 2 and task.result == 3.0
     events = cluster.events(run.id)
     expired = accepted(events, src="RUNNING", dst="RETRYING", actor="reconciler")
@@ -80,7 +80,7 @@ def test_worker_main_process_killed(cluster: Cluster) -> None:
 
     # Then the lost attempt expires with its lease and the run completes on the new worker
     assert cluster.wait_run(run.id, 60) is RunState.SUCCEEDED
-    task = cluster.store.get_task(run.id, "victim")
+    task = cluster.store.reads.get_task(run.id, "victim")
     assert task.state is T.SUCCEEDED and task.attempt == 2 and task.worker.startswith("w2@fault:")
     events = cluster.events(run.id)
     expired = accepted(events, src="RUNNING", dst="RETRYING", actor="reconciler")
@@ -137,7 +137,7 @@ def test_paused_worker_result_is_rejected(cluster: Cluster) -> None:
     assert all(e.from_state in ("RUNNING", "SUCCEEDED") for e in late), late
     assert [e.attempt for e in accepted(events, dst="SUCCEEDED")] == [2]
     assert [e.attempt for e in accepted(events, src="RUNNING", dst="RETRYING", actor="reconciler")] == [1]
-    task = cluster.store.get_task(run.id, "slow")
+    task = cluster.store.reads.get_task(run.id, "slow")
     assert task.state is T.SUCCEEDED and task.attempt == 2 and task.worker.startswith(f"{other.name}@")
     assert cluster.effects(run.id) == {("slow", 1): 1, ("slow", 2): 1}
     assert paused.popen.poll() is None
@@ -173,7 +173,7 @@ def test_skewed_worker_clock_does_not_expire_leases(cluster: Cluster, skew: str)
 
     # And no lease expires early: both tasks succeed on attempt 1 and no lease-expiry event exists
     assert cluster.wait_run(run.id, 60) is RunState.SUCCEEDED
-    assert all(t.attempt == 1 and t.worker.startswith("skewed@fault:") for t in cluster.store.get_tasks(run.id))
+    assert all(t.attempt == 1 and t.worker.startswith("skewed@fault:") for t in cluster.store.reads.get_tasks(run.id))
     events = cluster.events(run.id)
     assert [e for e in events if e.actor == "reconciler"] == [], "no lease expiry, accepted or rejected"
     assert "lease lost" not in w.text()

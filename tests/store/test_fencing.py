@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import DAG, Orchestrator, Settings, migrate
-from orchestrator.celery_app import get_app
+from orchestrator.protocol import FencingToken
+from orchestrator.publisher import RecordingPublisher
+from orchestrator.registry import StaticRegistry
 from orchestrator.routing import default_queues, route
 from orchestrator.store import Store
 from orchestrator.worker import Heartbeater, LeaseLost
@@ -21,25 +23,33 @@ def taken_over(tmp_path: Path) -> tuple[Heartbeater, Store, str]:
     url = f"sqlite:///{tmp_path / 'fence.db'}"
     store = Store(url)
     migrate.upgrade(store.engine)
-    store.register_worker("w", default_queues(), 10)
+    store.workers.register("w", default_queues(), 10)
     dag = DAG("fence")
     dag.task("a", "t", max_attempts=3)
-    run_id, _ = store.create_run(dag, queues={"a": route("default", dag.priority)}, wants_upstream=lambda _: False)
-    store.admit_ready(10)
-    assert store.claim(run_id, "a", 1, "w", 30) is not None
-    assert store.lose_lease(run_id, "a", 1, 0.0, 10).accepted  # the reconciler takes it over
-    orc = Orchestrator(Settings(lease_seconds=0.3, database_url=url), app=get_app(), store=store)
+    run_id, _ = store.submission.create_run(
+        dag, queues={"a": route("default", dag.priority)}, wants_upstream=lambda _: False
+    )
+    store.admission.admit_ready(10)
+    assert store.attempts.claim(run_id, "a", 1, "w", 0.01) is not None
+    time.sleep(0.05)
+    assert store.recovery.lose_lease(run_id, "a", 1, 10).accepted  # the reconciler takes it over
+    orc = Orchestrator(
+        Settings(lease_seconds=0.3, database_url=url),
+        store=store,
+        publisher=RecordingPublisher(),
+        registry=StaticRegistry(["t"]),
+    )
     return Heartbeater(orc), store, run_id
 
 
 def test_main_thread_body_is_interrupted_inside_sleep(taken_over: tuple[Heartbeater, Store, str]) -> None:
     hb, _, run_id = taken_over
-    hb.track(run_id, "a", 1)
+    hb.track(FencingToken(run_id, "a", 1))
     started = time.monotonic()
     with pytest.raises(LeaseLost):
         time.sleep(10)  # a blocking call: only a signal breaks it
     assert time.monotonic() - started < 2.0
-    assert not hb.untrack(run_id, "a", 1)  # the heartbeater already let go of it
+    assert not hb.untrack(FencingToken(run_id, "a", 1))  # the heartbeater already let go of it
 
 
 def test_pool_thread_body_is_interrupted(taken_over: tuple[Heartbeater, Store, str]) -> None:
@@ -47,7 +57,7 @@ def test_pool_thread_body_is_interrupted(taken_over: tuple[Heartbeater, Store, s
     outcome: list[str] = []
 
     def body() -> None:
-        hb.track(run_id, "a", 1)
+        hb.track(FencingToken(run_id, "a", 1))
         try:
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:

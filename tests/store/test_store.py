@@ -13,11 +13,13 @@ import sqlalchemy as sa
 from orchestrator import DAG, TaskState, TriggerRule
 from orchestrator import schema as s
 from orchestrator.dbtime import db_after
+from orchestrator.models import operator
 from orchestrator.routing import default_queues, route
 from orchestrator.states import RunState
 from orchestrator.store import Store
 
 T = TaskState
+OP = operator("alice")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -30,32 +32,32 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         with st.engine.begin() as conn:
             for table in reversed(s.metadata.sorted_tables):
                 conn.execute(table.delete())
-    st.register_worker("test-worker", default_queues(), 10_000)
+    st.workers.register("test-worker", default_queues(), 10_000)
     yield st
     st.dispose()
 
 
 def submit(store: Store, dag: DAG, key: str | None = None) -> str:
     queues = {n.key: route(dag.tenant, dag.priority_of(n), n.queue) for n in dag.nodes.values()}
-    run_id, _ = store.create_run(dag, queues=queues, wants_upstream=lambda name: True, idempotency_key=key)
+    run_id, _ = store.submission.create_run(dag, queues=queues, wants_upstream=lambda name: True, idempotency_key=key)
     return run_id
 
 
 def state(store: Store, run_id: str, key: str) -> TaskState:
-    return store.get_task(run_id, key).state
+    return store.reads.get_task(run_id, key).state
 
 
 def run_task(store: Store, run_id: str, key: str, result: object = None, *, ok: bool = True) -> None:
     """Dispatch (if needed), claim and finish one task as a worker would."""
-    store.admit_ready(10_000)  # finished parents already admit their children
-    task = store.get_task(run_id, key)
+    store.admission.admit_ready(10_000)  # finished parents already admit their children
+    task = store.reads.get_task(run_id, key)
     assert task.state is T.QUEUED, (key, task.state)
-    claim = store.claim(run_id, key, task.attempt, "w1", 30)
+    claim = store.attempts.claim(run_id, key, task.attempt, "w1", 30)
     assert claim is not None
     if ok:
-        assert store.succeed(run_id, key, task.attempt, result, 10_000).accepted
+        assert store.attempts.succeed(run_id, key, task.attempt, result, 10_000).accepted
     else:
-        assert store.fail(run_id, key, task.attempt, error="boom", retryable=False, window=10_000).accepted
+        assert store.attempts.fail(run_id, key, task.attempt, error="boom", retryable=False, window=10_000).accepted
 
 
 def diamond() -> DAG:
@@ -69,11 +71,14 @@ def diamond() -> DAG:
 
 def test_submit_writes_run_tasks_edges_and_root_events(store: Store) -> None:
     run_id = submit(store, diamond())
-    view = store.get_run(run_id)
+    view = store.reads.get_run(run_id)
     assert view.state is RunState.RUNNING and view.task_count == 4 and view.open_tasks == 4
     assert view.counts == {"READY": 1, "PENDING": 3}
-    events = store.events(run_id)
-    assert [(e.key, e.from_state, e.to_state) for e in events] == [("a", "PENDING", "READY")]
+    events = store.reads.events(run_id)
+    assert [(e.key, e.from_state, e.to_state, e.actor) for e in events] == [
+        (None, None, "RUNNING", "submit"),  # the run's own transition: key null
+        ("a", "PENDING", "READY", "submit"),
+    ]
 
 
 def test_idempotent_submit_returns_the_same_run(store: Store) -> None:
@@ -108,35 +113,35 @@ def test_diamond_runs_to_success_with_results_for_children(store: Store) -> None
     run_task(store, run_id, "b", "B")
     assert state(store, run_id, "d") is T.PENDING
     run_task(store, run_id, "c", "C")
-    store.admit_ready(100)
-    claim = store.claim(run_id, "d", 1, "w", 30)
+    store.admission.admit_ready(100)
+    claim = store.attempts.claim(run_id, "d", 1, "w", 30)
     assert claim is not None and claim.upstream_results == {"b": "B", "c": "C"}
-    assert store.succeed(run_id, "d", 1, [1, 2], 100).accepted
-    view = store.get_run(run_id)
+    assert store.attempts.succeed(run_id, "d", 1, [1, 2], 100).accepted
+    view = store.reads.get_run(run_id)
     assert view.state is RunState.SUCCEEDED and view.open_tasks == 0 and view.finished_at is not None
 
 
 def test_claim_is_fenced_by_attempt_and_recorded_when_rejected(store: Store) -> None:
     run_id = submit(store, diamond())
-    store.admit_ready(100)
-    assert store.claim(run_id, "a", 2, "w", 30) is None  # stale/forged attempt
-    assert store.claim(run_id, "a", 1, "w1", 30) is not None
-    assert store.claim(run_id, "a", 1, "w2", 30) is None  # duplicate delivery
-    assert store.claim("nope", "a", 1, "w", 30) is None  # unknown run
-    rejected = [e for e in store.events(run_id) if not e.accepted]
+    store.admission.admit_ready(100)
+    assert store.attempts.claim(run_id, "a", 2, "w", 30) is None  # stale/forged attempt
+    assert store.attempts.claim(run_id, "a", 1, "w1", 30) is not None
+    assert store.attempts.claim(run_id, "a", 1, "w2", 30) is None  # duplicate delivery
+    assert store.attempts.claim("nope", "a", 1, "w", 30) is None  # unknown run
+    rejected = [e for e in store.reads.events(run_id) if not e.accepted]
     assert len(rejected) == 2 and all(e.to_state == "RUNNING" for e in rejected)
     assert "row holds RUNNING attempt 1" in (rejected[1].reason or "")
 
 
 def test_result_commit_happens_once(store: Store) -> None:
     run_id = submit(store, diamond())
-    store.admit_ready(100)
-    store.claim(run_id, "a", 1, "w", 30)
-    assert store.succeed(run_id, "a", 1, "first", 100).accepted
-    again = store.succeed(run_id, "a", 1, "second", 100)
+    store.admission.admit_ready(100)
+    store.attempts.claim(run_id, "a", 1, "w", 30)
+    assert store.attempts.succeed(run_id, "a", 1, "first", 100).accepted
+    again = store.attempts.succeed(run_id, "a", 1, "second", 100)
     assert not again.accepted
-    assert store.get_task(run_id, "a").result == "first"
-    accepted = [e for e in store.events(run_id) if e.key == "a" and e.to_state == "SUCCEEDED"]
+    assert store.reads.get_task(run_id, "a").result == "first"
+    accepted = [e for e in store.reads.events(run_id) if e.key == "a" and e.to_state == "SUCCEEDED"]
     assert [e.accepted for e in accepted] == [True, False]
 
 
@@ -144,21 +149,21 @@ def test_failure_retries_with_backoff_in_the_database(store: Store) -> None:
     dag = DAG("r")
     dag.task("a", "t", max_attempts=2, backoff={"base": 0.2, "cap": 0.2, "jitter": "none"})
     run_id = submit(store, dag)
-    store.admit_ready(100)
-    store.claim(run_id, "a", 1, "w", 30)
-    out = store.fail(run_id, "a", 1, error="E: transient", window=100)
+    store.admission.admit_ready(100)
+    store.attempts.claim(run_id, "a", 1, "w", 30)
+    out = store.attempts.fail(run_id, "a", 1, error="E: transient", window=100)
     assert out.accepted and out.state is T.RETRYING
-    task = store.get_task(run_id, "a")
+    task = store.reads.get_task(run_id, "a")
     assert task.attempt == 2 and task.not_before is not None
-    assert store.release_due_retries(100)[0] == 0  # not yet due
+    assert store.recovery.release_due_retries(100)[0] == 0  # not yet due
     time.sleep(0.3)
-    released, dispatches = store.release_due_retries(100)
+    released, dispatches = store.recovery.release_due_retries(100)
     assert released == 1 and [(d.key, d.attempt) for d in dispatches] == [("a", 2)]
     assert dispatches[0].task_id == f"{run_id}.a.2"
-    store.claim(run_id, "a", 2, "w", 30)
-    out = store.fail(run_id, "a", 2, error="E: again", window=100)
+    store.attempts.claim(run_id, "a", 2, "w", 30)
+    out = store.attempts.fail(run_id, "a", 2, error="E: again", window=100)
     assert out.state is T.FAILED  # attempts exhausted
-    assert store.get_run(run_id).state is RunState.FAILED
+    assert store.reads.get_run(run_id).state is RunState.FAILED
 
 
 def test_failure_cascades_through_trigger_rules(store: Store) -> None:
@@ -172,7 +177,7 @@ def test_failure_cascades_through_trigger_rules(store: Store) -> None:
     dag.task("after_skip", "t", upstream=["skipped"])
     run_id = submit(store, dag)
     run_task(store, run_id, "a", ok=False)
-    states = {t.key: t.state for t in store.get_tasks(run_id)}
+    states = {t.key: t.state for t in store.reads.get_tasks(run_id)}
     assert states["b"] is T.UPSTREAM_FAILED and states["c"] is T.UPSTREAM_FAILED
     assert states["cleanup"] is T.QUEUED and states["always"] is T.QUEUED
     assert states["skipped"] is T.QUEUED and states["after_skip"] is T.PENDING
@@ -180,7 +185,7 @@ def test_failure_cascades_through_trigger_rules(store: Store) -> None:
     run_task(store, run_id, "cleanup")
     run_task(store, run_id, "always")
     run_task(store, run_id, "after_skip")
-    view = store.get_run(run_id)
+    view = store.reads.get_run(run_id)
     assert view.state is RunState.FAILED and view.open_tasks == 0
 
 
@@ -192,10 +197,10 @@ def test_skips_propagate(store: Store) -> None:
     dag.task("d", "t", upstream=[b], trigger_rule=TriggerRule.NONE_FAILED)
     run_id = submit(store, dag)
     run_task(store, run_id, "a")
-    states = {t.key: t.state for t in store.get_tasks(run_id)}
+    states = {t.key: t.state for t in store.reads.get_tasks(run_id)}
     assert states == {"a": T.SUCCEEDED, "b": T.SKIPPED, "c": T.SKIPPED, "d": T.QUEUED}
     run_task(store, run_id, "d")
-    assert store.get_run(run_id).state is RunState.SUCCEEDED
+    assert store.reads.get_run(run_id).state is RunState.SUCCEEDED
 
 
 def test_admission_window_bounds_the_broker(store: Store) -> None:
@@ -206,23 +211,23 @@ def test_admission_window_bounds_the_broker(store: Store) -> None:
     high.task("x", "t")
     low_run = submit(store, dag)
     high_run = submit(store, high)
-    first = store.admit_ready(10)
+    first = store.admission.admit_ready(10)
     assert len(first) == 10 and first[0].run_id == high_run  # priority order
-    assert store.admit_ready(10) == []  # window full
+    assert store.admission.admit_ready(10) == []  # window full
     run_id, key = first[1].run_id, first[1].key
     assert run_id == low_run
-    store.claim(run_id, key, 1, "w", 30)
-    out = store.succeed(run_id, key, 1, None, 10)
+    store.attempts.claim(run_id, key, 1, "w", 30)
+    out = store.attempts.succeed(run_id, key, 1, None, 10)
     assert len(out.dispatches) == 1  # a finished task frees one slot
 
 
 def test_heartbeat_extends_only_the_current_attempt(store: Store) -> None:
     run_id = submit(store, diamond())
-    store.admit_ready(10)
-    store.claim(run_id, "a", 1, "w", 1)
-    before = store.get_task(run_id, "a")
-    assert store.heartbeat(run_id, "a", 1, 60)
-    assert not store.heartbeat(run_id, "a", 2, 60)
+    store.admission.admit_ready(10)
+    store.attempts.claim(run_id, "a", 1, "w", 1)
+    before = store.reads.get_task(run_id, "a")
+    assert store.attempts.heartbeat(run_id, "a", 1, 60)
+    assert not store.attempts.heartbeat(run_id, "a", 2, 60)
     with store.engine.connect() as conn:
         lease = conn.execute(sa.select(s.tasks.c.lease_expires_at).where(s.tasks.c.key == "a")).scalar_one()
     assert before.started_at is not None
@@ -237,7 +242,7 @@ def test_ten_thousand_node_submit_is_bulk(store: Store) -> None:
     statements: list[str] = []
     sa.event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     run_id = submit(store, dag)
-    assert store.get_run(run_id).task_count == 10_000
+    assert store.reads.get_run(run_id).task_count == 10_000
     assert len(statements) < 50, len(statements)
 
 
@@ -246,13 +251,13 @@ def test_concurrent_parents_release_a_fan_in_child_once(store: Store) -> None:
     parents = [dag.task(f"p{i}", "t") for i in range(20)]
     dag.task("child", "t", upstream=parents)
     run_id = submit(store, dag)
-    store.admit_ready(100)
+    store.admission.admit_ready(100)
     for p in parents:
-        store.claim(run_id, p.key, 1, "w", 30)
+        store.attempts.claim(run_id, p.key, 1, "w", 30)
     results: list[int] = []
 
     def finish(key: str) -> None:
-        out = store.succeed(run_id, key, 1, key, 100)
+        out = store.attempts.succeed(run_id, key, 1, key, 100)
         results.append(len(out.dispatches))
 
     threads = [threading.Thread(target=finish, args=(p.key,)) for p in parents]
@@ -261,41 +266,41 @@ def test_concurrent_parents_release_a_fan_in_child_once(store: Store) -> None:
     for t in threads:
         t.join()
     assert sum(results) == 1  # the child is dispatched exactly once
-    child = store.get_task(run_id, "child")
+    child = store.reads.get_task(run_id, "child")
     assert child.state is T.QUEUED
-    queued = [e for e in store.events(run_id) if e.key == "child" and e.to_state == "QUEUED" and e.accepted]
+    queued = [e for e in store.reads.events(run_id) if e.key == "child" and e.to_state == "QUEUED" and e.accepted]
     assert len(queued) == 1
 
 
 def test_admission_is_bounded_by_live_worker_capacity(store: Store) -> None:
-    store.unregister_worker("test-worker")
+    store.workers.unregister("test-worker")
     dag = DAG("cap")
     for i in range(10):
         dag.task(f"n{i}", "t")
     run_id = submit(store, dag)
-    assert store.admit_ready(1000) == []  # no live worker: the backlog waits as READY
-    store.register_worker("w1", ["orchestrator.default"], 2)
-    store.register_worker("w2", ["orchestrator.default"], 1)
-    assert len(store.admit_ready(1000)) == 3  # exactly the free slots
-    assert store.admit_ready(1000) == []
-    store.register_worker("w1", ["orchestrator.default"], 2)
+    assert store.admission.admit_ready(1000) == []  # no live worker: the backlog waits as READY
+    store.workers.register("w1", ["orchestrator.default"], 2)
+    store.workers.register("w2", ["orchestrator.default"], 1)
+    assert len(store.admission.admit_ready(1000)) == 3  # exactly the free slots
+    assert store.admission.admit_ready(1000) == []
+    store.workers.register("w1", ["orchestrator.default"], 2)
     with store.engine.begin() as conn:  # both workers go silent past the TTL
         conn.execute(s.workers.update().values(seen_at=db_after(-3600)))
-    assert store.get_run(run_id).counts["QUEUED"] == 3
-    store.register_worker("w3", ["orchestrator.default"], 5)
-    assert len(store.admit_ready(1000)) == 2  # 5 slots, 3 already in flight
+    assert store.reads.get_run(run_id).counts["QUEUED"] == 3
+    store.workers.register("w3", ["orchestrator.default"], 5)
+    assert len(store.admission.admit_ready(1000)) == 2  # 5 slots, 3 already in flight
 
 
 def test_stale_dispatch_is_republished_once(store: Store) -> None:
     run_id = submit(store, diamond())
-    store.admit_ready(100)
+    store.admission.admit_ready(100)
     time.sleep(0.05)
-    stale = store.stale_queued(0.01)
+    stale = store.recovery.stale_queued(0.01)
     assert [(r, k, a) for r, k, a, _ in stale] == [(run_id, "a", 1)]
-    first = store.redispatch(*stale[0])
-    second = store.redispatch(*stale[0])  # a second reconciler with the same stale read
+    first = store.recovery.redispatch(*stale[0])
+    second = store.recovery.redispatch(*stale[0])  # a second reconciler with the same stale read
     assert first is not None and first.task_id == f"{run_id}.a.1" and second is None
-    ledger = [(e.from_state, e.to_state, e.accepted) for e in store.events(run_id) if e.actor == "reconciler"]
+    ledger = [(e.from_state, e.to_state, e.accepted) for e in store.reads.events(run_id) if e.actor == "reconciler"]
     assert ledger == [("QUEUED", "QUEUED", True), ("QUEUED", "QUEUED", False)]
 
 
@@ -303,23 +308,24 @@ def test_expired_lease_fails_the_attempt_and_crash_loops_dead_letter(store: Stor
     dag = DAG("lease")
     dag.task("a", "t", max_attempts=5, backoff={"base": 0.01, "cap": 0.01})
     run_id = submit(store, dag)
-    store.admit_ready(100)
-    store.claim(run_id, "a", 1, "w", 30)
-    assert store.expired_leases(5.0) == []
-    time.sleep(0.05)
-    assert store.expired_leases(0.01) == [(run_id, "a", 1)]
-    out = store.lose_lease(run_id, "a", 1, 0.01, 100)
+    store.admission.admit_ready(100)
+    store.attempts.claim(run_id, "a", 1, "w", 0.2)  # the lease deadline is stored by the claim
+    assert store.recovery.expired_leases() == []
+    assert not store.recovery.lose_lease(run_id, "a", 1, 100).accepted  # the lease is live
+    time.sleep(0.3)
+    assert store.recovery.expired_leases() == [(run_id, "a", 1)]
+    out = store.recovery.lose_lease(run_id, "a", 1, 100)
     assert out.accepted and out.state is T.RETRYING
-    assert not store.lose_lease(run_id, "a", 1, 0.01, 100).accepted  # a second reconciler loses
+    assert not store.recovery.lose_lease(run_id, "a", 1, 100).accepted  # a second reconciler loses
     time.sleep(0.05)
-    store.release_due_retries(100)
-    store.claim(run_id, "a", 2, "w", 30)
+    store.recovery.release_due_retries(100)
+    store.attempts.claim(run_id, "a", 2, "w", 0.01)
     time.sleep(0.05)
-    out = store.lose_lease(run_id, "a", 2, 0.01, 100)
+    out = store.recovery.lose_lease(run_id, "a", 2, 100)
     assert out.state is T.DEAD_LETTER  # two lost leases in a row: crash loop
-    task = store.get_task(run_id, "a")
+    task = store.reads.get_task(run_id, "a")
     assert "crash loop" in (task.error or "")
-    view = store.get_run(run_id)
+    view = store.reads.get_run(run_id)
     assert view.state is RunState.RUNNING and view.needs_attention
 
 
@@ -328,25 +334,25 @@ def test_same_fingerprint_twice_is_poison(store: Store) -> None:
     dag.task("a", "t", max_attempts=5, backoff={"base": 0.01, "cap": 0.01})
     dag.task("b", "t", upstream=["a"])
     run_id = submit(store, dag)
-    store.admit_ready(100)
-    store.claim(run_id, "a", 1, "w", 30)
-    assert store.fail(run_id, "a", 1, error="E", window=100, fingerprint="fp1").state is T.RETRYING
+    store.admission.admit_ready(100)
+    store.attempts.claim(run_id, "a", 1, "w", 30)
+    assert store.attempts.fail(run_id, "a", 1, error="E", window=100, fingerprint="fp1").state is T.RETRYING
     time.sleep(0.05)
-    store.release_due_retries(100)
-    store.claim(run_id, "a", 2, "w", 30)
-    assert store.fail(run_id, "a", 2, error="E", window=100, fingerprint="fp1").state is T.DEAD_LETTER
+    store.recovery.release_due_retries(100)
+    store.attempts.claim(run_id, "a", 2, "w", 30)
+    assert store.attempts.fail(run_id, "a", 2, error="E", window=100, fingerprint="fp1").state is T.DEAD_LETTER
     assert state(store, run_id, "b") is T.PENDING  # DEAD_LETTER does not cascade
     # the operator retries it, it fails again differently, then the operator skips it
-    store.retry_task(run_id, "a", 100)
-    store.claim(run_id, "a", 3, "w", 30)
-    assert store.fail(run_id, "a", 3, error="F", window=100, fingerprint="fp2").state is T.RETRYING
+    store.operator.retry_task(run_id, "a", 100, OP)
+    store.attempts.claim(run_id, "a", 3, "w", 30)
+    assert store.attempts.fail(run_id, "a", 3, error="F", window=100, fingerprint="fp2").state is T.RETRYING
     time.sleep(0.05)
-    store.release_due_retries(100)
-    store.claim(run_id, "a", 4, "w", 30)
-    assert store.fail(run_id, "a", 4, error="F", window=100, fingerprint="fp2").state is T.DEAD_LETTER
-    store.resolve_dead_letter(run_id, "a", T.SKIPPED, 100)
+    store.recovery.release_due_retries(100)
+    store.attempts.claim(run_id, "a", 4, "w", 30)
+    assert store.attempts.fail(run_id, "a", 4, error="F", window=100, fingerprint="fp2").state is T.DEAD_LETTER
+    store.operator.resolve_dead_letter(run_id, "a", T.SKIPPED, 100, OP)
     assert state(store, run_id, "b") is T.SKIPPED
-    assert store.get_run(run_id).state is RunState.SUCCEEDED
+    assert store.reads.get_run(run_id).state is RunState.SUCCEEDED
 
 
 def test_retry_on_and_no_retry_on(store: Store) -> None:
@@ -354,11 +360,11 @@ def test_retry_on_and_no_retry_on(store: Store) -> None:
     dag.task("a", "t", max_attempts=3, no_retry_on=["ValueError"])
     dag.task("b", "t", max_attempts=3, retry_on=["TimeoutError"])
     run_id = submit(store, dag)
-    store.admit_ready(100)
-    store.claim(run_id, "a", 1, "w", 30)
-    store.claim(run_id, "b", 1, "w", 30)
-    assert store.fail(run_id, "a", 1, error="v", window=100, exc_types=["ValueError"]).state is T.FAILED
-    assert store.fail(run_id, "b", 1, error="k", window=100, exc_types=["KeyError"]).state is T.FAILED
+    store.admission.admit_ready(100)
+    store.attempts.claim(run_id, "a", 1, "w", 30)
+    store.attempts.claim(run_id, "b", 1, "w", 30)
+    assert store.attempts.fail(run_id, "a", 1, error="v", window=100, exc_types=["ValueError"]).state is T.FAILED
+    assert store.attempts.fail(run_id, "b", 1, error="k", window=100, exc_types=["KeyError"]).state is T.FAILED
 
 
 def test_operator_retry_of_a_failed_leaf_reopens_the_run(store: Store) -> None:
@@ -366,27 +372,114 @@ def test_operator_retry_of_a_failed_leaf_reopens_the_run(store: Store) -> None:
     dag.task("a", "t")
     run_id = submit(store, dag)
     run_task(store, run_id, "a", ok=False)
-    assert store.get_run(run_id).state is RunState.FAILED
-    store.retry_task(run_id, "a", 100)
-    assert store.get_run(run_id).state is RunState.RUNNING
+    assert store.reads.get_run(run_id).state is RunState.FAILED
+    store.operator.retry_task(run_id, "a", 100, OP)
+    assert store.reads.get_run(run_id).state is RunState.RUNNING
     run_task(store, run_id, "a", "ok")
-    assert store.get_run(run_id).state is RunState.SUCCEEDED
-    from orchestrator.errors import OperatorError
+    assert store.reads.get_run(run_id).state is RunState.SUCCEEDED
+    refused = store.operator.retry_task(run_id, "a", 100, OP)
+    assert not refused.accepted and "only DEAD_LETTER or FAILED" in (refused.conflict or "")
+    # the run's own transitions are in the ledger, each by the actor that caused it
+    run_events = [(e.from_state, e.to_state, e.actor, e.by) for e in store.reads.events(run_id) if e.key is None]
+    assert run_events == [
+        (None, "RUNNING", "submit", None),
+        ("RUNNING", "FAILED", "worker", None),
+        ("FAILED", "RUNNING", "operator", "alice"),
+        ("RUNNING", "SUCCEEDED", "worker", None),
+    ]
+    last = store.reads.events(run_id)[-1]
+    assert (last.key, last.to_state, last.accepted, last.actor, last.by) == ("a", "READY", False, "operator", "alice")
 
-    with pytest.raises(OperatorError, match="only DEAD_LETTER or FAILED"):
-        store.retry_task(run_id, "a", 100)
+
+def test_a_failed_task_of_a_cancelled_run_cannot_reopen_it(store: Store) -> None:
+    dag = DAG("cancelled")
+    dag.task("a", "t")
+    dag.task("b", "t")
+    run_id = submit(store, dag)
+    run_task(store, run_id, "a", ok=False)
+    assert store.operator.cancel_run(run_id, OP)[1] is None
+    refused = store.operator.retry_task(run_id, "a", 100, OP)
+    assert not refused.accepted and "CANCELLED" in (refused.conflict or "")
+    assert store.reads.get_run(run_id).state is RunState.CANCELLED
+    assert state(store, run_id, "a") is T.FAILED
+
+
+def test_operator_cascade_carries_the_operator(store: Store) -> None:
+    dag = DAG("cascade")
+    dag.task("a", "t", max_attempts=1)
+    dag.task("b", "t", upstream=["a"])
+    dag.task("c", "t", upstream=["b"])
+    run_id = submit(store, dag)
+    store.admission.admit_ready(100)
+    store.attempts.claim(run_id, "a", 1, "w", 30)
+    assert store.attempts.fail(run_id, "a", 1, error="E", window=100, fingerprint="fp").state is T.FAILED
+    # a reconciler-caused failure cascades as the reconciler ...
+    dag2 = DAG("lease-cascade")
+    dag2.task("a", "t")
+    dag2.task("b", "t", upstream=["a"])
+    run2 = submit(store, dag2)
+    store.admission.admit_ready(100)
+    store.attempts.claim(run2, "a", 1, "w", 0.01)
+    time.sleep(0.05)
+    assert store.recovery.lose_lease(run2, "a", 1, 100).state is T.FAILED
+    cascade = [(e.key, e.to_state, e.actor) for e in store.reads.events(run2) if e.key == "b" or e.key is None]
+    assert cascade[-2:] == [("b", "UPSTREAM_FAILED", "reconciler"), (None, "FAILED", "reconciler")]
+    # ... and an operator's skip of a dead letter cascades as that operator
+    dag3 = DAG("skip-cascade")
+    dag3.task("a", "t", max_attempts=3, backoff={"base": 0.01, "cap": 0.01})
+    dag3.task("b", "t", upstream=["a"])
+    run3 = submit(store, dag3)
+    store.admission.admit_ready(100)
+    store.attempts.claim(run3, "a", 1, "w", 30)
+    store.attempts.fail(run3, "a", 1, error="E", window=100, fingerprint="fp")
+    time.sleep(0.05)
+    store.recovery.release_due_retries(100)
+    store.attempts.claim(run3, "a", 2, "w", 30)
+    assert store.attempts.fail(run3, "a", 2, error="E", window=100, fingerprint="fp").state is T.DEAD_LETTER
+    assert store.operator.resolve_dead_letter(run3, "a", T.SKIPPED, 100, OP).accepted
+    b = [e for e in store.reads.events(run3) if e.key == "b"][-1]
+    assert (b.to_state, b.actor, b.by) == ("SKIPPED", "operator", "alice")
+
+
+def test_operator_action_that_loses_a_race_is_refused_and_recorded(store: Store) -> None:
+    """Two connections: another writer holds the task's row lock and moves it; the operator's
+    retry waits for the lock, then finds the task no longer retryable."""
+    dag = DAG("race")
+    dag.task("a", "t")
+    dag.task("z", "t")
+    run_id = submit(store, dag)
+    run_task(store, run_id, "a", ok=False)
+    other = store.engine.connect()
+    tx = other.begin()
+    other.execute(
+        s.tasks.update().where(s.tasks.c.run_id == run_id, s.tasks.c.key == "a").values(state="READY", attempt=2)
+    )
+    results: list[object] = []
+    thread = threading.Thread(target=lambda: results.append(store.operator.retry_task(run_id, "a", 100, OP)))
+    thread.start()
+    time.sleep(0.3)
+    assert not results  # waiting for the other writer's lock
+    tx.commit()
+    other.close()
+    thread.join(30)
+    outcome = results[0]
+    assert not outcome.accepted and "is READY" in (outcome.conflict or "")  # type: ignore[attr-defined]
+    refused = [e for e in store.reads.events(run_id) if not e.accepted]
+    assert [(e.key, e.to_state, e.actor, e.by) for e in refused] == [("a", "READY", "operator", "alice")]
 
 
 def test_cancel_run(store: Store) -> None:
     run_id = submit(store, diamond())
-    store.admit_ready(100)
-    store.claim(run_id, "a", 1, "w", 30)
-    revoke = store.cancel_run(run_id)
-    assert revoke == [f"{run_id}.a.1"]
-    assert {t.state for t in store.get_tasks(run_id)} == {T.CANCELLED}
-    assert store.get_run(run_id).state is RunState.CANCELLED
-    assert not store.succeed(run_id, "a", 1, "late", 100).accepted  # the late result is rejected
-    from orchestrator.errors import OperatorError
-
-    with pytest.raises(OperatorError, match="already CANCELLED"):
-        store.cancel_run(run_id)
+    store.admission.admit_ready(100)
+    store.attempts.claim(run_id, "a", 1, "w", 30)
+    revoke, conflict = store.operator.cancel_run(run_id, OP)
+    assert revoke == [f"{run_id}.a.1"] and conflict is None
+    assert {t.state for t in store.reads.get_tasks(run_id)} == {T.CANCELLED}
+    assert store.reads.get_run(run_id).state is RunState.CANCELLED
+    assert not store.attempts.succeed(run_id, "a", 1, "late", 100).accepted  # the late result is rejected
+    assert store.operator.cancel_run(run_id, OP) == (
+        [],
+        f"run {run_id} is already CANCELLED: only a RUNNING run can be cancelled",
+    )
+    run_events = [(e.from_state, e.to_state, e.accepted, e.by) for e in store.reads.events(run_id) if e.key is None]
+    assert run_events[1:] == [("RUNNING", "CANCELLED", True, "alice"), ("CANCELLED", "CANCELLED", False, "alice")]

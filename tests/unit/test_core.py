@@ -9,7 +9,7 @@ import pytest
 from orchestrator.backoff import Backoff, Jitter
 from orchestrator.config import Settings
 from orchestrator.errors import ConfigurationError
-from orchestrator.models import parse_task_id, task_id
+from orchestrator.protocol import parse_task_id, task_id
 from orchestrator.routing import Priority, default_queues, route
 from orchestrator.states import (
     TRANSITIONS,

@@ -1,0 +1,104 @@
+"""The publisher seam: how committed dispatches leave the process.
+
+The engine, the reconciler and the worker hand :class:`~orchestrator.models.Dispatch` values
+to a :class:`Publisher` only *after* the transaction that made them QUEUED has committed.
+Production publishes Celery messages (:class:`CeleryPublisher`); unit tests record them in
+memory (:class:`RecordingPublisher`) and run the engine and the reconciler without a broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from .crashpoints import crash_point
+from .models import Dispatch
+from .protocol import send_options
+
+log = logging.getLogger(__name__)
+
+
+class Publisher(Protocol):
+    """Sends one message per dispatch, and revokes attempts in flight."""
+
+    def publish(self, dispatches: Sequence[Dispatch]) -> int:
+        """Send every dispatch; return how many were sent. Must not raise: a dispatch that
+        was not sent stays QUEUED in the database and the reconciler re-publishes it."""
+        ...
+
+    def revoke(self, task_ids: Sequence[str]) -> None:
+        """Ask the workers to stop these attempts (best effort: their results are fenced)."""
+        ...
+
+
+class RecordingPublisher:
+    """An in-memory publisher for tests: ``sent`` holds every dispatch, ``revoked`` every id.
+
+    ``fail_next`` makes the next ``publish`` call send nothing (a broker outage)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Dispatch] = []
+        self.revoked: list[str] = []
+        self.fail_next = False
+        self._lock = threading.Lock()
+
+    def publish(self, dispatches: Sequence[Dispatch]) -> int:
+        with self._lock:
+            if self.fail_next:
+                self.fail_next = False
+                return 0
+            self.sent.extend(dispatches)
+            return len(dispatches)
+
+    def revoke(self, task_ids: Sequence[str]) -> None:
+        with self._lock:
+            self.revoked.extend(task_ids)
+
+    def take(self) -> list[Dispatch]:
+        """Return and forget what was sent so far."""
+        with self._lock:
+            sent, self.sent = self.sent, []
+            return sent
+
+
+class CeleryPublisher:
+    """Publishes through a Celery app's producer pool (``send_task`` by registered name)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def publish(self, dispatches: Sequence[Dispatch]) -> int:
+        batch = list(dispatches)
+        if not batch:
+            return 0
+        crash_point("after_dispatch_commit")
+        sent = 0
+        try:
+            with self.app.producer_or_acquire() as producer:
+                for d in batch:
+                    self.app.send_task(
+                        d.task_name,
+                        args=d.args,
+                        kwargs=d.kwargs,
+                        producer=producer,
+                        **send_options(
+                            d.token, queue=d.queue, soft_time_limit=d.soft_time_limit, time_limit=d.time_limit
+                        ),
+                    )
+                    sent += 1
+        except Exception:
+            log.exception(
+                "publish failed after %d of %d messages; the reconciler re-publishes the rest", sent, len(batch)
+            )
+        return sent
+
+    def revoke(self, task_ids: Iterable[str]) -> None:
+        ids = list(task_ids)
+        if not ids:
+            return
+        try:
+            self.app.control.revoke(ids, terminate=True, signal="SIGTERM")
+        except Exception:
+            log.exception("revoking %d task(s) failed; their results will be rejected", len(ids))

@@ -1,0 +1,218 @@
+"""The reconciler: the polling safety net that finds lost work from the database.
+
+A pass (:meth:`Reconciler.run_pass`) releases due retries, re-publishes QUEUED tasks
+unclaimed past the dispatch timeout, fails attempts whose lease deadline passed, admits
+READY work into free capacity and closes runs whose counter missed their end. Each item is
+handled on its own: an error is logged and counted, and the pass goes on. Every action is a
+compare-and-set, so two passes running at once still act once per item.
+
+Where it runs (:class:`ReconcilerService`): a thread in the *main process* of every worker
+(and ``orchestrator reconcile`` as a service), never a task in the workers' pool, so it
+cannot wait in line behind user tasks. One service at a time is on duty across the
+deployment: it holds a Postgres session-level advisory lock on a dedicated connection. When
+the process on duty is killed its connection closes and the lock is free at once, so the
+next service to tick takes the duty; when it is paused, the server ends its idle session
+after ``reconciler_stall_seconds`` and the duty moves too. On SQLite (the embedded default,
+one machine) every service is on duty.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .config import Settings
+from .models import Outcome
+from .publisher import Publisher
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("released", "republished", "leases_expired", "dispatched", "runs_finalized", "errors")
+
+
+class Reconciler:
+    """One pass over the database; see the module docstring.
+
+    ``after(outcome, run_id, key)`` is called after each lease expiry is committed (the
+    engine publishes what it admitted and raises the DEAD_LETTER alert)."""
+
+    def __init__(
+        self,
+        store: Store,
+        publisher: Publisher,
+        settings: Settings,
+        *,
+        after: Callable[[Outcome, str, str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.settings = settings
+        self.after = after or (lambda outcome, run_id, key: self.publisher.publish(outcome.dispatches))
+
+    def run_pass(self) -> dict[str, int]:
+        """One pass; returns how many items each action handled (``errors``: items that failed)."""
+        s, recovery = self.settings, self.store.recovery
+        report = dict.fromkeys(ACTIONS, 0)
+
+        def guarded(what: str, fn: Callable[[], Any]) -> Any:
+            try:
+                return fn()
+            except Exception:
+                log.exception("reconcile: %s failed", what)
+                report["errors"] += 1
+                return None
+
+        released = guarded("releasing due retries", lambda: recovery.release_due_retries(s.dispatch_window))
+        if released is not None:
+            report["released"] = released[0]
+            report["dispatched"] += self.publisher.publish(released[1])
+        stale = guarded("finding lost dispatches", lambda: recovery.stale_queued(s.dispatch_timeout)) or []
+        for run_id, key, attempt, version in stale:
+            d = guarded(f"re-publishing {run_id}.{key}", lambda: recovery.redispatch(run_id, key, attempt, version))  # noqa: B023
+            if d is not None:
+                report["republished"] += self.publisher.publish([d])
+        for run_id, key, attempt in guarded("finding expired leases", recovery.expired_leases) or []:
+            outcome = guarded(
+                f"expiring the lease of {run_id}.{key}",
+                lambda: recovery.lose_lease(run_id, key, attempt, s.dispatch_window),  # noqa: B023
+            )
+            if outcome is not None:
+                report["leases_expired"] += int(outcome.accepted)
+                guarded(f"publishing after {run_id}.{key}", lambda: self.after(outcome, run_id, key))  # noqa: B023
+        admitted = guarded("admitting ready tasks", lambda: self.store.admission.admit_ready(s.dispatch_window))
+        if admitted:
+            report["dispatched"] += self.publisher.publish(admitted)
+        finalized = guarded("closing finished runs", recovery.finalize_runs)
+        report["runs_finalized"] = finalized or 0
+        return report
+
+
+class ReconcilerService:
+    """Runs reconciler passes every ``interval`` seconds while on duty (see the module docstring).
+
+    ``name`` labels the duty connection (``application_name`` on Postgres), so an operator
+    can see in ``pg_stat_activity`` which process is on duty.
+    """
+
+    def __init__(self, reconciler: Reconciler, *, name: str, interval: float, stall_seconds: float) -> None:
+        self.reconciler = reconciler
+        self.store = reconciler.store
+        self.name = name
+        self.interval = interval
+        self.stall_seconds = stall_seconds
+        self._duty: Connection | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.passes = 0
+
+    @property
+    def on_duty(self) -> bool:
+        return self._duty is not None
+
+    def step(self) -> dict[str, int] | None:
+        """Take or keep the duty, and run one pass if on duty; ``None`` when another has it."""
+        if not self._hold_duty():
+            return None
+        report = self.reconciler.run_pass()
+        self.passes += 1
+        return report
+
+    def _hold_duty(self) -> bool:
+        backend = self.store.db.backend
+        if not backend.duty_lock:
+            return True
+        if self._duty is not None:
+            try:
+                backend.touch_duty_session(self._duty)  # still ours; also resets the idle clock
+                return True
+            except sa.exc.DBAPIError:
+                log.warning("reconciler %s lost its duty connection; trying to take the duty again", self.name)
+                self._drop_duty()
+        conn: Connection | None = None
+        try:
+            conn = self.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            backend.prepare_duty_session(conn, label=self.label, stall_seconds=self.stall_seconds)
+            if backend.try_reconciler_lock(conn):
+                self._duty = conn
+                log.info("reconciler %s is on duty", self.name)
+                return True
+        except sa.exc.DBAPIError:
+            log.exception("reconciler %s could not check the duty", self.name)
+        if conn is not None:
+            _discard(conn)
+        return False
+
+    @property
+    def label(self) -> str:
+        return f"orchestrator-reconciler:{self.name}"[:63]
+
+    def _drop_duty(self) -> None:
+        conn, self._duty = self._duty, None
+        if conn is None:
+            return
+        _discard(conn)
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: close this process's copy of the duty socket, so that the duty
+        session ends when the parent dies even while the child lives on (the child never
+        reconciles: the service's thread does not exist in it)."""
+        conn, self._duty = self._duty, None
+        if conn is None:
+            return
+        try:
+            fileno = conn.connection.driver_connection.fileno()  # type: ignore[union-attr]
+            os.close(fileno)
+        except Exception:
+            log.debug("closing the inherited duty socket failed", exc_info=True)
+
+    def release(self) -> None:
+        """Give up the duty (another service takes it at its next tick)."""
+        conn, self._duty = self._duty, None
+        if conn is None:
+            return
+        try:
+            self.store.db.backend.release_reconciler_lock(conn)
+        except Exception:
+            log.debug("releasing the reconciler duty failed", exc_info=True)
+        _discard(conn)
+
+    def run(self, *, once: bool = False, echo: Callable[[dict[str, int]], None] | None = None) -> None:
+        """Loop until :meth:`stop` (or one step with ``once``)."""
+        try:
+            while True:
+                try:
+                    report = self.step()
+                    if report is not None and echo is not None:
+                        echo(report)
+                except Exception:
+                    log.exception("reconciler %s: pass failed", self.name)
+                if once or self._stop.wait(self.interval):
+                    return
+        finally:
+            self.release()
+
+    def start(self) -> None:
+        """Run in a daemon thread of this process."""
+        self._thread = threading.Thread(target=self.run, name="orc-reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+def _discard(conn: Connection) -> None:
+    """Close a duty connection for good: it carries session settings the pool must not reuse."""
+    try:
+        conn.invalidate()
+        conn.close()
+    except Exception:
+        log.debug("closing a reconciler connection failed", exc_info=True)

@@ -1,0 +1,84 @@
+"""Persistence: the database is the source of truth.
+
+The store is a set of roles composed over one :class:`Database`, each in its own module:
+
+========================  ==============================================================
+``ledger.Ledger``         the one writer of task and run state (CAS + event, accepted or
+                          rejected); every other role changes state through it
+``submission``            a DAG becomes a run, tasks, edges and first events
+``admission``             READY -> QUEUED within the live workers' capacity
+``settlement``            counters, trigger rules, cascades, closing the run
+``attempts``              the worker side: claim, heartbeat (the lease), fenced outcome
+``recovery``              the reconciler's actions: due retries, lost dispatches, leases
+``operator``              retry, give up, skip, cancel
+``reads``                 runs, tasks and the ledger as domain values; diagnostics
+``workers``               the worker registry (capacity of live workers)
+``rows``                  rows -> domain values (the only place)
+``backend``               the Postgres / SQLite seam (the only place that tells them apart)
+========================  ==============================================================
+
+Times come from the database (``dbtime``). :class:`Store` wires the roles together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy.engine import Engine
+
+from .admission import Admission
+from .attempts import Attempts
+from .backend import make_engine
+from .database import Database, new_run_id
+from .ledger import Ledger
+from .operator import OperatorActions
+from .reads import Reads
+from .recovery import Recovery
+from .settlement import Settlement
+from .submission import Submission
+from .workers import WorkerRegistry
+
+
+class Store:
+    """The roles of the store over one database (Postgres or SQLite)."""
+
+    def __init__(
+        self,
+        url_or_engine: str | Engine,
+        *,
+        id_factory: Callable[[], str] = new_run_id,
+        poison_threshold: int = 2,
+        crash_loop_threshold: int = 2,
+        worker_ttl: float = 30.0,
+    ) -> None:
+        self.db = Database(url_or_engine, id_factory=id_factory)
+        self.ledger = Ledger(self.db)
+        self.settlement = Settlement(self.db, self.ledger)
+        self.admission = Admission(self.db, self.ledger, worker_ttl=worker_ttl)
+        self.submission = Submission(self.db, self.ledger)
+        self.attempts = Attempts(
+            self.db, self.ledger, self.settlement, self.admission, poison_threshold=poison_threshold
+        )
+        self.recovery = Recovery(
+            self.db, self.ledger, self.settlement, self.admission, self.attempts,
+            crash_loop_threshold=crash_loop_threshold,
+        )  # fmt: skip
+        self.operator = OperatorActions(self.db, self.ledger, self.settlement, self.admission)
+        self.reads = Reads(self.db)
+        self.workers = WorkerRegistry(self.db, worker_ttl=worker_ttl)
+
+    @property
+    def engine(self) -> Engine:
+        return self.db.engine
+
+    def create_schema(self) -> None:
+        self.db.create_schema()
+
+    def check_schema(self) -> None:
+        self.db.check_schema()
+
+    def dispose(self) -> None:
+        self.db.dispose()
+
+
+__all__ = ["Database", "Store", "make_engine", "new_run_id"]

@@ -1,0 +1,100 @@
+"""Admission: READY -> QUEUED for as many tasks as live workers can take, in priority order.
+
+The in-flight window of a group of workers consuming the same queues is the sum of their
+concurrency (the worker registry, ``workers.py``): every published message has a free slot
+waiting for it, so a QUEUED task that stays unclaimed past the dispatch timeout was really
+lost. The backlog waits in the database as READY rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .. import schema as s
+from ..dbtime import db_after, db_now
+from ..models import DISPATCHER, Dispatch
+from ..states import TaskState
+from . import rows
+from .database import Database
+from .ledger import Ledger
+
+T = TaskState
+t_tasks, t_workers = s.tasks, s.workers
+
+
+class Admission:
+    def __init__(self, db: Database, ledger: Ledger, *, worker_ttl: float) -> None:
+        self.db = db
+        self.ledger = ledger
+        self.worker_ttl = worker_ttl
+
+    def admit(self, conn: Connection, window: int) -> list[Dispatch]:
+        """Admit within capacity (at most ``window`` tasks QUEUED or RUNNING in all); return
+        the messages to publish *after* the caller commits."""
+        ready = conn.execute(sa.select(t_tasks.c.run_id).where(t_tasks.c.state == T.READY.value).limit(1)).first()
+        if ready is None:
+            return []
+        groups = self.capacity(conn)
+        # Count and admit as one step: two dispatchers counting at once would overshoot the
+        # capacity. Not waiting: the holder is admitting right now, and a slot it could not
+        # see yet is filled by the next completion or tick.
+        if not groups or not self.db.backend.try_admission_lock(conn):
+            return []
+        inflight: dict[str, int] = {
+            q: n
+            for q, n in conn.execute(
+                sa.select(t_tasks.c.queue, sa.func.count())
+                .where(t_tasks.c.state.in_([T.QUEUED.value, T.RUNNING.value]))
+                .group_by(t_tasks.c.queue)
+            ).all()
+        }
+        total = sum(inflight.values())
+        admitted: list[Any] = []
+        for queues, capacity in groups.items():
+            room = min(capacity - sum(inflight.get(q, 0) for q in queues), window - total)
+            if room <= 0:
+                continue
+            picked = (
+                sa.select(t_tasks.c.run_id, t_tasks.c.key)
+                .where(t_tasks.c.state == T.READY.value, t_tasks.c.queue.in_(sorted(queues)))
+                .order_by(t_tasks.c.priority_rank, t_tasks.c.ready_at)
+                .limit(room)
+                .with_for_update(skip_locked=True)
+                # a CTE is evaluated once; an IN (subquery) may be re-run per row and over-admit
+                .cte("picked")
+            )
+            moved = self.ledger.move_many(
+                conn,
+                (t_tasks.c.run_id == picked.c.run_id, t_tasks.c.key == picked.c.key),
+                T.READY,
+                T.QUEUED,
+                DISPATCHER,
+                values={"dispatched_at": db_now()},
+                returning=rows.DISPATCH_COLUMNS,
+            )
+            for r in moved:
+                inflight[r.queue] = inflight.get(r.queue, 0) + 1
+            total += len(moved)
+            admitted.extend(moved)
+        # RETURNING has no order: publish in the order the rows were picked
+        admitted.sort(key=lambda r: (r.priority_rank, r.ready_at))
+        return [rows.dispatch(r) for r in admitted]
+
+    def capacity(self, conn: Connection) -> dict[frozenset[str], int]:
+        """Live workers' concurrency summed per set of consumed queues."""
+        groups: dict[frozenset[str], int] = {}
+        found = conn.execute(
+            sa.select(t_workers.c.queues, t_workers.c.concurrency).where(
+                t_workers.c.seen_at > db_after(-self.worker_ttl)
+            )
+        ).all()
+        for queues, concurrency in found:
+            key = frozenset(queues)
+            groups[key] = groups.get(key, 0) + int(concurrency)
+        return groups
+
+    def admit_ready(self, window: int) -> list[Dispatch]:
+        return self.db.transaction(lambda conn: self.admit(conn, window))

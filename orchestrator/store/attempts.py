@@ -1,0 +1,184 @@
+"""The worker side of a task attempt: claim, heartbeat, and the fenced outcome.
+
+The attempt number is the fencing token: the claim, every heartbeat and the outcome are
+compare-and-sets on it. The lease is one stored deadline (``lease_expires_at``), written by
+the claim and pushed forward by each heartbeat; the reconciler reads nothing else to decide
+that an attempt was lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .. import schema as s
+from ..dbtime import db_after, db_now
+from ..models import WORKER, Actor, Claim, Outcome
+from ..poison import is_retryable, verdict
+from ..states import TaskState
+from . import rows
+from .admission import Admission
+from .database import Database
+from .ledger import Ledger, holds
+from .settlement import Settlement
+
+T = TaskState
+t_tasks, t_edges = s.tasks, s.edges
+
+
+class Attempts:
+    def __init__(
+        self, db: Database, ledger: Ledger, settlement: Settlement, admission: Admission, *, poison_threshold: int
+    ) -> None:
+        self.db = db
+        self.ledger = ledger
+        self.settlement = settlement
+        self.admission = admission
+        self.poison_threshold = poison_threshold
+
+    def claim(self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float) -> Claim | None:
+        """CAS QUEUED -> RUNNING for ``attempt`` and set the lease.
+
+        Returns ``None`` when the claim lost (unknown run or task, stale attempt, already
+        claimed): a rejected event is recorded and the caller must not run the body.
+        """
+
+        def tx(conn: Connection) -> Claim | None:
+            values = {
+                "started_at": db_now(),
+                "heartbeat_at": db_now(),
+                "lease_expires_at": db_after(lease_seconds),
+                "worker": worker,
+            }
+            moved = self.ledger.move(
+                conn, run_id, key, attempt, T.QUEUED, T.RUNNING, WORKER,
+                reason=f"claim by {worker}", values=values,
+                returning=(t_tasks.c.args, t_tasks.c.kwargs, t_tasks.c.wants_upstream),
+            )  # fmt: skip
+            if not moved:
+                return None
+            row = moved.row
+            upstream: dict[str, Any] = {}
+            if row.wants_upstream:
+                upstream = dict(
+                    conn.execute(
+                        sa.select(t_tasks.c.key, t_tasks.c.result)
+                        .join(
+                            t_edges,
+                            sa.and_(t_edges.c.run_id == t_tasks.c.run_id, t_edges.c.parent_key == t_tasks.c.key),
+                        )
+                        .where(
+                            t_edges.c.run_id == run_id,
+                            t_edges.c.child_key == key,
+                            t_tasks.c.state == T.SUCCEEDED.value,
+                        )
+                    ).all()
+                )
+            return Claim(run_id, key, attempt, list(row.args), dict(row.kwargs), bool(row.wants_upstream), upstream)
+
+        return self.db.transaction(tx)
+
+    def heartbeat(self, run_id: str, key: str, attempt: int, lease_seconds: float) -> bool:
+        """Push the lease deadline forward while the row still holds ``attempt`` in RUNNING;
+        ``False`` if it does not (the attempt was taken over: stop the body)."""
+        with self.db.engine.begin() as conn:
+            res = conn.execute(
+                t_tasks.update()
+                .where(*holds(run_id, key, T.RUNNING, attempt))
+                .values(heartbeat_at=db_now(), lease_expires_at=db_after(lease_seconds))
+            )
+            return res.rowcount == 1
+
+    def succeed(self, run_id: str, key: str, attempt: int, result: Any, window: int) -> Outcome:
+        """CAS RUNNING -> SUCCEEDED with ``result``, settle the children, admit ready tasks."""
+
+        def tx(conn: Connection) -> Outcome:
+            values = {"result": result, "finished_at": db_now(), "lease_expires_at": None}
+            moved = self.ledger.move(conn, run_id, key, attempt, T.RUNNING, T.SUCCEEDED, WORKER, values=values)
+            if not moved:
+                return Outcome(False, None, [], moved.conflict)
+            self.settlement.settle(conn, run_id, [(key, T.SUCCEEDED, moved.row.children or [])], WORKER)
+            return Outcome(True, T.SUCCEEDED, self.admission.admit(conn, window))
+
+        return self.db.transaction(tx)
+
+    def fail(
+        self,
+        run_id: str,
+        key: str,
+        attempt: int,
+        *,
+        error: str,
+        window: int,
+        exc_types: Sequence[str] = (),
+        fingerprint: str | None = None,
+        retryable: bool = True,
+        actor: Actor = WORKER,
+    ) -> Outcome:
+        """Record a failed attempt, fenced by ``attempt``.
+
+        The verdict (:func:`orchestrator.poison.verdict`): DEAD_LETTER when the same
+        ``fingerprint`` failed ``poison_threshold`` attempts in a row (parked, no cascade,
+        alert); RETRYING with ``attempt + 1`` and ``not_before`` = now + backoff while the
+        failure is retryable (``retry_on`` / ``no_retry_on`` over ``exc_types``) and attempts
+        remain; FAILED otherwise, with its consequences downstream. A stale attempt loses
+        (``accepted=False``) and a rejected event is written.
+        """
+
+        def tx(conn: Connection) -> Outcome:
+            row = conn.execute(
+                sa.select(
+                    t_tasks.c.max_attempts, t_tasks.c.backoff, t_tasks.c.fingerprint,
+                    t_tasks.c.fingerprint_streak, t_tasks.c.retry_on, t_tasks.c.no_retry_on,
+                ).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
+            ).first()  # fmt: skip
+            if row is None:
+                return Outcome(False, None, [], self.ledger.reject(conn, run_id, key, attempt, T.FAILED, actor, error))
+            streak = row.fingerprint_streak + 1 if fingerprint and fingerprint == row.fingerprint else 1
+            retry = retryable and is_retryable(exc_types, row.retry_on, row.no_retry_on)
+            state = verdict(
+                attempt=attempt,
+                max_attempts=row.max_attempts,
+                retryable=retry,
+                streak=streak if fingerprint else 0,
+                threshold=self.poison_threshold,
+            )
+            common = {"error": error, "fingerprint": fingerprint, "fingerprint_streak": streak, "lease_losses": 0}
+            return self.finish(conn, run_id, key, attempt, state, actor, error, common, row.backoff, window)
+
+        return self.db.transaction(tx)
+
+    def finish(
+        self,
+        conn: Connection,
+        run_id: str,
+        key: str,
+        attempt: int,
+        state: TaskState,
+        actor: Actor,
+        error: str,
+        values: dict[str, Any],
+        backoff: dict[str, Any],
+        window: int,
+    ) -> Outcome:
+        """Move a RUNNING attempt to the failure ``state`` the caller decided (RETRYING with
+        backoff, DEAD_LETTER, or FAILED with its consequences downstream), then admit."""
+        values = {**values, "lease_expires_at": None}
+        reason = error
+        if state is T.RETRYING:
+            delay = rows.backoff(backoff).delay(attempt)
+            reason = f"{error} (retry in {delay:.2f}s)"
+            values.update(attempt=attempt + 1, not_before=db_after(delay))
+        elif state is T.DEAD_LETTER:
+            reason = f"dead letter: {error}"
+        else:
+            values["finished_at"] = db_now()
+        moved = self.ledger.move(conn, run_id, key, attempt, T.RUNNING, state, actor, reason=reason, values=values)
+        if not moved:
+            return Outcome(False, None, [], moved.conflict)
+        if state is T.FAILED:
+            self.settlement.settle(conn, run_id, [(key, T.FAILED, moved.row.children or [])], actor)
+        return Outcome(True, state, self.admission.admit(conn, window))

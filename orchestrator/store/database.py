@@ -1,0 +1,72 @@
+"""Plumbing shared by every store role: the engine, the backend seam, transactions, ids."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from .. import schema as s
+from ..errors import SchemaMissingError
+from .backend import Backend, backend_for, make_engine
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Database:
+    """One database (Postgres or SQLite): its engine, its backend seam and transactions."""
+
+    def __init__(self, url_or_engine: str | Engine, *, id_factory: Callable[[], str] = new_run_id) -> None:
+        self.engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+        self.backend: Backend = backend_for(self.engine)
+        self.new_id = id_factory
+
+    def transaction(self, fn: Callable[[Connection], R], *, attempts: int = 5) -> R:
+        """Run ``fn`` in one transaction, retried on deadlock, serialization failure or a
+        dropped connection. ``fn`` must be safe to re-run: every write in it is a CAS."""
+        for i in range(attempts):
+            try:
+                with self.engine.begin() as conn:
+                    return fn(conn)
+            except sa.exc.DBAPIError as exc:
+                if i + 1 >= attempts or not retryable(exc):
+                    raise
+                log.warning("retrying transaction after %s", type(exc.orig).__name__)
+                time.sleep(0.01 * (2**i) * (1 + random.random()))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def create_schema(self) -> None:
+        """Create the tables directly (tests); production and the embedded default use Alembic."""
+        s.metadata.create_all(self.engine)
+
+    def check_schema(self) -> None:
+        """Raise :class:`SchemaMissingError` when the tables do not exist."""
+        if not sa.inspect(self.engine).has_table(s.runs.name):
+            raise SchemaMissingError(
+                f"the database {self.engine.url.render_as_string(hide_password=True)} has no"
+                " orchestrator schema: run `orchestrator db upgrade`"
+            )
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def retryable(exc: sa.exc.DBAPIError) -> bool:
+    """Deadlock, serialization failure, a terminated backend or a dropped connection."""
+    if exc.connection_invalidated:
+        return True
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if code in {"40P01", "40001", "57P01", "08006", "08003", "08000"}:
+        return True
+    return "database is locked" in str(exc.orig)

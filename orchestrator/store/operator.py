@@ -1,0 +1,186 @@
+"""Operator actions on tasks and runs: retry, give up, skip, cancel.
+
+An action that does not apply to the task or run as it is now (another writer got there
+first, or it never applied) changes nothing: it writes a rejected event naming the actor and
+returns ``accepted=False`` with the ``conflict``, which the engine raises as a
+``ConflictError`` once the rejected event is committed. Only a retry that would orphan
+decided children raises :class:`OperatorError` (nothing written).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .. import schema as s
+from ..dbtime import db_now
+from ..errors import OperatorError, RunNotFound, TaskNotFound
+from ..models import Actor, Outcome
+from ..protocol import task_id
+from ..states import NON_TERMINAL, RunState, TaskState
+from .admission import Admission
+from .database import Database
+from .ledger import Ledger
+from .settlement import Settlement
+
+T = TaskState
+t_tasks, t_runs, t_edges = s.tasks, s.runs, s.edges
+
+
+class OperatorActions:
+    def __init__(self, db: Database, ledger: Ledger, settlement: Settlement, admission: Admission) -> None:
+        self.db = db
+        self.ledger = ledger
+        self.settlement = settlement
+        self.admission = admission
+
+    def retry_task(self, run_id: str, key: str, window: int, actor: Actor) -> Outcome:
+        """DEAD_LETTER or FAILED -> READY with ``attempt + 1``.
+
+        A FAILED task can be retried only while none of its children has been decided and
+        its run is FAILED or RUNNING (a CANCELLED run stays cancelled): its children's
+        counters are rolled back and a FAILED run is reopened. Raises :class:`OperatorError`.
+        """
+
+        def tx(conn: Connection) -> Outcome:
+            task = self._task_row(conn, run_id, key)
+            src = TaskState(task.state)
+            if src not in (T.DEAD_LETTER, T.FAILED):
+                return self._refuse(
+                    conn, run_id, key, task.attempt, T.READY, actor,
+                    f"task {key!r} is {src.value}: only DEAD_LETTER or FAILED tasks can be retried",
+                )  # fmt: skip
+            values = {
+                "attempt": task.attempt + 1, "ready_at": db_now(), "finished_at": None, "not_before": None,
+                "fingerprint_streak": 0, "lease_losses": 0,
+            }  # fmt: skip
+            run_state: RunState | None = None
+            children: list[str] = []
+            if src is T.FAILED:
+                # locked: the run cannot close or be cancelled under this retry
+                run_state = RunState(
+                    conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id).with_for_update()).scalar_one()
+                )
+                if run_state not in (RunState.RUNNING, RunState.FAILED):
+                    return self._refuse(
+                        conn, run_id, key, task.attempt, T.READY, actor,
+                        f"run {run_id} is {run_state.value}: its tasks cannot be retried",
+                    )  # fmt: skip
+                children = self._undecided_children(conn, run_id, key)
+            moved = self.ledger.move(
+                conn, run_id, key, task.attempt, src, T.READY, actor, reason="manual retry", values=values
+            )
+            if not moved:
+                return Outcome(False, None, [], moved.conflict)
+            if src is T.FAILED:
+                if children:
+                    conn.execute(
+                        t_tasks.update()
+                        .where(t_tasks.c.run_id == run_id, t_tasks.c.key.in_(children))
+                        .values(n_done=t_tasks.c.n_done - 1, n_failed=t_tasks.c.n_failed - 1)
+                    )
+                conn.execute(t_runs.update().where(t_runs.c.id == run_id).values(open_tasks=t_runs.c.open_tasks + 1))
+                if run_state is RunState.FAILED:
+                    self.ledger.move_run(
+                        conn, run_id, RunState.FAILED, RunState.RUNNING, actor,
+                        reason=f"task {key} retried", values={"finished_at": None},
+                    )  # fmt: skip
+            return Outcome(True, T.READY, self.admission.admit(conn, window))
+
+        return self.db.transaction(tx)
+
+    def _undecided_children(self, conn: Connection, run_id: str, key: str) -> list[str]:
+        """The task's children, all still PENDING; raise :class:`OperatorError` otherwise."""
+        children = conn.execute(
+            sa.select(t_tasks.c.key, t_tasks.c.state).where(
+                t_tasks.c.run_id == run_id,
+                t_tasks.c.key.in_(
+                    sa.select(t_edges.c.child_key).where(t_edges.c.run_id == run_id, t_edges.c.parent_key == key)
+                ),
+            )
+        ).all()
+        decided = [c.key for c in children if c.state != T.PENDING.value]
+        if decided:
+            raise OperatorError(
+                f"task {key!r} has children already decided ({', '.join(decided[:5])}); retry it before"
+                " its downstream is settled, or submit a new run"
+            )
+        return [c.key for c in children]
+
+    def resolve_dead_letter(self, run_id: str, key: str, to: TaskState, window: int, actor: Actor) -> Outcome:
+        """DEAD_LETTER -> FAILED or SKIPPED; descendants follow their trigger rules."""
+
+        def tx(conn: Connection) -> Outcome:
+            task = self._task_row(conn, run_id, key)
+            if task.state != T.DEAD_LETTER.value:
+                return self._refuse(
+                    conn, run_id, key, task.attempt, to, actor,
+                    f"task {key!r} is {task.state}: only a DEAD_LETTER task can be {to.value.lower()}",
+                )  # fmt: skip
+            reason = "operator gave up" if to is T.FAILED else "operator skipped it"
+            moved = self.ledger.move(
+                conn, run_id, key, task.attempt, T.DEAD_LETTER, to, actor,
+                reason=reason, values={"finished_at": db_now()},
+            )  # fmt: skip
+            if not moved:
+                return Outcome(False, None, [], moved.conflict)
+            self.settlement.settle(conn, run_id, [(key, to, moved.row.children or [])], actor)
+            return Outcome(True, to, self.admission.admit(conn, window))
+
+        return self.db.transaction(tx)
+
+    def cancel_run(self, run_id: str, actor: Actor) -> tuple[list[str], str | None]:
+        """Every non-terminal task -> CANCELLED and the run RUNNING -> CANCELLED.
+
+        Returns the Celery task ids of attempts that were QUEUED or RUNNING (to revoke) and
+        ``None``; for a run already final, ``[]`` and the conflict (a rejected run event is
+        written). Raises :class:`RunNotFound`.
+        """
+
+        def tx(conn: Connection) -> tuple[list[str], str | None]:
+            run = conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id).with_for_update()).first()
+            if run is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            if run.state != RunState.RUNNING.value:
+                reason = "cancel refused: only a RUNNING run can be cancelled"
+                self.ledger.move_run(conn, run_id, RunState.RUNNING, RunState.CANCELLED, actor, reason=reason)
+                return [], f"run {run_id} is already {run.state}: only a RUNNING run can be cancelled"
+            live: list[str] = []
+            for src in sorted(NON_TERMINAL):
+                moved = self.ledger.move_many(
+                    conn,
+                    (t_tasks.c.run_id == run_id,),
+                    src,
+                    T.CANCELLED,
+                    actor,
+                    reason="run cancelled",
+                    values={"finished_at": db_now(), "lease_expires_at": None},
+                )
+                if src in (T.QUEUED, T.RUNNING):
+                    live.extend(task_id(run_id, m.key, m.attempt) for m in moved)
+            self.ledger.move_run(
+                conn, run_id, RunState.RUNNING, RunState.CANCELLED, actor,
+                reason="run cancelled", values={"open_tasks": 0, "finished_at": db_now()},
+            )  # fmt: skip
+            return live, None
+
+        return self.db.transaction(tx)
+
+    def _refuse(
+        self, conn: Connection, run_id: str, key: str, attempt: int, dst: TaskState, actor: Actor, why: str
+    ) -> Outcome:
+        """An action that does not apply to the task as it is now: a rejected event, no change."""
+        self.ledger.reject(conn, run_id, key, attempt, dst, actor, why)
+        return Outcome(False, None, [], why)
+
+    def _task_row(self, conn: Connection, run_id: str, key: str) -> Any:
+        row = conn.execute(
+            sa.select(t_tasks.c.state, t_tasks.c.attempt)
+            .where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
+            .with_for_update()
+        ).first()
+        if row is None:
+            raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
+        return row

@@ -1,0 +1,164 @@
+"""Reads: runs, tasks and the ledger as domain values, and the raw rows the invariant
+checker and the chaos soak inspect."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from .. import schema as s
+from ..errors import RunNotFound, TaskNotFound
+from ..models import EventView, RunView, TaskView
+from ..states import RunState
+from . import rows
+from .database import Database
+from .probes import probe_effects
+
+t_tasks, t_runs, t_edges, t_events, t_workers = s.tasks, s.runs, s.edges, s.events, s.workers
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the database holds about some runs (see ``invariants.check_runs``)."""
+
+    runs: list[Any]
+    tasks: list[Any]
+    events: list[Any]
+    edges: list[Any]
+    #: (run, key, attempt, executions) from the probe effects, when recorded
+    effects: list[Any]
+
+
+class Reads:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def get_run(self, run_id: str) -> RunView:
+        """The run with per-state task counts; raise :class:`RunNotFound`."""
+        with self.db.engine.connect() as conn:
+            row = conn.execute(sa.select(t_runs).where(t_runs.c.id == run_id)).first()
+            if row is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            counts = self._counts(conn, [run_id]).get(run_id, {})
+        return rows.run_view(row, counts)
+
+    def run_state(self, run_id: str) -> RunState:
+        with self.db.engine.connect() as conn:
+            state = conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id)).scalar_one_or_none()
+        if state is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        return RunState(state)
+
+    def list_runs(self, limit: int = 20, *, tenant: str | None = None) -> list[RunView]:
+        """The newest runs with their per-state task counts (so ``needs_attention`` is true)."""
+        q = sa.select(t_runs).order_by(t_runs.c.created_at.desc()).limit(limit)
+        if tenant:
+            q = q.where(t_runs.c.tenant == tenant)
+        with self.db.engine.connect() as conn:
+            found = conn.execute(q).all()
+            counts = self._counts(conn, [r.id for r in found])
+        return [rows.run_view(r, counts.get(r.id, {})) for r in found]
+
+    @staticmethod
+    def _counts(conn: Any, run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        if not run_ids:
+            return {}
+        out: dict[str, dict[str, int]] = {}
+        for run_id, state, n in conn.execute(
+            sa.select(t_tasks.c.run_id, t_tasks.c.state, sa.func.count())
+            .where(t_tasks.c.run_id.in_(list(run_ids)))
+            .group_by(t_tasks.c.run_id, t_tasks.c.state)
+        ).all():
+            out.setdefault(run_id, {})[state] = int(n)
+        return out
+
+    def get_tasks(self, run_id: str) -> list[TaskView]:
+        with self.db.engine.connect() as conn:
+            found = conn.execute(
+                sa.select(t_tasks).where(t_tasks.c.run_id == run_id).order_by(t_tasks.c.started_at, t_tasks.c.key)
+            ).all()
+        return [rows.task_view(r) for r in found]
+
+    def get_task(self, run_id: str, key: str) -> TaskView:
+        with self.db.engine.connect() as conn:
+            row = conn.execute(sa.select(t_tasks).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)).first()
+        if row is None:
+            raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
+        return rows.task_view(row)
+
+    def events(self, run_id: str) -> list[EventView]:
+        """The run's ledger, oldest first: task events and the run's own (``key`` None)."""
+        with self.db.engine.connect() as conn:
+            found = conn.execute(sa.select(t_events).where(t_events.c.run_id == run_id).order_by(t_events.c.id)).all()
+        return [rows.event_view(r) for r in found]
+
+    # ------------------------------------------------------------------ diagnostics
+
+    def snapshot(self, run_ids: Sequence[str]) -> Snapshot:
+        ids = list(run_ids)
+        with self.db.engine.connect() as conn:
+            effects: list[Any] = []
+            if sa.inspect(conn).has_table(probe_effects.name):
+                e = probe_effects.c
+                effects = list(
+                    conn.execute(
+                        sa.select(e.run_id, e.key, e.attempt, sa.func.count())
+                        .where(e.run_id.in_(ids))
+                        .group_by(e.run_id, e.key, e.attempt)
+                    ).all()
+                )
+            return Snapshot(
+                runs=list(conn.execute(sa.select(t_runs.c.id, t_runs.c.state).where(t_runs.c.id.in_(ids))).all()),
+                tasks=list(conn.execute(sa.select(t_tasks).where(t_tasks.c.run_id.in_(ids))).all()),
+                events=list(
+                    conn.execute(sa.select(t_events).where(t_events.c.run_id.in_(ids)).order_by(t_events.c.id)).all()
+                ),
+                edges=list(conn.execute(sa.select(t_edges).where(t_edges.c.run_id.in_(ids))).all()),
+                effects=effects,
+            )
+
+    def finished_runs(self, run_ids: Sequence[str]) -> int:
+        """How many of ``run_ids`` are in a final state."""
+        if not run_ids:
+            return 0
+        with self.db.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count()).where(
+                        t_runs.c.id.in_(list(run_ids)), t_runs.c.state != RunState.RUNNING.value
+                    )
+                ).scalar_one()
+            )
+
+    def task_states(self, run_ids: Sequence[str]) -> dict[str, int]:
+        with self.db.engine.connect() as conn:
+            found = conn.execute(
+                sa.select(t_tasks.c.state, sa.func.count())
+                .where(t_tasks.c.run_id.in_(list(run_ids)))
+                .group_by(t_tasks.c.state)
+            ).all()
+        return {st: int(n) for st, n in found}
+
+    def rejected_events(self, run_ids: Sequence[str]) -> int:
+        with self.db.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count()).where(
+                        t_events.c.run_id.in_(list(run_ids)), t_events.c.accepted.is_(False)
+                    )
+                ).scalar_one()
+            )
+
+    def in_flight(self, limit: int = 1) -> list[Any]:
+        """QUEUED or RUNNING tasks: (run_id, key, attempt, task_name, queue)."""
+        with self.db.engine.connect() as conn:
+            return list(
+                conn.execute(
+                    sa.select(t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.task_name, t_tasks.c.queue)
+                    .where(t_tasks.c.state.in_(["QUEUED", "RUNNING"]))
+                    .limit(limit)
+                ).all()
+            )

@@ -1,0 +1,74 @@
+"""Rows become domain values (``models.py``) here and nowhere else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import schema as s
+from ..backoff import Backoff, Jitter
+from ..dbtime import aware
+from ..models import Dispatch, EventView, RunView, TaskView
+from ..states import RunState, TaskState
+
+t_tasks = s.tasks
+
+#: the columns a dispatch needs, returned by every transition that makes a message
+DISPATCH_COLUMNS = (
+    t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.task_name, t_tasks.c.args, t_tasks.c.kwargs,
+    t_tasks.c.queue, t_tasks.c.soft_time_limit, t_tasks.c.time_limit, t_tasks.c.priority_rank, t_tasks.c.ready_at,
+)  # fmt: skip
+
+
+def dispatch(r: Any) -> Dispatch:
+    return Dispatch(
+        r.run_id, r.key, r.attempt, r.task_name, list(r.args), dict(r.kwargs), r.queue, r.soft_time_limit, r.time_limit
+    )
+
+
+def backoff(raw: dict[str, Any]) -> Backoff:
+    return Backoff(base=raw["base"], cap=raw["cap"], jitter=Jitter(raw["jitter"]))
+
+
+def run_view(row: Any, counts: dict[str, int]) -> RunView:
+    return RunView(
+        id=row.id,
+        dag=row.dag_name,
+        tenant=row.tenant,
+        state=RunState(row.state),
+        priority=row.priority,
+        idempotency_key=row.idempotency_key,
+        params=row.params,
+        task_count=row.task_count,
+        open_tasks=row.open_tasks,
+        created_at=aware(row.created_at),
+        finished_at=aware(row.finished_at),
+        counts=counts,
+    )
+
+
+def task_view(r: Any) -> TaskView:
+    return TaskView(
+        run_id=r.run_id,
+        key=r.key,
+        task=r.task_name,
+        state=TaskState(r.state),
+        attempt=r.attempt,
+        max_attempts=r.max_attempts,
+        trigger_rule=r.trigger_rule,
+        queue=r.queue,
+        priority=r.priority,
+        args=r.args,
+        kwargs=r.kwargs,
+        result=r.result,
+        error=r.error,
+        fingerprint=r.fingerprint,
+        worker=r.worker,
+        dispatched_at=aware(r.dispatched_at),
+        started_at=aware(r.started_at),
+        finished_at=aware(r.finished_at),
+        not_before=aware(r.not_before),
+    )
+
+
+def event_view(r: Any) -> EventView:
+    return EventView(r.key, r.attempt, r.from_state, r.to_state, r.actor, r.reason, r.accepted, aware(r.at), r.by)

@@ -1,0 +1,131 @@
+"""Settlement: a task became terminal, so count it into its children, decide their trigger
+rules, cascade SKIPPED / UPSTREAM_FAILED, and close the run when nothing is left open.
+
+Readiness is decided from per-task counters (``UPDATE ... SET n_done = n_done + 1 ...
+RETURNING``), never by scanning the run. The actor that caused the first change is the actor
+of every change it cascades into.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .. import schema as s
+from ..dbtime import db_now
+from ..models import Actor
+from ..states import TERMINAL, RunState, TaskState, TriggerRule, UpstreamCounts, decide, run_outcome
+from .database import Database
+from .ledger import Ledger
+
+T = TaskState
+t_tasks, t_runs = s.tasks, s.runs
+
+_COUNTER_COLUMNS = (
+    t_tasks.c.key,
+    t_tasks.c.state,
+    t_tasks.c.attempt,
+    t_tasks.c.trigger_rule,
+    t_tasks.c.n_upstream,
+    t_tasks.c.n_done,
+    t_tasks.c.n_succeeded,
+    t_tasks.c.n_failed,
+    t_tasks.c.n_skipped,
+)
+
+#: one terminal task to settle: (key, state it ended in, its child keys)
+Finished = tuple[str, TaskState, list[str]]
+
+
+class Settlement:
+    def __init__(self, db: Database, ledger: Ledger) -> None:
+        self.db = db
+        self.ledger = ledger
+
+    def settle(self, conn: Connection, run_id: str, finished: list[Finished], actor: Actor) -> None:
+        """Count the newly terminal tasks into their children, cascade what that decides,
+        and close the run when no task is open."""
+        closed = len(finished)
+        work = list(finished)
+        while work:
+            key, state, children = work.pop()
+            rows = self._count_into_children(conn, run_id, children, state)
+            decided: dict[TaskState, list[tuple[str, str, int]]] = {}
+            for r in rows:
+                if r.state != T.PENDING.value:
+                    continue
+                counts = UpstreamCounts(r.n_upstream, r.n_done, r.n_succeeded, r.n_failed, r.n_skipped)
+                verdict = decide(TriggerRule(r.trigger_rule), counts)
+                if verdict is not None:
+                    decided.setdefault(verdict, []).append((run_id, r.key, r.attempt))
+            for verdict, expect in decided.items():
+                extra: dict[str, Any] = {"ready_at": db_now()} if verdict is T.READY else {"finished_at": db_now()}
+                moved = self.ledger.move_many(
+                    conn,
+                    (t_tasks.c.run_id == run_id, self.db.backend.key_in(t_tasks.c.key, [k for _, k, _ in expect])),
+                    T.PENDING,
+                    verdict,
+                    actor,
+                    reason=f"upstream {key} {state.value}",
+                    values=extra,
+                    returning=(t_tasks.c.children,),
+                    expect=expect,
+                )
+                if verdict in TERMINAL:
+                    closed += len(moved)
+                    work.extend((m.key, verdict, list(m.children or [])) for m in moved)
+        self.close_tasks(conn, run_id, closed, actor)
+
+    def _count_into_children(self, conn: Connection, run_id: str, children: list[str], state: TaskState) -> list[Any]:
+        """Add a terminal parent to its children's counters; return the children's new rows.
+
+        The child keys come from the parent's row and are matched on the tasks' primary key:
+        a join through ``orc_edges`` is planned as a scan of the whole run when the run is
+        newer than the table statistics, hundreds of milliseconds for a 2,000-task run.
+        """
+        if not children:
+            return []
+        stmt = (
+            t_tasks.update()
+            .where(t_tasks.c.run_id == run_id, self.db.backend.key_in(t_tasks.c.key, children))
+            .values(
+                n_done=t_tasks.c.n_done + 1,
+                n_succeeded=t_tasks.c.n_succeeded + int(state is T.SUCCEEDED),
+                n_failed=t_tasks.c.n_failed + int(state in (T.FAILED, T.UPSTREAM_FAILED)),
+                n_skipped=t_tasks.c.n_skipped + int(state is T.SKIPPED),
+            )
+        )
+        return list(conn.execute(stmt.returning(*_COUNTER_COLUMNS)).all())
+
+    def close_tasks(self, conn: Connection, run_id: str, closed: int, actor: Actor, *, recount: bool = False) -> None:
+        """Subtract ``closed`` from the run's open-task count (or recount it from the task
+        rows); at zero, move the run RUNNING -> SUCCEEDED / FAILED."""
+        if recount:
+            new_value: Any = (
+                sa.select(sa.func.count())
+                .where(t_tasks.c.run_id == run_id, t_tasks.c.state.not_in([st.value for st in TERMINAL]))
+                .scalar_subquery()
+            )
+        else:
+            new_value = t_runs.c.open_tasks - closed
+        row = conn.execute(
+            t_runs.update()
+            .where(t_runs.c.id == run_id)
+            .values(open_tasks=new_value)
+            .returning(t_runs.c.open_tasks, t_runs.c.state)
+        ).first()
+        if row is None or row.open_tasks > 0 or row.state != RunState.RUNNING.value:
+            return
+        failed = conn.execute(
+            sa.select(sa.func.count()).where(
+                t_tasks.c.run_id == run_id,
+                t_tasks.c.state.in_([T.FAILED.value, T.UPSTREAM_FAILED.value]),
+            )
+        ).scalar_one()
+        outcome = run_outcome(failed)
+        reason = f"{failed} task(s) failed" if failed else "every task succeeded or was skipped"
+        self.ledger.move_run(
+            conn, run_id, RunState.RUNNING, outcome, actor, reason=reason, values={"finished_at": db_now()}
+        )

@@ -1,0 +1,140 @@
+"""Submission: a validated DAG becomes a run, its tasks, edges and first events in one
+transaction, idempotent on (DAG name, tenant, idempotency key)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .. import schema as s
+from ..dag import DAG
+from ..dbtime import db_now
+from ..models import SUBMIT
+from ..states import RunState, TaskState
+from .database import Database
+from .ledger import Ledger
+
+T = TaskState
+t_tasks, t_runs, t_edges = s.tasks, s.runs, s.edges
+
+
+class Submission:
+    def __init__(self, db: Database, ledger: Ledger) -> None:
+        self.db = db
+        self.ledger = ledger
+
+    def create_run(
+        self,
+        dag: DAG,
+        *,
+        queues: dict[str, str],
+        wants_upstream: Callable[[str], bool],
+        idempotency_key: str | None = None,
+        logical_date: str | None = None,
+    ) -> tuple[str, bool]:
+        """Insert the run, its tasks, edges and first events in one transaction.
+
+        Returns ``(run_id, created)``; with an ``idempotency_key`` already used for this DAG
+        name and tenant, the existing run id and ``False``. ``queues`` maps node key to queue.
+        """
+
+        def existing(conn: Connection) -> str | None:
+            if idempotency_key is None:
+                return None
+            found: str | None = conn.execute(
+                sa.select(t_runs.c.id).where(
+                    t_runs.c.dag_name == dag.name,
+                    t_runs.c.tenant == dag.tenant,
+                    t_runs.c.idempotency_key == idempotency_key,
+                )
+            ).scalar_one_or_none()
+            return found
+
+        def insert(conn: Connection) -> tuple[str, bool]:
+            found = existing(conn)
+            if found:
+                return found, False
+            run_id = self.db.new_id()
+            now = conn.execute(sa.select(db_now())).scalar_one()
+            conn.execute(
+                t_runs.insert().values(
+                    id=run_id,
+                    dag_name=dag.name,
+                    tenant=dag.tenant,
+                    state=RunState.RUNNING.value,
+                    priority=dag.priority.value,
+                    idempotency_key=idempotency_key,
+                    logical_date=logical_date,
+                    params=dag.params,
+                    dag_snapshot=dag.to_spec(),
+                    task_count=len(dag.nodes),
+                    open_tasks=len(dag.nodes),
+                    created_at=now,
+                )
+            )
+            self.ledger.create_run(conn, run_id, SUBMIT)
+            task_rows, edge_rows = _rows(dag, run_id, now, queues, wants_upstream)
+            self.db.backend.bulk_insert(conn, t_tasks, task_rows)
+            self.db.backend.bulk_insert(conn, t_edges, edge_rows)
+            self.ledger.roots_ready(conn, run_id, [r["key"] for r in task_rows if r["state"] == T.READY.value])
+            return run_id, True
+
+        try:
+            return self.db.transaction(insert)
+        except sa.exc.IntegrityError:
+            # a concurrent submit with the same idempotency key won the unique constraint
+            with self.db.engine.begin() as conn:
+                found = existing(conn)
+            if found is None:
+                raise
+            return found, False
+
+
+def _rows(
+    dag: DAG, run_id: str, now: Any, queues: dict[str, str], wants_upstream: Callable[[str], bool]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The task and edge rows of a new run; roots start READY, the others PENDING."""
+    children: dict[str, list[str]] = {}
+    for node in dag.nodes.values():
+        for parent in node.upstream:
+            children.setdefault(parent, []).append(node.key)
+    task_rows: list[dict[str, Any]] = []
+    edge_rows: list[dict[str, Any]] = []
+    for node in dag.nodes.values():
+        prio = dag.priority_of(node)
+        root = not node.upstream
+        task_rows.append(
+            {
+                "run_id": run_id,
+                "key": node.key,
+                "task_name": node.task,
+                "args": list(node.args),
+                "kwargs": dict(node.kwargs),
+                "state": (T.READY if root else T.PENDING).value,
+                "attempt": 1,
+                "max_attempts": node.max_attempts,
+                "backoff": {"base": node.backoff.base, "cap": node.backoff.cap, "jitter": node.backoff.jitter.value},
+                "trigger_rule": node.trigger_rule.value,
+                "n_upstream": len(node.upstream),
+                "n_done": 0,
+                "n_succeeded": 0,
+                "n_failed": 0,
+                "n_skipped": 0,
+                "wants_upstream": wants_upstream(node.task),
+                "queue": queues[node.key],
+                "priority": prio.value,
+                "priority_rank": prio.rank,
+                "tenant": dag.tenant,
+                "soft_time_limit": node.soft_time_limit,
+                "time_limit": node.time_limit,
+                "ready_at": now if root else None,
+                "children": children.get(node.key),
+                "retry_on": list(node.retry_on) or None,
+                "no_retry_on": list(node.no_retry_on) or None,
+            }
+        )
+        edge_rows.extend({"run_id": run_id, "parent_key": p, "child_key": node.key} for p in node.upstream)
+    return task_rows, edge_rows

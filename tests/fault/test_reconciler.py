@@ -1,0 +1,146 @@
+"""Where the reconciler runs: beside the workers' pools, never queued behind user tasks.
+
+Real prefork workers on the fault suite's private Redis, no beat and no separate
+``orchestrator reconcile``: the workers' own reconciler services are all there is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from orchestrator import DAG, RunState, TaskState
+from orchestrator.store.backend import RECONCILER_LOCK
+from tests.fault.harness import Cluster, P, accepted, worker_pid
+
+pytestmark = pytest.mark.fault
+T = TaskState
+
+
+def on_duty(cluster: Cluster) -> list[str]:
+    """``application_name`` of the session holding the reconciler duty in the fault database."""
+    with cluster.store.engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.text(
+                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                    " WHERE l.locktype = 'advisory' AND l.objid = :objid AND l.granted"
+                    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ),
+                {"objid": RECONCILER_LOCK & 0xFFFFFFFF},
+            ).scalars()
+        )
+
+
+def test_a_retry_is_released_while_the_pool_is_saturated(cluster: Cluster) -> None:
+    # Given one worker with two slots and no other process: a task that fails once (retry due
+    # 0.5 s later), and two long tasks that take both slots as soon as it has failed
+    w = cluster.worker("w1", concurrency=2)
+    dag = DAG("saturated")
+    dag.task("flaky", P + "flaky", kwargs={"fail_times": 1}, max_attempts=3, priority="high",
+             backoff={"base": 0.5, "cap": 0.5, "jitter": "none"})  # fmt: skip
+    dag.task("long1", P + "sleep", kwargs={"seconds": 8})
+    dag.task("long2", P + "sleep", kwargs={"seconds": 8})
+    run = cluster.orc.submit(dag)
+
+    # When the retry falls due while both slots are busy
+    cluster.wait_task(run.id, "flaky", lambda t: t.state is T.READY and t.attempt == 2, 6, "the retry released")
+
+    # Then it was released within ~a tick of falling due, long before a slot freed
+    events = cluster.events(run.id)
+    failed = accepted(events, src="RUNNING", dst="RETRYING")[0]
+    released = accepted(events, src="RETRYING", dst="READY")[0]
+    assert released.actor == "reconciler"
+    lag = (released.at - failed.at).total_seconds()
+    busy = [t for t in cluster.store.reads.get_tasks(run.id) if t.key.startswith("long") and t.state is T.RUNNING]
+    print(f"saturated pool: retry due 0.50 s after the failure, released after {lag:.2f} s; {len(busy)} slots busy")
+    assert len(busy) == 2, "both slots were busy with the long tasks when the retry was released"
+    assert 0.5 <= lag < 2.0, f"released {lag:.2f}s after the failure"
+    assert cluster.wait_run(run.id, 60) is RunState.SUCCEEDED
+    assert "orchestrator-reconciler:w1@fault" in on_duty(cluster)
+    assert w.popen.poll() is None
+    cluster.assert_clean([run.id])
+
+
+def test_a_deployment_of_workers_only_retries_and_recovers(cluster: Cluster) -> None:
+    # Given two workers and nothing else (no beat, no `orchestrator reconcile`)
+    cluster.worker("w1", concurrency=2)
+    cluster.worker("w2", concurrency=2)
+    dag = DAG("workers-only")
+    dag.task("flaky", P + "flaky", kwargs={"fail_times": 2}, max_attempts=4, backoff={"base": 0.2, "cap": 0.5})
+    victim = dag.task("victim", P + "sleep", kwargs={"seconds": 3}, max_attempts=3, backoff={"base": 0.2, "cap": 0.5})
+    dag.task("after", P + "echo", upstream=[victim])
+    run = cluster.orc.submit(dag)
+
+    # When the pool process running "victim" is killed
+    task = cluster.wait_task(run.id, "victim", lambda t: t.state is T.RUNNING, 30, "victim running")
+    os.kill(worker_pid(task), signal.SIGKILL)
+
+    # Then retries are released and the lost lease is expired by the workers' reconciler
+    assert cluster.wait_run(run.id, 60) is RunState.SUCCEEDED
+    events = cluster.events(run.id)
+    assert [(e.key, e.attempt) for e in accepted(events, src="RUNNING", dst="RETRYING", actor="reconciler")] == [
+        ("victim", 1)
+    ]
+    assert len(accepted(events, src="RETRYING", dst="READY", actor="reconciler")) == 3  # flaky x2, victim x1
+    cluster.assert_clean([run.id])
+
+
+def test_killing_the_process_on_duty_moves_the_duty(cluster: Cluster) -> None:
+    # Given two workers, one of them on duty
+    workers = {
+        w.name: w for w in (cluster.start_worker("wa", concurrency=1), cluster.start_worker("wb", concurrency=1))
+    }
+    cluster.wait_ready(*workers.values())
+    holder = cluster.wait_for(lambda: on_duty(cluster), 10, "a reconciler on duty")[0]
+    name = holder.removeprefix("orchestrator-reconciler:").split("@")[0]
+    victim, survivor = workers[name], workers[next(n for n in workers if n != name)]
+
+    # When the worker on duty is killed (-9, the whole process group)
+    os.killpg(victim.pid, signal.SIGKILL)
+    killed = time.monotonic()
+
+    # Then the other worker is on duty within about a tick (0.3 s), and still recovers work
+    cluster.wait_for(lambda: on_duty(cluster) == [f"orchestrator-reconciler:{survivor.name}@fault"], 5, "takeover")
+    took = time.monotonic() - killed
+    print(f"reconciler duty moved {took:.2f} s after the process on duty was killed (tick 0.3 s)")
+    assert took < 1.5
+    dag = DAG("after-takeover")
+    dag.task("flaky", P + "flaky", kwargs={"fail_times": 1}, max_attempts=3, backoff={"base": 0.2, "cap": 0.2})
+    run = cluster.orc.submit(dag)
+    assert cluster.wait_run(run.id, 60) is RunState.SUCCEEDED
+    cluster.assert_clean([run.id])
+
+
+def _pool_children(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False)
+    return {int(x) for x in out.stdout.split()}
+
+
+def test_duty_moves_when_only_the_main_process_dies(cluster: Cluster) -> None:
+    # Given a worker on duty whose pool re-forked a child after it took the duty (the new
+    # child inherits the process's sockets), and a second worker
+    wa = cluster.worker("wa", concurrency=1)
+    cluster.wait_for(lambda: on_duty(cluster) == ["orchestrator-reconciler:wa@fault"], 10, "wa on duty")
+    wb = cluster.worker("wb", concurrency=1)
+    before = _pool_children(wa.pid)
+    assert before, "wa has a pool child"
+    for pid in before:
+        os.kill(pid, signal.SIGKILL)
+    cluster.wait_for(lambda: _pool_children(wa.pid) - before, 20, "a re-forked pool child")
+
+    # When only wa's main process is killed (its re-forked child lives on for a while)
+    os.kill(wa.pid, signal.SIGKILL)
+    killed = time.monotonic()
+
+    # Then the duty still moves at once: the child does not keep the duty session open
+    cluster.wait_for(lambda: on_duty(cluster) == ["orchestrator-reconciler:wb@fault"], 5, "takeover by wb")
+    took = time.monotonic() - killed
+    print(f"duty moved {took:.2f} s after the main process on duty was killed (its pool child alive)")
+    assert took < 1.5
+    assert wb.popen.poll() is None

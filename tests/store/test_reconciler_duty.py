@@ -1,0 +1,100 @@
+"""One reconciler on duty at a time across a Postgres deployment, and the duty moves when the
+process (here: the session) on duty dies or stalls."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from orchestrator import Orchestrator, Settings
+from orchestrator import schema as s
+from orchestrator.publisher import RecordingPublisher
+from orchestrator.reconciler import ReconcilerService
+from orchestrator.registry import StaticRegistry
+from orchestrator.store.backend import RECONCILER_LOCK
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def orc(pg_url: str) -> Iterator[Orchestrator]:
+    o = Orchestrator(
+        Settings.from_env({}, database_url=pg_url),
+        publisher=RecordingPublisher(),
+        registry=StaticRegistry(["t"]),
+    )
+    with o.store.engine.begin() as conn:
+        for table in reversed(s.metadata.sorted_tables):
+            conn.execute(table.delete())
+    yield o
+    o.store.dispose()
+
+
+def on_duty(orc: Orchestrator) -> list[str]:
+    """``application_name`` of the sessions holding the reconciler's advisory lock."""
+    with orc.store.engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.text(
+                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                    " WHERE l.locktype = 'advisory' AND l.objid = :objid AND l.granted"
+                    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ),
+                {"objid": RECONCILER_LOCK & 0xFFFFFFFF},
+            ).scalars()
+        )
+
+
+def service(orc: Orchestrator, name: str, stall: float = 10.0) -> ReconcilerService:
+    return ReconcilerService(orc.reconciler, name=name, interval=0.1, stall_seconds=stall)
+
+
+def test_one_on_duty_and_the_duty_moves_when_its_session_dies(orc: Orchestrator) -> None:
+    a, b = service(orc, "a"), service(orc, "b")
+    try:
+        assert a.step() is not None  # a takes the duty and runs a pass
+        assert b.step() is None  # b waits
+        assert a.step() is not None and a.passes == 2
+        assert on_duty(orc) == ["orchestrator-reconciler:a"]
+        # the process on duty is killed: its session ends, the lock is free at once
+        with orc.store.engine.connect() as conn:
+            conn.execute(
+                sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :n"),
+                {"n": "orchestrator-reconciler:a"},
+            )
+        deadline = time.monotonic() + 5
+        while b.step() is None:
+            assert time.monotonic() < deadline, "the duty did not move"
+            time.sleep(0.05)
+        assert on_duty(orc) == ["orchestrator-reconciler:b"]
+        assert a.step() is None  # a notices it lost the duty and waits
+    finally:
+        a.release()
+        b.release()
+
+
+def test_a_stalled_session_on_duty_is_ended_by_the_server(orc: Orchestrator) -> None:
+    a, b = service(orc, "a", stall=1.0), service(orc, "b")
+    try:
+        assert a.step() is not None
+        assert b.step() is None
+        time.sleep(1.6)  # a "paused": no statement on its duty session for longer than the stall
+        assert b.step() is not None
+        assert on_duty(orc) == ["orchestrator-reconciler:b"]
+    finally:
+        a.release()
+        b.release()
+
+
+def test_release_hands_the_duty_over(orc: Orchestrator) -> None:
+    a, b = service(orc, "a"), service(orc, "b")
+    try:
+        assert a.step() is not None
+        a.release()
+        assert b.step() is not None
+    finally:
+        a.release()
+        b.release()

@@ -1,0 +1,170 @@
+"""The engine and the reconciler without a broker: an in-memory publisher and registry over
+SQLite (the Postgres side of the reconciler's duty is in tests/store/test_reconciler_duty.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import DAG, ConfigurationError, ConflictError, Orchestrator, RunState, Settings, TaskState
+from orchestrator.models import Dispatch
+from orchestrator.protocol import FencingToken
+from orchestrator.publisher import RecordingPublisher
+from orchestrator.reconciler import ReconcilerService
+from orchestrator.registry import StaticRegistry
+from orchestrator.routing import default_queues
+
+T = TaskState
+NAMES = ["t.ok", "t.fail"]
+
+
+@pytest.fixture
+def orc(tmp_path: Path) -> Iterator[Orchestrator]:
+    settings = Settings.from_env(
+        {},
+        data_dir=str(tmp_path),
+        lease_seconds=0.2,
+        dispatch_timeout=0.2,
+        tick_seconds=0.05,
+    )
+    o = Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(NAMES, upstream=["t.ok"]))
+    o.register_worker("w", default_queues(), 10)
+    yield o
+    o.store.dispose()
+
+
+def sent(orc: Orchestrator) -> list[Dispatch]:
+    publisher = orc.publisher
+    assert isinstance(publisher, RecordingPublisher)
+    return publisher.take()
+
+
+def run_one(orc: Orchestrator, d: Dispatch, result: object = "ok") -> None:
+    claim = orc.claim(d.token, "w:1")
+    assert claim is not None
+    assert orc.complete(d.token, result).accepted
+
+
+def test_needs_a_publisher_and_registry_or_an_app() -> None:
+    with pytest.raises(ConfigurationError, match="Celery app"):
+        Orchestrator(Settings(), publisher=RecordingPublisher())
+
+
+def test_a_run_flows_through_the_publisher(orc: Orchestrator) -> None:
+    dag = DAG("flow")
+    a = dag.task("a", "t.ok")
+    b = dag.task("b", "t.ok", upstream=[a])
+    dag.task("c", "t.ok", upstream=[a, b])
+    run = orc.submit(dag)
+    roots = sent(orc)
+    assert [(d.key, d.attempt, d.task_id) for d in roots] == [("a", 1, f"{run.id}.a.1")]
+    run_one(orc, roots[0], 1)
+    (b_msg,) = sent(orc)  # the completion admitted and published the child
+    run_one(orc, b_msg, 2)
+    (c_msg,) = sent(orc)
+    claim = orc.claim(c_msg.token, "w:1")
+    assert claim is not None and claim.upstream_results == {"a": 1, "b": 2}
+    assert orc.complete(c_msg.token, 3).accepted
+    assert run.state is RunState.SUCCEEDED
+    run_events = [(e.from_state, e.to_state, e.actor) for e in run.events() if e.key is None]
+    assert run_events == [(None, "RUNNING", "submit"), ("RUNNING", "SUCCEEDED", "worker")]
+    # a duplicate delivery of a finished attempt is refused and does not publish anything
+    assert orc.claim(c_msg.token, "w:2") is None
+    assert sent(orc) == []
+
+
+def test_reconciler_releases_due_retries_and_dispatches_them(orc: Orchestrator) -> None:
+    dag = DAG("retry")
+    dag.task("a", "t.fail", max_attempts=3, backoff={"base": 0.05, "cap": 0.05, "jitter": "none"})
+    run = orc.submit(dag)
+    (msg,) = sent(orc)
+    assert orc.claim(msg.token, "w:1") is not None
+    out = orc.fail_attempt(msg.token, error="boom", fingerprint=None)
+    assert out.state is T.RETRYING and sent(orc) == []
+    time.sleep(0.1)
+    report = orc.reconcile()
+    assert report["released"] == 1 and report["dispatched"] == 1
+    (again,) = sent(orc)
+    assert (again.key, again.attempt) == ("a", 2)
+    assert run.task("a").state is T.QUEUED
+
+
+def test_reconciler_republishes_a_lost_dispatch(orc: Orchestrator) -> None:
+    publisher = orc.publisher
+    assert isinstance(publisher, RecordingPublisher)
+    publisher.fail_next = True  # the broker is down when the run is submitted
+    dag = DAG("lost")
+    dag.task("a", "t.ok")
+    run = orc.submit(dag)
+    assert sent(orc) == [] and run.task("a").state is T.QUEUED
+    time.sleep(0.3)  # past the dispatch timeout
+    report = orc.reconcile()
+    assert report["republished"] == 1
+    (msg,) = sent(orc)
+    assert (msg.key, msg.attempt) == ("a", 1)  # same attempt: the first message may still arrive
+    run_one(orc, msg)
+    assert run.state is RunState.SUCCEEDED
+    ledger = [(e.from_state, e.to_state, e.actor) for e in run.events() if e.key == "a"]
+    assert ("QUEUED", "QUEUED", "reconciler") in ledger
+
+
+def test_reconciler_expires_a_lease_from_its_stored_deadline(orc: Orchestrator) -> None:
+    dag = DAG("lease")
+    dag.task("a", "t.ok", max_attempts=2, backoff={"base": 0.01, "cap": 0.01, "jitter": "none"})
+    run = orc.submit(dag)
+    (msg,) = sent(orc)
+    assert orc.claim(msg.token, "w:1") is not None
+    assert orc.reconcile()["leases_expired"] == 0  # lease_seconds=0.2 still runs
+    assert orc.heartbeat(msg.token)
+    time.sleep(0.3)
+    assert orc.reconcile()["leases_expired"] == 1
+    assert not orc.heartbeat(msg.token)  # the body would now fence itself
+    assert not orc.complete(msg.token, "late").accepted  # its late result is rejected
+    task = run.task("a")
+    assert task.state in (T.RETRYING, T.READY, T.QUEUED) and task.attempt == 2
+
+
+def test_operator_conflicts_are_errors_with_who_acted(orc: Orchestrator) -> None:
+    dag = DAG("ops")
+    dag.task("a", "t.ok")
+    run = orc.submit(dag)
+    run_one(orc, sent(orc)[0])
+    with pytest.raises(ConflictError, match="only DEAD_LETTER or FAILED"):
+        run.retry("a", by="alice")
+    with pytest.raises(ConflictError, match="already SUCCEEDED"):
+        run.cancel(by="bob")
+    refused = [(e.key, e.actor, e.by, e.accepted) for e in run.events() if not e.accepted]
+    assert refused == [("a", "operator", "alice", False), (None, "operator", "bob", False)]
+
+
+def test_cancel_revokes_through_the_publisher(orc: Orchestrator) -> None:
+    dag = DAG("cancel")
+    dag.task("a", "t.ok")
+    dag.task("b", "t.ok", upstream=["a"])
+    run = orc.submit(dag)
+    (msg,) = sent(orc)
+    assert orc.claim(msg.token, "w:1") is not None
+    assert run.cancel(by="carol") == 1
+    publisher = orc.publisher
+    assert isinstance(publisher, RecordingPublisher) and publisher.revoked == [msg.task_id]
+    assert run.state is RunState.CANCELLED
+    last = run.events()[-1]
+    assert (last.key, last.to_state, last.by) == (None, "CANCELLED", "carol")
+
+
+def test_reconciler_service_on_the_embedded_default_is_always_on_duty(orc: Orchestrator) -> None:
+    service = ReconcilerService(orc.reconciler, name="a", interval=0.05, stall_seconds=5)
+    other = ReconcilerService(orc.reconciler, name="b", interval=0.05, stall_seconds=5)
+    try:
+        assert service.step() is not None and other.step() is not None
+    finally:
+        service.release()
+        other.release()
+
+
+def test_fencing_token_round_trip() -> None:
+    token = FencingToken("r", "k", 3)
+    assert token.task_id == "r.k.3" and token.headers() == {"orc_run": "r", "orc_key": "k", "orc_attempt": 3}
