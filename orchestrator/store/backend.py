@@ -1,9 +1,8 @@
 """The one seam between Postgres and SQLite.
 
 Everything that differs between the two backends is a method here: how an engine is made,
-how a state change and its event rows become one statement, how many rows are inserted, how
-children are matched by key, and the advisory locks that make admission and the reconciler's
-duty one-at-a-time. No other store module asks which database it talks to.
+how many rows are inserted, how children are matched by key, and the advisory locks that make
+admission and the reconciler's duty one-at-a-time. No other store module asks which database it talks to.
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ from ..dbtime import db_now, register_sqlite_functions
 ADMISSION_LOCK = 0x6F7263_01
 #: advisory lock key held by the one reconciler on duty
 RECONCILER_LOCK = 0x6F7263_02
-
-EVENT_COLUMNS = ("run_id", "key", "attempt", "from_state", "to_state", "actor", "by", "reason", "accepted", "at")
 
 
 def make_engine(url: str) -> Engine:
@@ -68,18 +65,6 @@ class Backend:
     #: reconciler service acts (the embedded default: one machine, passes are CAS-safe anyway)
     duty_lock = False
 
-    def update_with_events(self, conn: Connection, update: sa.Update, event: dict[str, Any]) -> list[Any]:
-        """Run ``update`` (which must return ``run_id``, ``key``, ``attempt``) and write one
-        event per returned row with the constant columns of ``event`` (which may fix the
-        ``attempt`` recorded, when the update changes it)."""
-        rows = list(conn.execute(update).all())
-        if rows:
-            conn.execute(
-                t_events_at_db_now(),
-                [{"run_id": r.run_id, "key": r.key, "attempt": r.attempt, **event} for r in rows],
-            )
-        return rows
-
     def bulk_insert(self, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
         if rows:
             conn.execute(table.insert(), rows)
@@ -103,6 +88,10 @@ class Backend:
     def release_reconciler_lock(self, conn: Connection) -> None:
         return None
 
+    def reconciler_on_duty(self, conn: Connection) -> list[str]:
+        """Labels of the sessions holding the reconciler duty in this database (none without a lock)."""
+        return []
+
     def prepare_duty_session(self, conn: Connection, *, label: str, stall_seconds: float) -> None:
         """Label the reconciler's duty session, and arrange that the server ends it when it
         stays silent for ``stall_seconds`` (a paused process), releasing its locks."""
@@ -118,24 +107,6 @@ class SqliteBackend(Backend):
 class PostgresBackend(Backend):
     name = "postgresql"
     duty_lock = True
-
-    def update_with_events(self, conn: Connection, update: sa.Update, event: dict[str, Any]) -> list[Any]:
-        # one statement: the UPDATE and its event rows (a data-modifying CTE)
-        moved = update.cte("moved")
-        constants: list[Any] = [
-            sa.literal(event["from_state"], sa.String),
-            sa.literal(event["to_state"], sa.String),
-            sa.literal(event["actor"], sa.String),
-            sa.literal(event["by"], sa.String),
-            sa.literal(event["reason"], sa.Text),
-            sa.literal(event["accepted"], sa.Boolean),
-        ]
-        attempt: Any = sa.literal(event["attempt"], sa.Integer) if "attempt" in event else moved.c.attempt
-        insert = s.events.insert().from_select(
-            list(EVENT_COLUMNS),
-            sa.select(moved.c.run_id, moved.c.key, attempt, *constants, db_now()).select_from(moved),
-        )
-        return list(conn.execute(sa.select(*moved.c).add_cte(insert.cte("events"))).all())
 
     def bulk_insert(self, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
         """COPY: a 10,000-node DAG in one stream."""
@@ -170,6 +141,19 @@ class PostgresBackend(Backend):
 
     def release_reconciler_lock(self, conn: Connection) -> None:
         conn.execute(sa.select(sa.func.pg_advisory_unlock(RECONCILER_LOCK)))
+
+    def reconciler_on_duty(self, conn: Connection) -> list[str]:
+        # advisory locks are per database: the lock's low 32 bits are its objid
+        return list(
+            conn.execute(
+                sa.text(
+                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                    " WHERE l.locktype = 'advisory' AND l.objid = :objid AND l.granted"
+                    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ),
+                {"objid": RECONCILER_LOCK & 0xFFFFFFFF},
+            ).scalars()
+        )
 
     def prepare_duty_session(self, conn: Connection, *, label: str, stall_seconds: float) -> None:
         conn.execute(sa.text("SELECT set_config('application_name', :n, false)"), {"n": label})

@@ -152,6 +152,12 @@ class Reads:
                 ).scalar_one()
             )
 
+    def reconciler_on_duty(self) -> list[str]:
+        """Which reconciler holds the duty (``orchestrator-reconciler:<name>``); empty when
+        none does, or on a backend without the duty lock (SQLite)."""
+        with self.db.engine.connect() as conn:
+            return self.db.backend.reconciler_on_duty(conn)
+
     def in_flight(self, limit: int = 1) -> list[Any]:
         """QUEUED or RUNNING tasks: (run_id, key, attempt, task_name, queue)."""
         with self.db.engine.connect() as conn:

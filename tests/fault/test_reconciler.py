@@ -12,10 +12,8 @@ import subprocess
 import time
 
 import pytest
-import sqlalchemy as sa
 
 from orchestrator import DAG, RunState, TaskState
-from orchestrator.store.backend import RECONCILER_LOCK
 from tests.fault.harness import Cluster, P, accepted, worker_pid
 
 pytestmark = pytest.mark.fault
@@ -23,18 +21,8 @@ T = TaskState
 
 
 def on_duty(cluster: Cluster) -> list[str]:
-    """``application_name`` of the session holding the reconciler duty in the fault database."""
-    with cluster.store.engine.connect() as conn:
-        return list(
-            conn.execute(
-                sa.text(
-                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-                    " WHERE l.locktype = 'advisory' AND l.objid = :objid AND l.granted"
-                    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                ),
-                {"objid": RECONCILER_LOCK & 0xFFFFFFFF},
-            ).scalars()
-        )
+    """``application_name`` of the session holding the reconciler duty in the test database."""
+    return cluster.store.reads.reconciler_on_duty()
 
 
 def test_a_retry_is_released_while_the_pool_is_saturated(cluster: Cluster) -> None:

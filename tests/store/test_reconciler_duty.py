@@ -14,7 +14,6 @@ from orchestrator import schema as s
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.reconciler import ReconcilerService
 from orchestrator.registry import StaticRegistry
-from orchestrator.store.backend import RECONCILER_LOCK
 
 pytestmark = pytest.mark.postgres
 
@@ -34,18 +33,8 @@ def orc(pg_url: str) -> Iterator[Orchestrator]:
 
 
 def on_duty(orc: Orchestrator) -> list[str]:
-    """``application_name`` of the sessions holding the reconciler's advisory lock."""
-    with orc.store.engine.connect() as conn:
-        return list(
-            conn.execute(
-                sa.text(
-                    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-                    " WHERE l.locktype = 'advisory' AND l.objid = :objid AND l.granted"
-                    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                ),
-                {"objid": RECONCILER_LOCK & 0xFFFFFFFF},
-            ).scalars()
-        )
+    """``application_name`` of the session holding the reconciler duty in the test database."""
+    return orc.store.reads.reconciler_on_duty()
 
 
 def service(orc: Orchestrator, name: str, stall: float = 10.0) -> ReconcilerService:
