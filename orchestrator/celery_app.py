@@ -52,8 +52,10 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # off by default: 4 of the ~14 Redis commands of a task; Flower enables worker events
+        # with a broadcast when it starts (its --enable_events, on by default)
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         task_time_limit=settings.max_time_limit,
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,

@@ -48,6 +48,8 @@ class Settings:
     poison_threshold: int = 2
     #: this many consecutive lost leases without an exception -> DEAD_LETTER as a crash loop
     crash_loop_threshold: int = 2
+    #: Celery task events from the workers (Flower turns them on by itself when it starts)
+    task_events: bool = False
     #: URL that receives a JSON POST for every task parked in DEAD_LETTER
     alert_webhook: str = ""
     #: probe tasks write one orc_probe_effects row per execution (fault tests, soak)

@@ -18,10 +18,11 @@ from .. import schema as s
 from ..dbtime import db_after, db_now
 from ..models import WORKER, Actor, Claim, Outcome
 from ..poison import is_retryable, verdict
-from ..states import TaskState
+from ..states import TaskState, check_transition
 from . import rows
 from .admission import Admission
 from .database import Database
+from .hotpath import HotPath
 from .ledger import Ledger, holds
 from .settlement import Settlement
 
@@ -38,6 +39,8 @@ class Attempts:
         self.settlement = settlement
         self.admission = admission
         self.poison_threshold = poison_threshold
+        #: on Postgres, the claim and the success are server functions (one round trip each)
+        self.hot = HotPath(db.engine) if db.backend.server_functions else None
 
     def claim(self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float) -> Claim | None:
         """CAS QUEUED -> RUNNING for ``attempt`` and set the lease.
@@ -45,6 +48,15 @@ class Attempts:
         Returns ``None`` when the claim lost (unknown run or task, stale attempt, already
         claimed): a rejected event is recorded and the caller must not run the body.
         """
+        if self.hot is not None:
+            check_transition(T.QUEUED, T.RUNNING, WORKER.role)
+            got = self.hot.claim(run_id, key, attempt, worker, lease_seconds)
+            if not got["claimed"]:
+                return None
+            return Claim(
+                run_id, key, attempt, list(got["args"]), dict(got["kwargs"]), bool(got["wants_upstream"]),
+                dict(got["upstream"]),
+            )  # fmt: skip
 
         def tx(conn: Connection) -> Claim | None:
             values = {
@@ -94,6 +106,12 @@ class Attempts:
 
     def succeed(self, run_id: str, key: str, attempt: int, result: Any, window: int) -> Outcome:
         """CAS RUNNING -> SUCCEEDED with ``result``, settle the children, admit ready tasks."""
+        if self.hot is not None:
+            check_transition(T.RUNNING, T.SUCCEEDED, WORKER.role)
+            out = self.hot.succeed(run_id, key, attempt, result, window, self.admission.worker_ttl)
+            if not out["accepted"]:
+                return Outcome(False, None, [], out["conflict"])
+            return Outcome(True, T.SUCCEEDED, [rows.dispatch_from(d) for d in out["dispatches"]])
 
         def tx(conn: Connection) -> Outcome:
             values = {"result": result, "finished_at": db_now(), "lease_expires_at": None}

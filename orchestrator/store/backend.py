@@ -64,6 +64,8 @@ class Backend:
     #: whether one reconciler is on duty at a time (an advisory lock); without it, every
     #: reconciler service acts (the embedded default: one machine, passes are CAS-safe anyway)
     duty_lock = False
+    #: whether the hot moves, settlement and admission run as server functions (migration 0004)
+    server_functions = False
 
     def bulk_insert(self, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
         if rows:
@@ -107,6 +109,7 @@ class SqliteBackend(Backend):
 class PostgresBackend(Backend):
     name = "postgresql"
     duty_lock = True
+    server_functions = True
 
     def bulk_insert(self, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
         """COPY: a 10,000-node DAG in one stream."""

@@ -30,10 +30,20 @@ probe_effects = sa.Table(
 _ready: set[int] = set()
 
 
+def ensure_probe_table(engine: Engine) -> None:
+    """Create the table unless it exists; safe when many processes race to create it."""
+    try:
+        probe_metadata.create_all(engine, checkfirst=True)
+    except (sa.exc.ProgrammingError, sa.exc.IntegrityError):
+        # another process created it between our check and our CREATE
+        if not sa.inspect(engine).has_table(probe_effects.name):
+            raise
+
+
 def record_effect(engine: Engine, run_id: str, key: str, attempt: int, pid: int) -> None:
     """Note one execution of a probe body."""
     if id(engine) not in _ready:
-        probe_metadata.create_all(engine, checkfirst=True)
+        ensure_probe_table(engine)
         _ready.add(id(engine))
     with engine.begin() as conn:
         conn.execute(probe_effects.insert().values(run_id=run_id, key=key, attempt=attempt, pid=pid, at=db_now()))

@@ -25,6 +25,14 @@ def dispatch(r: Any) -> Dispatch:
     )
 
 
+def dispatch_from(d: dict[str, Any]) -> Dispatch:
+    """A dispatch from the JSON a server function returns (see ``hotpath.py``)."""
+    return Dispatch(
+        d["run_id"], d["key"], d["attempt"], d["task_name"], list(d["args"]), dict(d["kwargs"]), d["queue"],
+        d["soft_time_limit"], d["time_limit"],
+    )  # fmt: skip
+
+
 def backoff(raw: dict[str, Any]) -> Backoff:
     return Backoff(base=raw["base"], cap=raw["cap"], jitter=Jitter(raw["jitter"]))
 

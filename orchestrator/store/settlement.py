@@ -8,6 +8,7 @@ of every change it cascades into.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import sqlalchemy as sa
@@ -35,6 +36,8 @@ _COUNTER_COLUMNS = (
     t_tasks.c.n_skipped,
 )
 
+_ORC_SETTLE = sa.text("SELECT orc_settle(:run, :key, :state, CAST(:children AS json), :actor, :by)")
+
 #: one terminal task to settle: (key, state it ended in, its child keys)
 Finished = tuple[str, TaskState, list[str]]
 
@@ -46,7 +49,16 @@ class Settlement:
 
     def settle(self, conn: Connection, run_id: str, finished: list[Finished], actor: Actor) -> None:
         """Count the newly terminal tasks into their children, cascade what that decides,
-        and close the run when no task is open."""
+        and close the run when no task is open (on Postgres: the server function
+        ``orc_settle`` of migration 0004, one round trip per finished task)."""
+        if self.db.backend.server_functions:
+            for key, state, children in finished:
+                conn.execute(
+                    _ORC_SETTLE,
+                    {"run": run_id, "key": key, "state": state.value, "children": json.dumps(children),
+                     "actor": actor.role, "by": actor.by},
+                )  # fmt: skip
+            return
         closed = len(finished)
         work = list(finished)
         while work:

@@ -1,0 +1,87 @@
+"""The hot path on Postgres: the claim and the success in one round trip each.
+
+The server functions of migration 0004 (``orc_claim``, ``orc_succeed``, which settles and
+admits) do on the server what ``attempts.py`` does from Python on SQLite. They are called on
+a dedicated psycopg connection per process and thread, in autocommit (a single statement is
+atomic: no BEGIN, no COMMIT), as prepared statements, without SQLAlchemy's per-call cost and
+without a pool pre-ping. A dropped connection is replaced and the call retried: the call is
+a compare-and-set, so a retry after an ambiguous commit is refused, never applied twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Json
+from sqlalchemy.engine import Engine
+
+log = logging.getLogger(__name__)
+
+_CLAIM = "SELECT orc_claim(%s::text, %s::text, %s::int, %s::text, %s::float8)"
+_SUCCEED = "SELECT orc_succeed(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8)"
+
+#: connections a forked child inherited from its parent: kept referenced, never closed, so
+#: that garbage collection in the child cannot end the parent's session
+_inherited: list[Any] = []
+
+
+class HotPath:
+    def __init__(self, engine: Engine, *, attempts: int = 5) -> None:
+        url = engine.url.set(drivername="postgresql")
+        self.dsn = url.render_as_string(hide_password=False)
+        self.attempts = attempts
+        self._local = threading.local()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is not None and local.pid != os.getpid():
+            _inherited.append(conn)
+            conn = None
+        if conn is None or conn.closed:
+            conn = psycopg.connect(self.dsn, autocommit=True)
+            local.conn, local.pid = conn, os.getpid()
+        return conn
+
+    def _call(self, query: str, params: tuple[Any, ...]) -> Any:
+        for i in range(self.attempts):
+            conn = self._connection()
+            try:
+                with conn.cursor() as cursor:
+                    cursor.execute(query, params, prepare=True)
+                    row = cursor.fetchone()
+                    assert row is not None
+                    return row[0]
+            except (psycopg.OperationalError, psycopg.errors.DeadlockDetected) as exc:
+                if not conn.closed and not isinstance(exc, psycopg.errors.DeadlockDetected):
+                    conn.close()
+                if i + 1 >= self.attempts:
+                    raise
+                log.warning("retrying %s after %s", query.split("(")[0], type(exc).__name__)
+                time.sleep(0.01 * (2**i) * (1 + random.random()))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def claim(self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float) -> dict[str, Any]:
+        """``{"claimed": true, "args", "kwargs", "wants_upstream", "upstream"}`` or
+        ``{"claimed": false, "conflict"}``."""
+        result: dict[str, Any] = self._call(_CLAIM, (run_id, key, attempt, worker, lease_seconds))
+        return result
+
+    def succeed(
+        self, run_id: str, key: str, attempt: int, result: Any, window: int, worker_ttl: float
+    ) -> dict[str, Any]:
+        """``{"accepted": true, "dispatches": [...]}`` or ``{"accepted": false, "conflict"}``."""
+        out: dict[str, Any] = self._call(_SUCCEED, (run_id, key, attempt, Json(result), window, worker_ttl))
+        return out
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid() and not conn.closed:
+            conn.close()
+        self._local.conn = None
