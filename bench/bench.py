@@ -400,11 +400,14 @@ class Bench:
             own[0] += 1
 
         before = self.transactions()
+        # each of this process's checkouts pings (its own transaction), then each begins one
         sa.event.listen(engine, "begin", count)
+        sa.event.listen(engine.pool, "checkout", count)
         try:
             run, elapsed = self.run_dag(fanout_dag(n, "bench_fanout"))
         finally:
             sa.event.remove(engine, "begin", count)
+            sa.event.remove(engine.pool, "checkout", count)
         time.sleep(0.6)  # the statistics collector flushes every 500 ms
         per_task = (self.transactions() - before - own[0] - 1) / (n + 2)
         figures = self.db_figures(run.id)

@@ -24,6 +24,10 @@ class Backoff:
     cap: float = 60.0
     jitter: Jitter = Jitter.FULL
 
+    def to_spec(self) -> dict[str, object]:
+        """The JSON form stored with a task and in specs (``{"base", "cap", "jitter"}``)."""
+        return {"base": self.base, "cap": self.cap, "jitter": self.jitter.value}
+
     def ceiling(self, retry: int) -> float:
         # min() before the power would overflow for large retry numbers
         exp = min(retry - 1, 62)

@@ -36,6 +36,9 @@ class Settings:
     reconciler_stall_seconds: float = 10.0
     #: most tasks QUEUED or RUNNING at once; the rest waits in the database as READY
     dispatch_window: int = 2000
+    #: messages in flight per live worker slot (the next one waits in the broker, not in a
+    #: completion's transaction); 1 admits exactly the free slots
+    dispatch_depth: int = 2
     #: Redis visibility timeout; must exceed the longest hard time limit
     visibility_timeout: float = 3600.0
     #: hard time limit of tasks without their own; also the most a node may ask for

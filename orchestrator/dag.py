@@ -67,22 +67,23 @@ class Node:
             "args": list(self.args),
             "kwargs": dict(self.kwargs),
             "upstream": list(self.upstream),
-            "trigger_rule": self.trigger_rule.value,
+            # a StrEnum member is its value as JSON; no .value lookup per node
+            "trigger_rule": self.trigger_rule,
             "max_attempts": self.max_attempts,
-            "backoff": {
-                "base": self.backoff.base,
-                "cap": self.backoff.cap,
-                "jitter": self.backoff.jitter.value,
-            },
+            "backoff": self.backoff.to_spec(),
         }
-        for name in ("soft_time_limit", "time_limit", "queue"):
-            if getattr(self, name) is not None:
-                spec[name] = getattr(self, name)
+        if self.soft_time_limit is not None:
+            spec["soft_time_limit"] = self.soft_time_limit
+        if self.time_limit is not None:
+            spec["time_limit"] = self.time_limit
+        if self.queue is not None:
+            spec["queue"] = self.queue
         if self.priority is not None:
             spec["priority"] = self.priority.value
-        for name in ("retry_on", "no_retry_on"):
-            if getattr(self, name):
-                spec[name] = list(getattr(self, name))
+        if self.retry_on:
+            spec["retry_on"] = list(self.retry_on)
+        if self.no_retry_on:
+            spec["no_retry_on"] = list(self.no_retry_on)
         return spec
 
 
@@ -183,8 +184,9 @@ class DAG:
         check_json(self.params, "params", dag=dag)
         if _json_size(self.params) > limits.max_params_bytes:
             raise ValidationError(f"params exceed {limits.max_params_bytes} bytes of JSON", dag=dag)
+        known: set[str] = set()  # task names already found valid and registered
         for node in self.nodes.values():
-            _validate_node(node, self, is_registered, limits)
+            _validate_node(node, self, is_registered, limits, known)
         find_cycle_or_raise(self)
 
     def roots(self) -> list[Node]:
@@ -206,7 +208,13 @@ class DAG:
         return other
 
 
-def _validate_node(node: Node, dag: DAG, is_registered: Callable[[str], bool] | None, limits: Limits) -> None:
+def _validate_node(
+    node: Node,
+    dag: DAG,
+    is_registered: Callable[[str], bool] | None,
+    limits: Limits,
+    known: set[str] | None = None,
+) -> None:
     d, k = dag.name, node.key
 
     def fail(message: str) -> ValidationError:
@@ -214,22 +222,26 @@ def _validate_node(node: Node, dag: DAG, is_registered: Callable[[str], bool] | 
 
     if not isinstance(k, str) or not KEY_RE.match(k):
         raise fail("node keys must be 1-200 letters, digits, '_' or '-'")
-    if not isinstance(node.task, str) or not TASK_NAME_RE.match(node.task):
-        raise fail(f"task {node.task!r} is not a valid Celery task name")
-    if node.task.startswith("celery."):
-        raise UnknownTaskError(f"task {node.task!r} is internal to Celery", dag=d, node=k)
-    if is_registered is not None and not is_registered(node.task):
-        raise UnknownTaskError(
-            f"task {node.task!r} is not registered in the Celery app (add its module to ORCHESTRATOR_TASK_MODULES)",
-            dag=d,
-            node=k,
-        )
+    if known is None or node.task not in known:
+        if not isinstance(node.task, str) or not TASK_NAME_RE.match(node.task):
+            raise fail(f"task {node.task!r} is not a valid Celery task name")
+        if node.task.startswith("celery."):
+            raise UnknownTaskError(f"task {node.task!r} is internal to Celery", dag=d, node=k)
+        if is_registered is not None and not is_registered(node.task):
+            raise UnknownTaskError(
+                f"task {node.task!r} is not registered in the Celery app (add its module to ORCHESTRATOR_TASK_MODULES)",
+                dag=d,
+                node=k,
+            )
+        if known is not None:
+            known.add(node.task)
     if not isinstance(node.kwargs, Mapping):
         raise fail("kwargs must be a mapping")
-    check_json(list(node.args), "args", dag=d, node=k)
-    check_json(dict(node.kwargs), "kwargs", dag=d, node=k)
-    if _json_size([list(node.args), dict(node.kwargs)]) > limits.max_node_bytes:
-        raise fail(f"arguments exceed {limits.max_node_bytes} bytes of JSON")
+    if node.args or node.kwargs:  # the common no-argument node needs no JSON walk
+        check_json(list(node.args), "args", dag=d, node=k)
+        check_json(dict(node.kwargs), "kwargs", dag=d, node=k)
+        if _json_size([list(node.args), dict(node.kwargs)]) > limits.max_node_bytes:
+            raise fail(f"arguments exceed {limits.max_node_bytes} bytes of JSON")
     seen: set[str] = set()
     for parent in node.upstream:
         if parent in seen:

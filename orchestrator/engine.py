@@ -79,6 +79,7 @@ class Orchestrator:
             poison_threshold=s.poison_threshold,
             crash_loop_threshold=s.crash_loop_threshold,
             worker_ttl=s.worker_ttl,
+            dispatch_depth=s.dispatch_depth,
         )
         if store.engine.dialect.name == "sqlite":
             from . import migrate

@@ -50,11 +50,12 @@ class Store:
         poison_threshold: int = 2,
         crash_loop_threshold: int = 2,
         worker_ttl: float = 30.0,
+        dispatch_depth: int = 1,
     ) -> None:
         self.db = Database(url_or_engine, id_factory=id_factory)
         self.ledger = Ledger(self.db)
         self.settlement = Settlement(self.db, self.ledger)
-        self.admission = Admission(self.db, self.ledger, worker_ttl=worker_ttl)
+        self.admission = Admission(self.db, self.ledger, worker_ttl=worker_ttl, depth=dispatch_depth)
         self.submission = Submission(self.db, self.ledger)
         self.attempts = Attempts(
             self.db, self.ledger, self.settlement, self.admission, poison_threshold=poison_threshold

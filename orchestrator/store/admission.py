@@ -1,9 +1,11 @@
 """Admission: READY -> QUEUED for as many tasks as live workers can take, in priority order.
 
 The in-flight window of a group of workers consuming the same queues is the sum of their
-concurrency (the worker registry, ``workers.py``): every published message has a free slot
-waiting for it, so a QUEUED task that stays unclaimed past the dispatch timeout was really
-lost. The backlog waits in the database as READY rows.
+concurrency (the worker registry, ``workers.py``) times the dispatch depth: each slot has its
+running task and up to ``depth - 1`` messages waiting in the broker, so a slot that frees
+takes the next message at once instead of waiting for the completion that admits it. The
+backlog waits in the database as READY rows. Which QUEUED tasks were really lost is decided
+in ``recovery.stale_queued``.
 """
 
 from __future__ import annotations
@@ -25,21 +27,23 @@ T = TaskState
 t_tasks, t_workers = s.tasks, s.workers
 
 
-_ORC_ADMIT = sa.text("SELECT * FROM orc_admit(:window, :ttl)")
+_ORC_ADMIT = sa.text("SELECT * FROM orc_admit(:window, :ttl, :depth)")
 
 
 class Admission:
-    def __init__(self, db: Database, ledger: Ledger, *, worker_ttl: float) -> None:
+    def __init__(self, db: Database, ledger: Ledger, *, worker_ttl: float, depth: int = 1) -> None:
         self.db = db
         self.ledger = ledger
         self.worker_ttl = worker_ttl
+        #: messages in flight per live worker slot
+        self.depth = depth
 
     def admit(self, conn: Connection, window: int) -> list[Dispatch]:
         """Admit within capacity (at most ``window`` tasks QUEUED or RUNNING in all); return
         the messages to publish *after* the caller commits. On Postgres: the server function
         ``orc_admit`` of migration 0004 (the same steps, one round trip)."""
         if self.db.backend.server_functions:
-            found = conn.execute(_ORC_ADMIT, {"window": window, "ttl": self.worker_ttl}).all()
+            found = conn.execute(_ORC_ADMIT, {"window": window, "ttl": self.worker_ttl, "depth": self.depth}).all()
             return [rows.dispatch(r) for r in sorted(found, key=lambda r: (r.priority_rank, r.ready_at))]
         ready = conn.execute(sa.select(t_tasks.c.run_id).where(t_tasks.c.state == T.READY.value).limit(1)).first()
         if ready is None:
@@ -61,7 +65,7 @@ class Admission:
         total = sum(inflight.values())
         admitted: list[Any] = []
         for queues, capacity in groups.items():
-            room = min(capacity - sum(inflight.get(q, 0) for q in queues), window - total)
+            room = min(capacity * self.depth - sum(inflight.get(q, 0) for q in queues), window - total)
             if room <= 0:
                 continue
             picked = (

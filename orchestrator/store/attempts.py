@@ -108,7 +108,9 @@ class Attempts:
         """CAS RUNNING -> SUCCEEDED with ``result``, settle the children, admit ready tasks."""
         if self.hot is not None:
             check_transition(T.RUNNING, T.SUCCEEDED, WORKER.role)
-            out = self.hot.succeed(run_id, key, attempt, result, window, self.admission.worker_ttl)
+            out = self.hot.succeed(
+                run_id, key, attempt, result, window, self.admission.worker_ttl, self.admission.depth
+            )
             if not out["accepted"]:
                 return Outcome(False, None, [], out["conflict"])
             return Outcome(True, T.SUCCEEDED, [rows.dispatch_from(d) for d in out["dispatches"]])

@@ -7,9 +7,10 @@ admission and the reconciler's duty one-at-a-time. No other store module asks wh
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -67,9 +68,11 @@ class Backend:
     #: whether the hot moves, settlement and admission run as server functions (migration 0004)
     server_functions = False
 
-    def bulk_insert(self, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-        if rows:
-            conn.execute(table.insert(), rows)
+    def bulk_insert(self, conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]]) -> None:
+        """Insert ``rows`` (consumed once, in chunks: never all in memory at once)."""
+        stream = iter(rows)
+        while chunk := list(itertools.islice(stream, 1000)):
+            conn.execute(table.insert(), chunk)
 
     def key_in(self, column: Any, keys: Sequence[str]) -> Any:
         """``column`` is one of ``keys``."""
@@ -111,22 +114,31 @@ class PostgresBackend(Backend):
     duty_lock = True
     server_functions = True
 
-    def bulk_insert(self, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-        """COPY: a 10,000-node DAG in one stream."""
-        if not rows:
+    def bulk_insert(self, conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]]) -> None:
+        """COPY: a 10,000-node DAG in one stream, rows consumed as they are written."""
+        stream = iter(rows)
+        first = next(stream, None)
+        if first is None:
             return
-        columns = list(rows[0])
-        as_json = [isinstance(table.c[c].type, sa.JSON) for c in columns]
+        columns = list(first)
+        json_columns = {c for c in columns if isinstance(table.c[c].type, sa.JSON)}
+        # shared values (empty args, a backoff) are encoded once; the memo holds each value too,
+        # so that no id is reused by another object while the stream is written
+        encoded: dict[int, tuple[Any, str]] = {}
+
+        def encode(value: Any) -> str | None:
+            if value is None:
+                return None
+            hit = encoded.get(id(value))
+            if hit is None:
+                hit = encoded[id(value)] = (value, json.dumps(value))
+            return hit[1]
+
         dbapi = conn.connection.driver_connection
         assert dbapi is not None
         with dbapi.cursor() as cursor, cursor.copy(f"COPY {table.name} ({', '.join(columns)}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(
-                    [
-                        json.dumps(row[c]) if j and row[c] is not None else row[c]
-                        for c, j in zip(columns, as_json, strict=True)
-                    ]
-                )
+            for row in itertools.chain((first,), stream):
+                copy.write_row([encode(row[c]) if c in json_columns else row[c] for c in columns])
 
     def key_in(self, column: Any, keys: Sequence[str]) -> Any:
         # a VALUES list joins on the primary key; a long IN list may be planned as a scan of the

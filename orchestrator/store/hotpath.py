@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 log = logging.getLogger(__name__)
 
 _CLAIM = "SELECT orc_claim(%s::text, %s::text, %s::int, %s::text, %s::float8)"
-_SUCCEED = "SELECT orc_succeed(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8)"
+_SUCCEED = "SELECT orc_succeed(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int)"
 
 #: connections a forked child inherited from its parent: kept referenced, never closed, so
 #: that garbage collection in the child cannot end the parent's session
@@ -74,10 +74,10 @@ class HotPath:
         return result
 
     def succeed(
-        self, run_id: str, key: str, attempt: int, result: Any, window: int, worker_ttl: float
+        self, run_id: str, key: str, attempt: int, result: Any, window: int, worker_ttl: float, depth: int
     ) -> dict[str, Any]:
         """``{"accepted": true, "dispatches": [...]}`` or ``{"accepted": false, "conflict"}``."""
-        out: dict[str, Any] = self._call(_SUCCEED, (run_id, key, attempt, Json(result), window, worker_ttl))
+        out: dict[str, Any] = self._call(_SUCCEED, (run_id, key, attempt, Json(result), window, worker_ttl, depth))
         return out
 
     def close(self) -> None:

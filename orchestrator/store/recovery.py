@@ -61,14 +61,43 @@ class Recovery:
         return self.db.transaction(tx)
 
     def stale_queued(self, dispatch_timeout: float, limit: int = 500) -> list[tuple[str, str, int, Any]]:
-        """QUEUED tasks unclaimed for longer than ``dispatch_timeout``: (run, key, attempt, dispatched_at)."""
+        """QUEUED tasks whose message was lost: (run, key, attempt, dispatched_at).
+
+        Unclaimed for longer than ``dispatch_timeout`` is not enough: with a dispatch depth
+        above 1 a message may wait behind long tasks. A QUEUED task counts as lost when, past
+        the timeout, either a task published *later* to its queue is already running (the
+        broker delivers a queue in order, so this one was skipped), or the workers that
+        consume its queue have an idle slot (nothing is in the way). A deep backlog behind
+        busy slots is neither, and is never re-published.
+        """
         with self.db.engine.connect() as conn:
-            found = conn.execute(
-                sa.select(t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.dispatched_at)
+            candidates = conn.execute(
+                sa.select(t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.dispatched_at, t_tasks.c.queue)
                 .where(t_tasks.c.state == T.QUEUED.value, t_tasks.c.dispatched_at < db_after(-dispatch_timeout))
+                .order_by(t_tasks.c.dispatched_at)
                 .limit(limit)
             ).all()
-        return [(r.run_id, r.key, r.attempt, r.dispatched_at) for r in found]
+            if not candidates:
+                return []
+            running = {
+                queue: (int(n), newest)
+                for queue, n, newest in conn.execute(
+                    sa.select(t_tasks.c.queue, sa.func.count(), sa.func.max(t_tasks.c.dispatched_at))
+                    .where(t_tasks.c.state == T.RUNNING.value)
+                    .group_by(t_tasks.c.queue)
+                ).all()
+            }
+            groups = self.admission.capacity(conn)
+        lost = []
+        for c in candidates:
+            newest = running.get(c.queue, (0, None))[1]
+            overtaken = newest is not None and newest > c.dispatched_at
+            serving = [(queues, slots) for queues, slots in groups.items() if c.queue in queues]
+            slots = sum(n for _, n in serving)
+            used = sum(running.get(q, (0, None))[0] for q in set().union(*(qs for qs, _ in serving)))
+            if overtaken or used < slots:
+                lost.append((c.run_id, c.key, c.attempt, c.dispatched_at))
+        return lost
 
     def redispatch(self, run_id: str, key: str, attempt: int, dispatched_at: Any) -> Dispatch | None:
         """CAS QUEUED -> QUEUED (same attempt, new ``dispatched_at``) for one stale task.

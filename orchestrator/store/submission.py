@@ -3,7 +3,7 @@ transaction, idempotent on (DAG name, tenant, idempotency key)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -76,10 +76,9 @@ class Submission:
                 )
             )
             self.ledger.create_run(conn, run_id, SUBMIT)
-            task_rows, edge_rows = _rows(dag, run_id, now, queues, wants_upstream)
-            self.db.backend.bulk_insert(conn, t_tasks, task_rows)
-            self.db.backend.bulk_insert(conn, t_edges, edge_rows)
-            self.ledger.roots_ready(conn, run_id, [r["key"] for r in task_rows if r["state"] == T.READY.value])
+            self.db.backend.bulk_insert(conn, t_tasks, _task_rows(dag, run_id, now, queues, wants_upstream))
+            self.db.backend.bulk_insert(conn, t_edges, _edge_rows(dag, run_id))
+            self.ledger.roots_ready(conn, run_id, [n.key for n in dag.nodes.values() if not n.upstream])
             return run_id, True
 
         try:
@@ -93,48 +92,56 @@ class Submission:
             return found, False
 
 
-def _rows(
+def _task_rows(
     dag: DAG, run_id: str, now: Any, queues: dict[str, str], wants_upstream: Callable[[str], bool]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The task and edge rows of a new run; roots start READY, the others PENDING."""
+) -> Iterator[dict[str, Any]]:
+    """The task rows of a new run, one at a time (a 100,000-node run is never all in memory
+    as rows); roots start READY, the others PENDING."""
     children: dict[str, list[str]] = {}
     for node in dag.nodes.values():
         for parent in node.upstream:
             children.setdefault(parent, []).append(node.key)
-    task_rows: list[dict[str, Any]] = []
-    edge_rows: list[dict[str, Any]] = []
+    # equal JSON values are shared objects, so the bulk insert encodes each one once
+    empty_args: list[Any] = []
+    empty_kwargs: dict[str, Any] = {}
+    backoffs: dict[Any, dict[str, Any]] = {}
     for node in dag.nodes.values():
         prio = dag.priority_of(node)
         root = not node.upstream
-        task_rows.append(
-            {
-                "run_id": run_id,
-                "key": node.key,
-                "task_name": node.task,
-                "args": list(node.args),
-                "kwargs": dict(node.kwargs),
-                "state": (T.READY if root else T.PENDING).value,
-                "attempt": 1,
-                "max_attempts": node.max_attempts,
-                "backoff": {"base": node.backoff.base, "cap": node.backoff.cap, "jitter": node.backoff.jitter.value},
-                "trigger_rule": node.trigger_rule.value,
-                "n_upstream": len(node.upstream),
-                "n_done": 0,
-                "n_succeeded": 0,
-                "n_failed": 0,
-                "n_skipped": 0,
-                "wants_upstream": wants_upstream(node.task),
-                "queue": queues[node.key],
-                "priority": prio.value,
-                "priority_rank": prio.rank,
-                "tenant": dag.tenant,
-                "soft_time_limit": node.soft_time_limit,
-                "time_limit": node.time_limit,
-                "ready_at": now if root else None,
-                "children": children.get(node.key),
-                "retry_on": list(node.retry_on) or None,
-                "no_retry_on": list(node.no_retry_on) or None,
-            }
-        )
-        edge_rows.extend({"run_id": run_id, "parent_key": p, "child_key": node.key} for p in node.upstream)
-    return task_rows, edge_rows
+        backoff = backoffs.get(node.backoff)
+        if backoff is None:
+            backoff = backoffs[node.backoff] = node.backoff.to_spec()
+        yield {
+            "run_id": run_id,
+            "key": node.key,
+            "task_name": node.task,
+            "args": list(node.args) if node.args else empty_args,
+            "kwargs": dict(node.kwargs) if node.kwargs else empty_kwargs,
+            "state": (T.READY if root else T.PENDING).value,
+            "attempt": 1,
+            "max_attempts": node.max_attempts,
+            "backoff": backoff,
+            "trigger_rule": node.trigger_rule.value,
+            "n_upstream": len(node.upstream),
+            "n_done": 0,
+            "n_succeeded": 0,
+            "n_failed": 0,
+            "n_skipped": 0,
+            "wants_upstream": wants_upstream(node.task),
+            "queue": queues[node.key],
+            "priority": prio.value,
+            "priority_rank": prio.rank,
+            "tenant": dag.tenant,
+            "soft_time_limit": node.soft_time_limit,
+            "time_limit": node.time_limit,
+            "ready_at": now if root else None,
+            "children": children.get(node.key),
+            "retry_on": list(node.retry_on) or None,
+            "no_retry_on": list(node.no_retry_on) or None,
+        }
+
+
+def _edge_rows(dag: DAG, run_id: str) -> Iterator[dict[str, Any]]:
+    for node in dag.nodes.values():
+        for parent in node.upstream:
+            yield {"run_id": run_id, "parent_key": parent, "child_key": node.key}

@@ -214,6 +214,7 @@ class Cluster:
                 poison_threshold=settings.poison_threshold,
                 crash_loop_threshold=settings.crash_loop_threshold,
                 worker_ttl=settings.worker_ttl,
+                dispatch_depth=settings.dispatch_depth,
             )
             # publishes on the fault suite's app (private Redis); checks names against the global app's tasks
             self._orc = Orchestrator(

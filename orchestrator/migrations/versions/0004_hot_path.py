@@ -140,7 +140,7 @@ $$;
 
 -- admission: READY -> QUEUED within the live workers' capacity, in priority order; the
 -- dispatches to publish after the caller's commit (see store/admission.py)
-CREATE OR REPLACE FUNCTION orc_admit(p_window int, p_worker_ttl float8)
+CREATE OR REPLACE FUNCTION orc_admit(p_window int, p_worker_ttl float8, p_depth int)
 RETURNS TABLE (run_id text, key text, attempt int, task_name text, args json, kwargs json, queue text,
                soft_time_limit float8, time_limit float8, priority_rank int, ready_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -168,16 +168,24 @@ BEGIN
         GROUP BY w.queues::text
     LOOP
         qs := ARRAY(SELECT json_array_elements_text(g.queues::json));
-        SELECT least(g.capacity - count(*), p_window - total) INTO room
+        SELECT least(g.capacity * p_depth - count(*), p_window - total) INTO room
         FROM orc_tasks t WHERE t.state IN ('QUEUED', 'RUNNING') AND t.queue = ANY(qs);
         CONTINUE WHEN room <= 0;
         RETURN QUERY
         WITH picked AS (
-            SELECT p.run_id, p.key FROM orc_tasks p
-            WHERE p.state = 'READY' AND p.queue = ANY(qs)
-            ORDER BY p.priority_rank, p.ready_at
+            -- per queue in index order (queue, state, priority_rank, ready_at), then merged: never
+            -- a sort of the whole READY backlog
+            SELECT x.run_id, x.key
+            FROM unnest(qs) AS q(name)
+            CROSS JOIN LATERAL (
+                SELECT p.run_id, p.key, p.priority_rank, p.ready_at FROM orc_tasks p
+                WHERE p.queue = q.name AND p.state = 'READY'
+                ORDER BY p.priority_rank, p.ready_at
+                LIMIT room
+                FOR UPDATE SKIP LOCKED
+            ) x
+            ORDER BY x.priority_rank, x.ready_at
             LIMIT room
-            FOR UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE orc_tasks t SET state = 'QUEUED', dispatched_at = now()
             FROM picked
@@ -227,7 +235,7 @@ $$;
 
 -- the success: RUNNING -> SUCCEEDED for p_attempt with its result, settlement, admission
 CREATE OR REPLACE FUNCTION orc_succeed(p_run text, p_key text, p_attempt int, p_result json, p_window int,
-                                       p_worker_ttl float8)
+                                       p_worker_ttl float8, p_depth int)
 RETURNS json LANGUAGE plpgsql AS $$
 DECLARE
     kids json;
@@ -245,28 +253,52 @@ BEGIN
     VALUES (p_run, p_key, p_attempt, 'RUNNING', 'SUCCEEDED', 'worker', NULL, NULL, true, now());
     PERFORM orc_settle(p_run, p_key, 'SUCCEEDED', kids, 'worker', NULL);
     SELECT coalesce(json_agg(d ORDER BY d.priority_rank, d.ready_at), '[]'::json) INTO dispatches
-    FROM orc_admit(p_window, p_worker_ttl) d;
+    FROM orc_admit(p_window, p_worker_ttl, p_depth) d;
     RETURN json_build_object('accepted', true, 'dispatches', dispatches);
 END
 $$;
 """
 FUNCTIONS = (
-    "orc_succeed(text, text, int, json, int, float8)",
+    "orc_succeed(text, text, int, json, int, float8, int)",
     "orc_claim(text, text, int, text, float8)",
-    "orc_admit(int, float8)",
+    "orc_admit(int, float8, int)",
     "orc_settle(text, text, text, json, text, text)",
     "orc_reject(text, text, int, text, text, text)",
     "orc_decide(text, int, int, int, int, int)",
 )
 
 
+#: names SQLite's unnamed foreign keys so that batch mode can drop them
+_NAMES = {"fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s"}
+
+
+def _fk_name(table: str) -> str:
+    # Postgres named the keys of revision 0001 itself; SQLite's are unnamed (see _NAMES)
+    if op.get_bind().dialect.name == "postgresql":
+        return f"{table}_run_id_fkey"
+    return f"fk_{table}_run_id_orc_runs"
+
+
 def upgrade() -> None:
+    # submission writes a run and its rows in one transaction: the per-row foreign key checks
+    # only slowed its COPY down
+    for table in ("orc_tasks", "orc_edges"):
+        with op.batch_alter_table(table, naming_convention=_NAMES) as batch:
+            batch.drop_constraint(_fk_name(table), type_="foreignkey")
+    # admission reads READY rows of a queue in priority order straight from the index
+    op.drop_index("ix_orc_tasks_queue_state", "orc_tasks")
+    op.create_index("ix_orc_tasks_queue_state", "orc_tasks", ["queue", "state", "priority_rank", "ready_at"])
     if op.get_bind().dialect.name != "postgresql":
         return
     op.execute(SQL)
 
 
 def downgrade() -> None:
+    for table in ("orc_tasks", "orc_edges"):
+        with op.batch_alter_table(table, naming_convention=_NAMES) as batch:
+            batch.create_foreign_key(_fk_name(table), "orc_runs", ["run_id"], ["id"])
+    op.drop_index("ix_orc_tasks_queue_state", "orc_tasks")
+    op.create_index("ix_orc_tasks_queue_state", "orc_tasks", ["queue", "state"])
     if op.get_bind().dialect.name != "postgresql":
         return
     for signature in FUNCTIONS:
