@@ -25,6 +25,12 @@ SQL = r"""
 -- the same event rows, the same transitions of states.TRANSITIONS / RUN_TRANSITIONS; the
 -- store's contract tests run both. Each function is one statement, so it is atomic in an
 -- autocommit session: no BEGIN, no COMMIT, no second round trip.
+--
+-- Plans: PL/pgSQL caches generic plans, made before the tables have statistics (a new run
+-- always is newer than the statistics). A single task is therefore always reached through its
+-- primary key: children one at a time by (run, key) (an = ANY(array) or a join on unnest()
+-- was planned as a scan of the whole run), and the expected state is compared as coalesce(state, '') so that the state
+-- index, full of dead entries during a burst, is never chosen for a one-row compare-and-set.
 
 -- states.decide, as SQL: READY / SKIPPED / UPSTREAM_FAILED once the rule is decided, else NULL
 CREATE OR REPLACE FUNCTION orc_decide(rule text, total int, done int, ok int, failed int, skipped int)
@@ -72,6 +78,7 @@ DECLARE
     i int := 1;
     closed int := 1;
     kids text[];
+    kid text;
     r record;
     m record;
     verdict text;
@@ -82,24 +89,23 @@ BEGIN
     WHILE i <= array_length(q_keys, 1) LOOP
         IF q_children[i] IS NOT NULL AND json_typeof(q_children[i]) = 'array' THEN
             kids := ARRAY(SELECT json_array_elements_text(q_children[i]));
-            FOR r IN
+            FOREACH kid IN ARRAY kids LOOP
                 UPDATE orc_tasks t SET
                     n_done = t.n_done + 1,
                     n_succeeded = t.n_succeeded + (q_states[i] = 'SUCCEEDED')::int,
                     n_failed = t.n_failed + (q_states[i] IN ('FAILED', 'UPSTREAM_FAILED'))::int,
                     n_skipped = t.n_skipped + (q_states[i] = 'SKIPPED')::int
-                WHERE t.run_id = p_run AND t.key = ANY(kids)
+                WHERE t.run_id = p_run AND t.key = kid
                 RETURNING t.key, t.state, t.attempt, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded,
-                          t.n_failed, t.n_skipped
-            LOOP
-                CONTINUE WHEN r.state <> 'PENDING';
+                          t.n_failed, t.n_skipped INTO r;
+                CONTINUE WHEN NOT FOUND OR r.state <> 'PENDING';
                 verdict := orc_decide(r.trigger_rule, r.n_upstream, r.n_done, r.n_succeeded, r.n_failed, r.n_skipped);
                 CONTINUE WHEN verdict IS NULL;
                 UPDATE orc_tasks t SET
                     state = verdict,
                     ready_at = CASE WHEN verdict = 'READY' THEN now() ELSE t.ready_at END,
                     finished_at = CASE WHEN verdict = 'READY' THEN t.finished_at ELSE now() END
-                WHERE t.run_id = p_run AND t.key = r.key AND t.state = 'PENDING'
+                WHERE t.run_id = p_run AND t.key = r.key AND coalesce(t.state, '') = 'PENDING'
                 RETURNING t.key, t.attempt, t.children INTO m;
                 IF FOUND THEN
                     INSERT INTO orc_task_events
@@ -215,7 +221,7 @@ DECLARE
 BEGIN
     UPDATE orc_tasks t SET state = 'RUNNING', started_at = now(), heartbeat_at = now(),
                            lease_expires_at = now() + make_interval(secs => p_lease), worker = p_worker
-    WHERE t.run_id = p_run AND t.key = p_key AND t.state = 'QUEUED' AND t.attempt = p_attempt
+    WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'QUEUED' AND t.attempt = p_attempt
     RETURNING t.args, t.kwargs, t.wants_upstream INTO row;
     IF NOT FOUND THEN
         conflict := orc_reject(p_run, p_key, p_attempt, 'RUNNING', 'worker', 'claim by ' || p_worker);
@@ -243,7 +249,7 @@ DECLARE
     dispatches json;
 BEGIN
     UPDATE orc_tasks t SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
-    WHERE t.run_id = p_run AND t.key = p_key AND t.state = 'RUNNING' AND t.attempt = p_attempt
+    WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'RUNNING' AND t.attempt = p_attempt
     RETURNING t.children INTO kids;
     IF NOT FOUND THEN
         conflict := orc_reject(p_run, p_key, p_attempt, 'SUCCEEDED', 'worker', NULL);
