@@ -86,7 +86,9 @@ class Reconciler:
             if outcome is not None:
                 report["leases_expired"] += int(outcome.accepted)
                 guarded(f"publishing after {run_id}.{key}", lambda: self.after(outcome, run_id, key))  # noqa: B023
-        admitted = guarded("admitting ready tasks", lambda: self.store.admission.admit_ready(s.dispatch_window))
+        admitted = guarded(
+            "admitting ready tasks", lambda: self.store.admission.admit_ready(s.dispatch_window, wait=False)
+        )
         if admitted:
             report["dispatched"] += self.publisher.publish(admitted)
         finalized = guarded("closing finished runs", recovery.finalize_runs)

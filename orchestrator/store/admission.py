@@ -27,7 +27,7 @@ T = TaskState
 t_tasks, t_workers = s.tasks, s.workers
 
 
-_ORC_ADMIT = sa.text("SELECT * FROM orc_admit(:window, :ttl, :depth)")
+_ORC_ADMIT = sa.text("SELECT * FROM orc_admit(:window, :ttl, :depth, :wait)")
 
 
 class Admission:
@@ -38,21 +38,24 @@ class Admission:
         #: messages in flight per live worker slot
         self.depth = depth
 
-    def admit(self, conn: Connection, window: int) -> list[Dispatch]:
+    def admit(self, conn: Connection, window: int, *, wait: bool = True) -> list[Dispatch]:
         """Admit within capacity (at most ``window`` tasks QUEUED or RUNNING in all); return
         the messages to publish *after* the caller commits. On Postgres: the server function
-        ``orc_admit`` of migration 0004 (the same steps, one round trip)."""
+        ``orc_admit`` of migration 0004 (the same steps, one round trip).
+
+        Admission is serialized (Postgres: an advisory transaction lock). ``wait=False`` (the
+        reconciler) skips a pass while another admission holds it; everyone else waits, so the
+        work it just made READY is never left for the next tick."""
         if self.db.backend.server_functions:
-            found = conn.execute(_ORC_ADMIT, {"window": window, "ttl": self.worker_ttl, "depth": self.depth}).all()
+            params = {"window": window, "ttl": self.worker_ttl, "depth": self.depth, "wait": wait}
+            found = conn.execute(_ORC_ADMIT, params).all()
             return [rows.dispatch(r) for r in sorted(found, key=lambda r: (r.priority_rank, r.ready_at))]
         ready = conn.execute(sa.select(t_tasks.c.run_id).where(t_tasks.c.state == T.READY.value).limit(1)).first()
         if ready is None:
             return []
         groups = self.capacity(conn)
-        # Count and admit as one step: two dispatchers counting at once would overshoot the
-        # capacity. Not waiting: the holder is admitting right now, and a slot it could not
-        # see yet is filled by the next completion or tick.
-        if not groups or not self.db.backend.try_admission_lock(conn):
+        # count and admit as one step: two dispatchers counting at once would overshoot
+        if not groups or not self.db.backend.admission_lock(conn, wait=wait):
             return []
         inflight: dict[str, int] = {
             q: n
@@ -107,5 +110,5 @@ class Admission:
             groups[key] = groups.get(key, 0) + int(concurrency)
         return groups
 
-    def admit_ready(self, window: int) -> list[Dispatch]:
-        return self.db.transaction(lambda conn: self.admit(conn, window))
+    def admit_ready(self, window: int, *, wait: bool = True) -> list[Dispatch]:
+        return self.db.transaction(lambda conn: self.admit(conn, window, wait=wait))

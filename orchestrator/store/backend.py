@@ -78,8 +78,9 @@ class Backend:
         """``column`` is one of ``keys``."""
         return column == keys[0] if len(keys) == 1 else column.in_(list(keys))
 
-    def try_admission_lock(self, conn: Connection) -> bool:
-        """Take the admission lock for this transaction without waiting; ``False`` if held."""
+    def admission_lock(self, conn: Connection, *, wait: bool) -> bool:
+        """Take the admission lock for this transaction (waiting for it, or not: ``False``
+        when another transaction holds it)."""
         return True
 
     def touch_duty_session(self, conn: Connection) -> None:
@@ -148,7 +149,10 @@ class PostgresBackend(Backend):
         values = sa.values(sa.column("k", sa.String), name="keys").data([(k,) for k in keys])
         return column == values.c.k
 
-    def try_admission_lock(self, conn: Connection) -> bool:
+    def admission_lock(self, conn: Connection, *, wait: bool) -> bool:
+        if wait:
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(ADMISSION_LOCK)))
+            return True
         return bool(conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(ADMISSION_LOCK))).scalar_one())
 
     def try_reconciler_lock(self, conn: Connection) -> bool:

@@ -56,7 +56,7 @@ class Recovery:
                 reason="retry due",
                 values={"ready_at": db_now()},
             )
-            return len(moved), self.admission.admit(conn, window)
+            return len(moved), self.admission.admit(conn, window, wait=False)
 
         return self.db.transaction(tx)
 

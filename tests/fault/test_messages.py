@@ -35,7 +35,9 @@ def _crash_submit(cluster: Cluster, dag: DAG, tmp_path: Path) -> str:
 
 
 def test_crash_between_dispatch_commit_and_publish(cluster: Cluster, tmp_path: Path) -> None:
-    # Given a live worker (its capacity admits the roots; it runs the reconciler service too)
+    # Given a live worker (its capacity admits the roots) and no reconciler yet (the worker's
+    # own is off: a pass of it could admit the roots before the submit does)
+    cluster.configure(ORCHESTRATOR_WORKER_RECONCILER="0")
     cluster.worker("w1", concurrency=2)
     dag = DAG("lost-dispatch")
     a = dag.task("a", P + "echo", kwargs={"n": 1})
@@ -49,8 +51,8 @@ def test_crash_between_dispatch_commit_and_publish(cluster: Cluster, tmp_path: P
     states = {t.key: t.state for t in cluster.store.reads.get_tasks(run_id)}
     assert states == {"a": T.QUEUED, "b": T.QUEUED, "c": T.PENDING}
     assert not any(cluster.broker_backlog().values()), cluster.broker_backlog()
-    # And the reconciler (the worker's, plus one apart) re-publishes each lost root once after
-    # the dispatch timeout: the worker's slots are idle, so the messages were really lost
+    # And once a reconciler runs, it re-publishes each lost root once after the dispatch
+    # timeout: the worker's slots are idle, so the messages were really lost
     cluster.reconciler()
     assert cluster.wait_run(run_id, 60) is RunState.SUCCEEDED
     events = cluster.events(run_id)
@@ -133,8 +135,9 @@ def test_same_message_delivered_twice_at_once(cluster: Cluster) -> None:
 
 def test_two_reconcilers_republish_each_lost_task_once(cluster: Cluster, tmp_path: Path) -> None:
     # Given a stale QUEUED backlog: a submit that died after its dispatch commit, on 4 free slots
-    # (depth 1: one message per slot, so 4 of the 8 roots are admitted)
-    cluster.configure(ORCHESTRATOR_DISPATCH_DEPTH="1")
+    # (depth 1: one message per slot, so 4 of the 8 roots are admitted; the worker's own
+    # reconciler is off, so only the two below reconcile)
+    cluster.configure(ORCHESTRATOR_DISPATCH_DEPTH="1", ORCHESTRATOR_WORKER_RECONCILER="0")
     cluster.worker("w1", concurrency=4)
     dag = DAG("two-reconcilers")
     roots = [dag.task(f"r{i}", P + "noop") for i in range(8)]
@@ -143,9 +146,8 @@ def test_two_reconcilers_republish_each_lost_task_once(cluster: Cluster, tmp_pat
     lost = {t.key for t in cluster.store.reads.get_tasks(run_id) if t.state is T.QUEUED}
     assert len(lost) == 4
 
-    # When two reconcile services run at once (beside the worker's own): one holds the duty at a
-    # time, and the duty moves between them (the race of two passes on one row is the store's
-    # contract test test_stale_dispatch_is_republished_once)
+    # When two reconcile services run at once: one holds the duty at a time (the race of two
+    # passes on one row is the store's contract test test_stale_dispatch_is_republished_once)
     cluster.reconciler("reconciler-1", interval=0.05)
     cluster.reconciler("reconciler-2", interval=0.05)
 

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState, TaskState, TriggerRule
 from orchestrator import schema as s
+from orchestrator.engine import os_user
 from orchestrator.protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN
 from tests.integration.conftest import ROOT, WorkerProcess, start_worker, stop_process
 
@@ -306,3 +307,30 @@ def test_cli_refuses_bad_specs_before_writing(orc: Orchestrator, tmp_path: Path,
     assert "Traceback" not in done.stderr and done.stdout == ""
     with orc.store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(s.runs)).scalar_one() == before
+
+
+def test_cli_operator_conflicts_exit_non_zero_and_the_ledger_names_who(
+    orc: Orchestrator, worker: WorkerProcess
+) -> None:
+    dag = DAG("cli-ops")
+    dag.task("a", P + "echo")
+    run = orc.submit(dag)
+    assert run.wait(timeout=30).state is RunState.SUCCEEDED
+    # a retry that does not apply to a SUCCEEDED task, and a cancel of a final run
+    retry = cli("retry", run.id, "a")
+    assert retry.returncode == 2 and retry.stderr.startswith("error: retry of"), retry.stderr
+    assert "only DEAD_LETTER or FAILED" in retry.stderr and "Traceback" not in retry.stderr
+    cancel = cli("cancel", run.id)
+    assert cancel.returncode == 2 and "already SUCCEEDED" in cancel.stderr, cancel.stderr
+    me = os_user()
+    refused = [(e.key, e.actor, e.by) for e in run.events() if not e.accepted]
+    assert refused == [("a", "operator", me), (None, "operator", me)]
+    ledger = json.loads(cli("events", run.id, "--json").stdout)["events"]
+    assert ledger[0]["key"] is None and ledger[0]["to"] == "RUNNING" and ledger[0]["actor"] == "submit"
+    assert {"key": None, "to": "SUCCEEDED", "actor": "worker"}.items() <= next(
+        e for e in ledger if e["key"] is None and e["to"] == "SUCCEEDED"
+    ).items()
+    assert ledger[-1]["by"] == me and ledger[-1]["accepted"] is False
+    runs = json.loads(cli("runs", "--json").stdout)["runs"]
+    mine = next(r for r in runs if r["id"] == run.id)
+    assert mine["counts"] == {"SUCCEEDED": 1} and mine["needs_attention"] is False

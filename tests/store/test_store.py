@@ -327,6 +327,8 @@ def test_expired_lease_fails_the_attempt_and_crash_loops_dead_letter(store: Stor
     assert "crash loop" in (task.error or "")
     view = store.reads.get_run(run_id)
     assert view.state is RunState.RUNNING and view.needs_attention
+    listed = next(v for v in store.reads.list_runs(10) if v.id == run_id)
+    assert listed.needs_attention and listed.to_json()["needs_attention"] is True  # runs --json
 
 
 def test_same_fingerprint_twice_is_poison(store: Store) -> None:

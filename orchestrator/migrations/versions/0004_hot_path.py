@@ -146,7 +146,7 @@ $$;
 
 -- admission: READY -> QUEUED within the live workers' capacity, in priority order; the
 -- dispatches to publish after the caller's commit (see store/admission.py)
-CREATE OR REPLACE FUNCTION orc_admit(p_window int, p_worker_ttl float8, p_depth int)
+CREATE OR REPLACE FUNCTION orc_admit(p_window int, p_worker_ttl float8, p_depth int, p_wait boolean)
 RETURNS TABLE (run_id text, key text, attempt int, task_name text, args json, kwargs json, queue text,
                soft_time_limit float8, time_limit float8, priority_rank int, ready_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -162,8 +162,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    -- count and admit as one step; not waiting: the holder is admitting right now
-    IF NOT pg_try_advisory_xact_lock(1869767425) THEN
+    -- count and admit as one step. A completion or a submit waits for the lock (held for a few
+    -- statements that wait on nothing): skipping would leave the work it just made READY to the
+    -- next tick when the holder's snapshot predates it. The reconciler does not wait.
+    IF p_wait THEN
+        PERFORM pg_advisory_xact_lock(1869767425);
+    ELSIF NOT pg_try_advisory_xact_lock(1869767425) THEN
         RETURN;
     END IF;
     SELECT count(*) INTO total FROM orc_tasks t WHERE t.state IN ('QUEUED', 'RUNNING');
@@ -259,7 +263,7 @@ BEGIN
     VALUES (p_run, p_key, p_attempt, 'RUNNING', 'SUCCEEDED', 'worker', NULL, NULL, true, now());
     PERFORM orc_settle(p_run, p_key, 'SUCCEEDED', kids, 'worker', NULL);
     SELECT coalesce(json_agg(d ORDER BY d.priority_rank, d.ready_at), '[]'::json) INTO dispatches
-    FROM orc_admit(p_window, p_worker_ttl, p_depth) d;
+    FROM orc_admit(p_window, p_worker_ttl, p_depth, true) d;
     RETURN json_build_object('accepted', true, 'dispatches', dispatches);
 END
 $$;
@@ -267,7 +271,7 @@ $$;
 FUNCTIONS = (
     "orc_succeed(text, text, int, json, int, float8, int)",
     "orc_claim(text, text, int, text, float8)",
-    "orc_admit(int, float8, int)",
+    "orc_admit(int, float8, int, boolean)",
     "orc_settle(text, text, text, json, text, text)",
     "orc_reject(text, text, int, text, text, text)",
     "orc_decide(text, int, int, int, int, int)",
