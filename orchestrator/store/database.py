@@ -51,11 +51,19 @@ class Database:
         s.metadata.create_all(self.engine)
 
     def check_schema(self) -> None:
-        """Raise :class:`SchemaMissingError` when the tables do not exist."""
+        """Raise :class:`SchemaMissingError` when the tables do not exist, or when the database
+        is not at the newest migration (the code needs what it installs, e.g. the server
+        functions of the hot path on Postgres)."""
+        from .. import migrate
+
+        where = self.engine.url.render_as_string(hide_password=True)
         if not sa.inspect(self.engine).has_table(s.runs.name):
+            raise SchemaMissingError(f"the database {where} has no orchestrator schema: run `orchestrator db upgrade`")
+        at, head = migrate.current(self.engine), migrate.head()
+        if at != head:
             raise SchemaMissingError(
-                f"the database {self.engine.url.render_as_string(hide_password=True)} has no"
-                " orchestrator schema: run `orchestrator db upgrade`"
+                f"the database {where} is at schema revision {at}, this code needs {head}:"
+                " run `orchestrator db upgrade`"
             )
 
     def dispose(self) -> None:
