@@ -154,7 +154,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     g record;
     qs text[];
+    counts jsonb;
+    touched text[] := '{}';
     total int;
+    used int;
     room int;
     n int;
 BEGIN
@@ -170,7 +173,13 @@ BEGIN
     ELSIF NOT pg_try_advisory_xact_lock(1869767425) THEN
         RETURN;
     END IF;
-    SELECT count(*) INTO total FROM orc_tasks t WHERE t.state IN ('QUEUED', 'RUNNING');
+    -- one scan for every queue's tasks in flight (QUEUED or RUNNING), not one per group
+    SELECT coalesce(jsonb_object_agg(c.queue, c.n), '{}'::jsonb), coalesce(sum(c.n), 0)::int
+    INTO counts, total
+    FROM (
+        SELECT t.queue, count(*) AS n FROM orc_tasks t
+        WHERE t.state IN ('QUEUED', 'RUNNING') GROUP BY t.queue
+    ) c;
     FOR g IN
         SELECT w.queues::text AS queues, sum(w.concurrency)::int AS capacity
         FROM orc_workers w
@@ -178,8 +187,14 @@ BEGIN
         GROUP BY w.queues::text
     LOOP
         qs := ARRAY(SELECT json_array_elements_text(g.queues::json));
-        SELECT least(g.capacity * p_depth - count(*), p_window - total) INTO room
-        FROM orc_tasks t WHERE t.state IN ('QUEUED', 'RUNNING') AND t.queue = ANY(qs);
+        IF qs && touched THEN
+            -- an earlier group of this pass admitted into one of these queues: count again
+            SELECT count(*)::int INTO used FROM orc_tasks t
+            WHERE t.state IN ('QUEUED', 'RUNNING') AND t.queue = ANY(qs);
+        ELSE
+            SELECT coalesce(sum((counts ->> q)::int), 0)::int INTO used FROM unnest(qs) AS q;
+        END IF;
+        room := least(g.capacity * p_depth - used, p_window - total);
         CONTINUE WHEN room <= 0;
         RETURN QUERY
         WITH picked AS (
@@ -210,6 +225,7 @@ BEGIN
         SELECT * FROM moved;
         GET DIAGNOSTICS n = ROW_COUNT;
         total := total + n;
+        touched := touched || qs;
     END LOOP;
 END
 $$;
