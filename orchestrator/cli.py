@@ -25,13 +25,6 @@ def _engine() -> Any:
     return make_engine(Settings.from_env().database_url)
 
 
-def _me() -> str:
-    """The OS user, recorded in the ledger as who took an operator action."""
-    from .engine import os_user
-
-    return os_user()
-
-
 def _dump(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=False))
 
@@ -265,7 +258,7 @@ def cancel(run_id: str) -> None:
 
     The ledger records the OS user as who acted. Exits 2 with an `error:` line when the run
     is unknown or already final."""
-    revoked = _ready_store().cancel(run_id, by=_me())
+    revoked = _ready_store().cancel(run_id)
     click.echo(f"run {run_id} cancelled; {revoked} running or queued task(s) revoked")
 
 
@@ -277,7 +270,7 @@ def retry(run_id: str, key: str) -> None:
 
     Exits 2 with an `error:` line when the task's state does not allow it or another writer
     changed it first (the refused write is in the ledger)."""
-    _ready_store().retry_task(run_id, key, by=_me())
+    _ready_store().retry_task(run_id, key)
     click.echo(f"{run_id}.{key} is READY again")
 
 
@@ -286,7 +279,7 @@ def retry(run_id: str, key: str) -> None:
 @click.argument("key")
 def skip(run_id: str, key: str) -> None:
     """Skip a DEAD_LETTER task; its descendants follow their trigger rules (errors as `retry`)."""
-    _ready_store().skip_task(run_id, key, by=_me())
+    _ready_store().skip_task(run_id, key)
     click.echo(f"{run_id}.{key} SKIPPED")
 
 
@@ -295,7 +288,7 @@ def skip(run_id: str, key: str) -> None:
 @click.argument("key")
 def fail_task(run_id: str, key: str) -> None:
     """Give up on a DEAD_LETTER task: it becomes FAILED and its descendants follow (errors as `retry`)."""
-    _ready_store().fail_task(run_id, key, by=_me())
+    _ready_store().fail_task(run_id, key)
     click.echo(f"{run_id}.{key} FAILED")
 
 

@@ -9,12 +9,15 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``admission``             READY -> QUEUED within the live workers' capacity
 ``settlement``            counters, trigger rules, cascades, closing the run
 ``attempts``              the worker side: claim, heartbeat (the lease), fenced outcome
+``hotpath``               on Postgres, the claim and the success as one server-function call
 ``recovery``              the reconciler's actions: due retries, lost dispatches, leases
 ``operator``              retry, give up, skip, cancel
 ``reads``                 runs, tasks and the ledger as domain values; diagnostics
 ``workers``               the worker registry (capacity of live workers)
 ``rows``                  rows -> domain values (the only place)
-``backend``               the Postgres / SQLite seam (the only place that tells them apart)
+``backend``               the Postgres / SQLite seam (the only place that tells them apart;
+                          on Postgres settlement and admission are the server functions of
+                          migration 0004)
 ========================  ==============================================================
 
 Times come from the database (``dbtime``). :class:`Store` wires the roles together.

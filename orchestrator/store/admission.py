@@ -49,13 +49,13 @@ class Admission:
         if self.db.backend.server_functions:
             params = {"window": window, "ttl": self.worker_ttl, "depth": self.depth, "wait": wait}
             found = conn.execute(_ORC_ADMIT, params).all()
-            return [rows.dispatch(r) for r in sorted(found, key=lambda r: (r.priority_rank, r.ready_at))]
+            return [rows.dispatch(r._mapping) for r in sorted(found, key=lambda r: (r.priority_rank, r.ready_at))]
         ready = conn.execute(sa.select(t_tasks.c.run_id).where(t_tasks.c.state == T.READY.value).limit(1)).first()
         if ready is None:
             return []
         groups = self.capacity(conn)
         # count and admit as one step: two dispatchers counting at once would overshoot
-        if not groups or not self.db.backend.admission_lock(conn, wait=wait):
+        if not groups:  # one writer at a time on SQLite (BEGIN IMMEDIATE): nothing else to lock
             return []
         inflight: dict[str, int] = {
             q: n
@@ -95,7 +95,7 @@ class Admission:
             admitted.extend(moved)
         # RETURNING has no order: publish in the order the rows were picked
         admitted.sort(key=lambda r: (r.priority_rank, r.ready_at))
-        return [rows.dispatch(r) for r in admitted]
+        return [rows.dispatch(r._mapping) for r in admitted]
 
     def capacity(self, conn: Connection) -> dict[frozenset[str], int]:
         """Live workers' concurrency summed per set of consumed queues."""

@@ -113,7 +113,7 @@ class Attempts:
             )
             if not out["accepted"]:
                 return Outcome(False, None, [], out["conflict"])
-            return Outcome(True, T.SUCCEEDED, [rows.dispatch_from(d) for d in out["dispatches"]])
+            return Outcome(True, T.SUCCEEDED, [rows.dispatch(d) for d in out["dispatches"]])
 
         def tx(conn: Connection) -> Outcome:
             values = {"result": result, "finished_at": db_now(), "lease_expires_at": None}

@@ -1,8 +1,9 @@
 """The one seam between Postgres and SQLite.
 
 Everything that differs between the two backends is a method here: how an engine is made,
-how many rows are inserted, how children are matched by key, and the advisory locks that make
-admission and the reconciler's duty one-at-a-time. No other store module asks which database it talks to.
+how many rows are inserted, whether the hot moves run as server functions (migration 0004, which
+also holds admission's advisory lock), and the reconciler's duty lock. No other store module
+asks which database it talks to.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,8 +20,6 @@ from sqlalchemy.engine import Connection, Engine
 from .. import schema as s
 from ..dbtime import db_now, register_sqlite_functions
 
-#: advisory lock key serializing admission on Postgres (any constant unlikely to clash)
-ADMISSION_LOCK = 0x6F7263_01
 #: advisory lock key held by the one reconciler on duty
 RECONCILER_LOCK = 0x6F7263_02
 
@@ -73,15 +72,6 @@ class Backend:
         stream = iter(rows)
         while chunk := list(itertools.islice(stream, 1000)):
             conn.execute(table.insert(), chunk)
-
-    def key_in(self, column: Any, keys: Sequence[str]) -> Any:
-        """``column`` is one of ``keys``."""
-        return column == keys[0] if len(keys) == 1 else column.in_(list(keys))
-
-    def admission_lock(self, conn: Connection, *, wait: bool) -> bool:
-        """Take the admission lock for this transaction (waiting for it, or not: ``False``
-        when another transaction holds it)."""
-        return True
 
     def touch_duty_session(self, conn: Connection) -> None:
         """One round trip on the duty session: raises when the session is gone."""
@@ -141,20 +131,6 @@ class PostgresBackend(Backend):
             for row in itertools.chain((first,), stream):
                 copy.write_row([encode(row[c]) if c in json_columns else row[c] for c in columns])
 
-    def key_in(self, column: Any, keys: Sequence[str]) -> Any:
-        # a VALUES list joins on the primary key; a long IN list may be planned as a scan of the
-        # whole run when the run is newer than the table statistics
-        if len(keys) == 1:
-            return column == keys[0]
-        values = sa.values(sa.column("k", sa.String), name="keys").data([(k,) for k in keys])
-        return column == values.c.k
-
-    def admission_lock(self, conn: Connection, *, wait: bool) -> bool:
-        if wait:
-            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(ADMISSION_LOCK)))
-            return True
-        return bool(conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(ADMISSION_LOCK))).scalar_one())
-
     def try_reconciler_lock(self, conn: Connection) -> bool:
         return bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(RECONCILER_LOCK))).scalar_one())
 
@@ -180,9 +156,5 @@ class PostgresBackend(Backend):
         conn.execute(sa.text("SELECT set_config('idle_session_timeout', :ms, false)"), {"ms": str(ms)})
 
 
-def t_events_at_db_now() -> sa.Insert:
-    """Bulk insert of event rows stamped with the database's clock, without a round trip for it."""
-    return _EVENTS_AT_DB_NOW
-
-
-_EVENTS_AT_DB_NOW = s.events.insert().values(at=db_now())
+#: bulk insert of event rows stamped with the database's clock, without a round trip for it
+EVENTS_AT_DB_NOW = s.events.insert().values(at=db_now())

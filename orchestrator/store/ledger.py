@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from .. import schema as s
 from ..models import Actor
 from ..states import RunState, TaskState, check_run_transition, check_transition
-from .backend import t_events_at_db_now
+from .backend import EVENTS_AT_DB_NOW
 from .database import Database
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class Ledger:
         rows = list(conn.execute(update).all())
         if rows:
             conn.execute(
-                t_events_at_db_now(),
+                EVENTS_AT_DB_NOW,
                 [{"run_id": r.run_id, "key": r.key, "attempt": r.attempt, **event} for r in rows],
             )
         return rows
@@ -180,7 +180,7 @@ class Ledger:
         text = f"{reason + '; ' if reason else ''}{now_holds}"
         log.info("rejected %s %s.%s attempt %s -> %s: %s", actor.role, run_id, key, attempt, dst.value, text)
         conn.execute(
-            t_events_at_db_now(),
+            EVENTS_AT_DB_NOW,
             {
                 "run_id": run_id,
                 "key": key,
@@ -195,7 +195,7 @@ class Ledger:
         check_transition(TaskState.PENDING, TaskState.READY, "submit")
         if keys:
             constants = _event_constants(TaskState.PENDING.value, TaskState.READY.value, Actor("submit"), "root", True)
-            conn.execute(t_events_at_db_now(), [{"run_id": run_id, "key": k, "attempt": 1, **constants} for k in keys])
+            conn.execute(EVENTS_AT_DB_NOW, [{"run_id": run_id, "key": k, "attempt": 1, **constants} for k in keys])
 
     # ------------------------------------------------------------------ runs
 
@@ -244,7 +244,7 @@ class Ledger:
         accepted: bool,
     ) -> None:
         conn.execute(
-            t_events_at_db_now(),
+            EVENTS_AT_DB_NOW,
             {
                 "run_id": run_id,
                 "key": None,

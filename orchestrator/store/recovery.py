@@ -114,7 +114,7 @@ class Recovery:
                 fence=(t_tasks.c.dispatched_at == dispatched_at,),
                 returning=rows.DISPATCH_COLUMNS,
             )  # fmt: skip
-            return rows.dispatch(moved.row) if moved else None
+            return rows.dispatch(moved.row._mapping) if moved else None
 
         return self.db.transaction(tx)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .. import schema as s
@@ -19,17 +20,12 @@ DISPATCH_COLUMNS = (
 )  # fmt: skip
 
 
-def dispatch(r: Any) -> Dispatch:
+def dispatch(r: Mapping[Any, Any]) -> Dispatch:
+    """A dispatch from a row's mapping (``row._mapping``) or from the JSON a server function
+    returns (``hotpath.py``): the same keys either way."""
     return Dispatch(
-        r.run_id, r.key, r.attempt, r.task_name, list(r.args), dict(r.kwargs), r.queue, r.soft_time_limit, r.time_limit
-    )
-
-
-def dispatch_from(d: dict[str, Any]) -> Dispatch:
-    """A dispatch from the JSON a server function returns (see ``hotpath.py``)."""
-    return Dispatch(
-        d["run_id"], d["key"], d["attempt"], d["task_name"], list(d["args"]), dict(d["kwargs"]), d["queue"],
-        d["soft_time_limit"], d["time_limit"],
+        r["run_id"], r["key"], r["attempt"], r["task_name"], list(r["args"]), dict(r["kwargs"]), r["queue"],
+        r["soft_time_limit"], r["time_limit"],
     )  # fmt: skip
 
 

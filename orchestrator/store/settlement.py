@@ -76,7 +76,7 @@ class Settlement:
                 extra: dict[str, Any] = {"ready_at": db_now()} if verdict is T.READY else {"finished_at": db_now()}
                 moved = self.ledger.move_many(
                     conn,
-                    (t_tasks.c.run_id == run_id, self.db.backend.key_in(t_tasks.c.key, [k for _, k, _ in expect])),
+                    (t_tasks.c.run_id == run_id, t_tasks.c.key.in_([k for _, k, _ in expect])),
                     T.PENDING,
                     verdict,
                     actor,
@@ -101,7 +101,7 @@ class Settlement:
             return []
         stmt = (
             t_tasks.update()
-            .where(t_tasks.c.run_id == run_id, self.db.backend.key_in(t_tasks.c.key, children))
+            .where(t_tasks.c.run_id == run_id, t_tasks.c.key.in_(children))
             .values(
                 n_done=t_tasks.c.n_done + 1,
                 n_succeeded=t_tasks.c.n_succeeded + int(state is T.SUCCEEDED),

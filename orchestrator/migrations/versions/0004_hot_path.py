@@ -168,6 +168,7 @@ BEGIN
     -- count and admit as one step. A completion or a submit waits for the lock (held for a few
     -- statements that wait on nothing): skipping would leave the work it just made READY to the
     -- next tick when the holder's snapshot predates it. The reconciler does not wait.
+    -- 1869767425 = 0x6F726301, the admission lock's key (any constant unlikely to clash)
     IF p_wait THEN
         PERFORM pg_advisory_xact_lock(1869767425);
     ELSIF NOT pg_try_advisory_xact_lock(1869767425) THEN
