@@ -53,7 +53,7 @@ class Store:
         poison_threshold: int = 2,
         crash_loop_threshold: int = 2,
         worker_ttl: float = 30.0,
-        dispatch_depth: int = 1,
+        dispatch_depth: int = 2,
     ) -> None:
         self.db = Database(url_or_engine, id_factory=id_factory)
         self.ledger = Ledger(self.db)

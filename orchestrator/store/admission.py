@@ -31,7 +31,7 @@ _ORC_ADMIT = sa.text("SELECT * FROM orc_admit(:window, :ttl, :depth, :wait)")
 
 
 class Admission:
-    def __init__(self, db: Database, ledger: Ledger, *, worker_ttl: float, depth: int = 1) -> None:
+    def __init__(self, db: Database, ledger: Ledger, *, worker_ttl: float, depth: int) -> None:
         self.db = db
         self.ledger = ledger
         self.worker_ttl = worker_ttl

@@ -24,11 +24,12 @@ OP = operator("alice")
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    # depth 1: one message per worker slot, so the admission figures below are the free slots
     if request.param == "sqlite":
-        st = Store(f"sqlite:///{tmp_path / 'store.db'}")
+        st = Store(f"sqlite:///{tmp_path / 'store.db'}", dispatch_depth=1)
         st.create_schema()
     else:
-        st = Store(request.getfixturevalue("pg_url"))
+        st = Store(request.getfixturevalue("pg_url"), dispatch_depth=1)
         with st.engine.begin() as conn:
             for table in reversed(s.metadata.sorted_tables):
                 conn.execute(table.delete())
@@ -289,6 +290,18 @@ def test_admission_is_bounded_by_live_worker_capacity(store: Store) -> None:
     assert store.reads.get_run(run_id).counts["QUEUED"] == 3
     store.workers.register("w3", ["orchestrator.default"], 5)
     assert len(store.admission.admit_ready(1000)) == 2  # 5 slots, 3 already in flight
+
+
+def test_dispatch_depth_admits_messages_per_slot(store: Store) -> None:
+    store.workers.unregister("test-worker")
+    dag = DAG("depth")
+    for i in range(10):
+        dag.task(f"n{i}", "t")
+    submit(store, dag)
+    store.workers.register("w1", ["orchestrator.default"], 2)
+    store.admission.depth = 3
+    assert len(store.admission.admit_ready(1000)) == 6  # 2 slots x 3 messages each
+    assert store.admission.admit_ready(1000) == []
 
 
 def test_stale_dispatch_is_republished_once(store: Store) -> None:
