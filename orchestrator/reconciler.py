@@ -69,10 +69,7 @@ class Reconciler:
                 report["errors"] += 1
                 return None
 
-        released = guarded("releasing due retries", lambda: recovery.release_due_retries(s.dispatch_window))
-        if released is not None:
-            report["released"] = released[0]
-            report["dispatched"] += self.publisher.publish(released[1])
+        report["released"] = guarded("releasing due retries", recovery.release_due_retries) or 0
         stale = guarded("finding lost dispatches", lambda: recovery.stale_queued(s.dispatch_timeout)) or []
         for run_id, key, attempt, version in stale:
             d = guarded(f"re-publishing {run_id}.{key}", lambda: recovery.redispatch(run_id, key, attempt, version))  # noqa: B023
@@ -86,6 +83,7 @@ class Reconciler:
             if outcome is not None:
                 report["leases_expired"] += int(outcome.accepted)
                 guarded(f"publishing after {run_id}.{key}", lambda: self.after(outcome, run_id, key))  # noqa: B023
+        # one admission per pass, after everything above made its tasks READY
         admitted = guarded(
             "admitting ready tasks", lambda: self.store.admission.admit_ready(s.dispatch_window, wait=False)
         )

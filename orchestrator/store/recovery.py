@@ -43,10 +43,11 @@ class Recovery:
         self.attempts = attempts
         self.crash_loop_threshold = crash_loop_threshold
 
-    def release_due_retries(self, window: int) -> tuple[int, list[Dispatch]]:
-        """CAS RETRYING -> READY for retries whose ``not_before`` has passed, then admit."""
+    def release_due_retries(self) -> int:
+        """CAS RETRYING -> READY for retries whose ``not_before`` has passed; returns how many.
+        They are admitted with the rest of the READY backlog (``Admission``)."""
 
-        def tx(conn: Connection) -> tuple[int, list[Dispatch]]:
+        def tx(conn: Connection) -> int:
             moved = self.ledger.move_many(
                 conn,
                 (t_tasks.c.not_before <= db_now(),),
@@ -56,7 +57,7 @@ class Recovery:
                 reason="retry due",
                 values={"ready_at": db_now()},
             )
-            return len(moved), self.admission.admit(conn, window, wait=False)
+            return len(moved)
 
         return self.db.transaction(tx)
 

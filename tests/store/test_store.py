@@ -156,10 +156,12 @@ def test_failure_retries_with_backoff_in_the_database(store: Store) -> None:
     assert out.accepted and out.state is T.RETRYING
     task = store.reads.get_task(run_id, "a")
     assert task.attempt == 2 and task.not_before is not None
-    assert store.recovery.release_due_retries(100)[0] == 0  # not yet due
+    assert store.recovery.release_due_retries() == 0  # not yet due
     time.sleep(0.3)
-    released, dispatches = store.recovery.release_due_retries(100)
-    assert released == 1 and [(d.key, d.attempt) for d in dispatches] == [("a", 2)]
+    assert store.recovery.release_due_retries() == 1
+    assert state(store, run_id, "a") is T.READY
+    dispatches = store.admission.admit_ready(100)
+    assert [(d.key, d.attempt) for d in dispatches] == [("a", 2)]
     assert dispatches[0].task_id == f"{run_id}.a.2"
     store.attempts.claim(run_id, "a", 2, "w", 30)
     out = store.attempts.fail(run_id, "a", 2, error="E: again", window=100)
@@ -331,7 +333,8 @@ def test_expired_lease_fails_the_attempt_and_crash_loops_dead_letter(store: Stor
     assert out.accepted and out.state is T.RETRYING
     assert not store.recovery.lose_lease(run_id, "a", 1, 100).accepted  # a second reconciler loses
     time.sleep(0.05)
-    store.recovery.release_due_retries(100)
+    store.recovery.release_due_retries()
+    store.admission.admit_ready(100)
     store.attempts.claim(run_id, "a", 2, "w", 0.01)
     time.sleep(0.05)
     out = store.recovery.lose_lease(run_id, "a", 2, 100)
@@ -353,7 +356,8 @@ def test_same_fingerprint_twice_is_poison(store: Store) -> None:
     store.attempts.claim(run_id, "a", 1, "w", 30)
     assert store.attempts.fail(run_id, "a", 1, error="E", window=100, fingerprint="fp1").state is T.RETRYING
     time.sleep(0.05)
-    store.recovery.release_due_retries(100)
+    store.recovery.release_due_retries()
+    store.admission.admit_ready(100)
     store.attempts.claim(run_id, "a", 2, "w", 30)
     assert store.attempts.fail(run_id, "a", 2, error="E", window=100, fingerprint="fp1").state is T.DEAD_LETTER
     assert state(store, run_id, "b") is T.PENDING  # DEAD_LETTER does not cascade
@@ -362,7 +366,8 @@ def test_same_fingerprint_twice_is_poison(store: Store) -> None:
     store.attempts.claim(run_id, "a", 3, "w", 30)
     assert store.attempts.fail(run_id, "a", 3, error="F", window=100, fingerprint="fp2").state is T.RETRYING
     time.sleep(0.05)
-    store.recovery.release_due_retries(100)
+    store.recovery.release_due_retries()
+    store.admission.admit_ready(100)
     store.attempts.claim(run_id, "a", 4, "w", 30)
     assert store.attempts.fail(run_id, "a", 4, error="F", window=100, fingerprint="fp2").state is T.DEAD_LETTER
     store.operator.resolve_dead_letter(run_id, "a", T.SKIPPED, 100, OP)
@@ -448,7 +453,8 @@ def test_operator_cascade_carries_the_operator(store: Store) -> None:
     store.attempts.claim(run3, "a", 1, "w", 30)
     store.attempts.fail(run3, "a", 1, error="E", window=100, fingerprint="fp")
     time.sleep(0.05)
-    store.recovery.release_due_retries(100)
+    store.recovery.release_due_retries()
+    store.admission.admit_ready(100)
     store.attempts.claim(run3, "a", 2, "w", 30)
     assert store.attempts.fail(run3, "a", 2, error="E", window=100, fingerprint="fp").state is T.DEAD_LETTER
     assert store.operator.resolve_dead_letter(run3, "a", T.SKIPPED, 100, OP).accepted
