@@ -42,11 +42,16 @@ class Moved:
 
 
 def holds(run_id: str, key: str, state: TaskState, attempt: int) -> tuple[Any, ...]:
-    """The fence of a single task's compare-and-set: the row holds ``state`` for ``attempt``."""
+    """The fence of a single task's compare-and-set: the row holds ``state`` for ``attempt``.
+
+    The state is compared as ``coalesce(state, '')``: a one-row fence must reach its row by the
+    primary key, and a plan cached before the table had statistics may otherwise pick the state
+    index, full of dead entries during a burst (the server functions of migration 0004 do the
+    same)."""
     return (
         t_tasks.c.run_id == run_id,
         t_tasks.c.key == key,
-        t_tasks.c.state == state.value,
+        sa.func.coalesce(t_tasks.c.state, "") == state.value,
         t_tasks.c.attempt == attempt,
     )
 
@@ -90,6 +95,7 @@ class Ledger:
             values or {},
             returning or (t_tasks.c.children,),
             event_attempt=attempt,
+            state_fenced=True,
         )
         if rows:
             return Moved(rows[0])
@@ -132,14 +138,18 @@ class Ledger:
         values: dict[str, Any],
         returning: Sequence[Any],
         event_attempt: int | None = None,
+        state_fenced: bool = False,
     ) -> list[Any]:
         check_transition(src, dst, actor.role)
+        # a bulk move selects by state (the state index serves it); a single move is fenced by
+        # holds(), which compares the state already
+        by_state = () if state_fenced else (t_tasks.c.state == src.value,)
         columns: dict[str, Any] = {c.name: c for c in (t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt)}
         for c in returning:
             columns.setdefault(c.name, c)
         update = (
             t_tasks.update()
-            .where(t_tasks.c.state == src.value, *where)
+            .where(*by_state, *where)
             .values(state=dst.value, **values)
             .returning(*columns.values())
         )
