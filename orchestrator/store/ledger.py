@@ -148,10 +148,7 @@ class Ledger:
         for c in returning:
             columns.setdefault(c.name, c)
         update = (
-            t_tasks.update()
-            .where(*by_state, *where)
-            .values(state=dst.value, **values)
-            .returning(*columns.values())
+            t_tasks.update().where(*by_state, *where).values(state=dst.value, **values).returning(*columns.values())
         )
         event = _event_constants(src.value, dst.value, actor, reason, True)
         if event_attempt is not None:
