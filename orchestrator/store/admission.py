@@ -6,6 +6,13 @@ running task and up to ``depth - 1`` messages waiting in the broker, so a slot t
 takes the next message at once instead of waiting for the completion that admits it. The
 backlog waits in the database as READY rows. Which QUEUED tasks were really lost is decided
 in ``recovery.stale_queued``.
+
+On Postgres a completion whose settlement made no task READY does not run this admission: the
+server function ``orc_succeed`` hands the slot its worker freed to the best READY task of that
+worker's queues (``orc_pass_slot``, migration 0005), without the admission lock, if the
+worker's group is under its window. Everything else that changes the READY backlog or the
+capacity runs the whole admission: a completion that made tasks READY, a failure, a submit, a
+worker registering, the reconciler's pass. SQLite (one writer at a time) always runs it.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ class Admission:
     def admit(self, conn: Connection, window: int, *, wait: bool = True) -> list[Dispatch]:
         """Admit within capacity (at most ``window`` tasks QUEUED or RUNNING in all); return
         the messages to publish *after* the caller commits. On Postgres: the server function
-        ``orc_admit`` of migration 0004 (the same steps, one round trip).
+        ``orc_admit`` (migrations 0004, 0005: the same steps, one round trip).
 
         Admission is serialized (Postgres: an advisory transaction lock). ``wait=False`` (the
         reconciler) skips a pass while another admission holds it; everyone else waits, so the
@@ -57,11 +64,15 @@ class Admission:
         # count and admit as one step: two dispatchers counting at once would overshoot
         if not groups:  # one writer at a time on SQLite (BEGIN IMMEDIATE): nothing else to lock
             return []
+        # the tasks in flight on the live workers' queues (the global window counts those)
         inflight: dict[str, int] = {
             q: n
             for q, n in conn.execute(
                 sa.select(t_tasks.c.queue, sa.func.count())
-                .where(t_tasks.c.state.in_([T.QUEUED.value, T.RUNNING.value]))
+                .where(
+                    t_tasks.c.state.in_([T.QUEUED.value, T.RUNNING.value]),
+                    t_tasks.c.queue.in_(sorted(set().union(*groups))),
+                )
                 .group_by(t_tasks.c.queue)
             ).all()
         }

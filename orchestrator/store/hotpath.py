@@ -1,6 +1,6 @@
 """The hot path on Postgres: the claim and the success in one round trip each.
 
-The server functions of migration 0004 (``orc_claim``, ``orc_succeed``, which settles and
+The server functions of migrations 0004 and 0005 (``orc_claim``, ``orc_succeed``, which settles and
 admits) do on the server what ``attempts.py`` does from Python on SQLite. They are called on
 a dedicated psycopg connection per process and thread, in autocommit (a single statement is
 atomic: no BEGIN, no COMMIT), as prepared statements, without SQLAlchemy's per-call cost and

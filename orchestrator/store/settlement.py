@@ -50,7 +50,7 @@ class Settlement:
     def settle(self, conn: Connection, run_id: str, finished: list[Finished], actor: Actor) -> None:
         """Count the newly terminal tasks into their children, cascade what that decides,
         and close the run when no task is open (on Postgres: the server function
-        ``orc_settle`` of migration 0004, one round trip per finished task)."""
+        ``orc_settle`` of migrations 0004 and 0005, one round trip per finished task)."""
         if self.db.backend.server_functions:
             for key, state, children in finished:
                 conn.execute(

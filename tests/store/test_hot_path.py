@@ -68,3 +68,66 @@ def test_the_hot_path_survives_a_terminated_session(store: Store) -> None:
     assert out.accepted and [(d.key, d.attempt) for d in out.dispatches] == [("b", 1)]
     claim = store.attempts.claim(run_id, "b", 1, "w", 30)
     assert claim is not None and claim.upstream_results == {"a": {"x": 1}}
+
+
+def _fan_out(store: Store, n: int) -> str:
+    dag = DAG("pass_slot")
+    dag.task("root", "t")
+    for i in range(n):
+        dag.task(f"m{i}", "t", upstream=["root"])
+    dag.task("sink", "t", upstream=[f"m{i}" for i in range(n)])
+    run_id, _ = store.submission.create_run(
+        dag, queues={k: route("default", dag.priority) for k in dag.nodes}, wants_upstream=lambda _: False
+    )
+    return run_id
+
+
+def _in_flight(store: Store, run_id: str) -> int:
+    with store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text("SELECT count(*) FROM orc_tasks WHERE run_id = :r AND state IN ('QUEUED', 'RUNNING')"),
+                {"r": run_id},
+            ).scalar_one()
+        )
+
+
+def test_a_completion_that_made_nothing_ready_passes_its_slot_on(store: Store) -> None:
+    """A middle task of a fan-out frees one slot of its worker and hands it to the next READY
+    task (one dispatch, no admission pass); a completion that made tasks READY admits up to the
+    window; a completion by a worker that is not registered runs the whole admission."""
+    store.workers.unregister("w")
+    store.workers.register("g1", default_queues(), 2)  # window 2 * depth 2 = 4
+    run_id = _fan_out(store, 20)
+    assert [d.key for d in store.admission.admit_ready(100)] == ["root"]
+    assert store.attempts.claim(run_id, "root", 1, "g1:7", 30) is not None
+    out = store.attempts.succeed(run_id, "root", 1, None, 100)
+    assert len(out.dispatches) == 4 and _in_flight(store, run_id) == 4  # settlement made 20 READY
+    first = out.dispatches[0].key
+    assert store.attempts.claim(run_id, first, 1, "g1:7", 30) is not None
+    out = store.attempts.succeed(run_id, first, 1, None, 100)
+    assert len(out.dispatches) == 1 and _in_flight(store, run_id) == 4  # the slot passed on
+    with store.engine.connect() as conn:
+        passed = conn.execute(
+            sa.text(
+                "SELECT actor, accepted FROM orc_task_events WHERE run_id = :r AND key = :k AND to_state = 'QUEUED'"
+            ),
+            {"r": run_id, "k": out.dispatches[0].key},
+        ).all()
+    assert [tuple(p) for p in passed] == [("dispatcher", True)]
+    # the window shrinks (a worker went away): completions stop passing slots until it drains
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE orc_workers SET concurrency = 1 WHERE name = 'g1'"))  # window 2
+    queued = [k for k in (f"m{i}" for i in range(20)) if store.reads.get_task(run_id, k).state.value == "QUEUED"]
+    got = []
+    for key in queued[:3]:
+        assert store.attempts.claim(run_id, key, 1, "g1:7", 30) is not None
+        got.append(len(store.attempts.succeed(run_id, key, 1, None, 100).dispatches))
+    assert got == [0, 0, 1]  # in flight 3, then 2 (at the window), then 1: one slot free again
+    # an attempt whose worker is not registered: the whole admission fills the window
+    key = queued[3]
+    assert store.attempts.claim(run_id, key, 1, "ghost:1", 30) is not None
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE orc_workers SET concurrency = 3 WHERE name = 'g1'"))  # window 6
+    out = store.attempts.succeed(run_id, key, 1, None, 100)
+    assert len(out.dispatches) == 5 and _in_flight(store, run_id) == 6  # 1 left in flight + 5
