@@ -52,6 +52,8 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
+        # every message's envelope is checked before Celery handles it (orchestrator.inbox)
+        worker_consumer="orchestrator.inbox:GuardedConsumer",
         # off by default: 4 of the ~14 Redis commands of a task; Flower enables worker events
         # with a broadcast when it starts (its --enable_events, on by default)
         worker_send_task_events=settings.task_events,

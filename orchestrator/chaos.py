@@ -31,7 +31,7 @@ from . import migrate
 from .dag import DAG
 from .engine import Orchestrator
 from .invariants import check_runs
-from .protocol import FencingToken, send_options
+from .protocol import FencingToken, send_options, sign
 from .store import Store, make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,9 +232,9 @@ class Injector:
             return
         row = found[0]
         token = FencingToken(row.run_id, row.key, row.attempt)
-        self.orc.app.send_task(
-            row.task_name, **send_options(token, queue=row.queue, soft_time_limit=None, time_limit=None)
-        )
+        signature = sign(self.orc.store.signing_key, row.task_name, token)
+        options = send_options(token, queue=row.queue, soft_time_limit=None, time_limit=None, signature=signature)
+        self.orc.app.send_task(row.task_name, **options)
 
 
 def run_chaos(

@@ -65,7 +65,7 @@ class Orchestrator:
                 "Orchestrator needs a Celery app (app=...) or both a publisher and a task registry;"
                 " orchestrator.default() builds one from the environment"
             )
-        self.publisher: Publisher = publisher or CeleryPublisher(app)
+        self.publisher: Publisher = publisher or CeleryPublisher(app, lambda: self.store.signing_key)
         self.registry: TaskRegistry = registry or CeleryRegistry(app)
         self._store = store
 
@@ -150,9 +150,12 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ the worker's calls
 
-    def claim(self, token: FencingToken, worker: str) -> Claim | None:
-        """QUEUED -> RUNNING for the token's attempt, with a lease; ``None`` if refused."""
-        return self.store.attempts.claim(token.run_id, token.key, token.attempt, worker, self.settings.lease_seconds)
+    def claim(self, token: FencingToken, worker: str, task_name: str) -> Claim | None:
+        """QUEUED -> RUNNING for the token's attempt of a task named ``task_name``, with a
+        lease; ``None`` if refused."""
+        return self.store.attempts.claim(
+            token.run_id, token.key, token.attempt, worker, self.settings.lease_seconds, task_name
+        )
 
     def heartbeat(self, token: FencingToken) -> bool:
         """Extend the attempt's lease; ``False`` once the attempt no longer holds the task."""

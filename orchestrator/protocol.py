@@ -7,11 +7,15 @@ carry the fencing token, the task-id format ``<run>.<key>.<attempt>``, how a dis
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any
 
 #: message headers that carry the fencing token of an orchestrated message
 HEADER_RUN, HEADER_KEY, HEADER_ATTEMPT = "orc_run", "orc_key", "orc_attempt"
+#: the header with the token's signature: HMAC-SHA256 over the task name and the token
+HEADER_SIGNATURE = "orc_sig"
 
 
 def task_id(run_id: str, key: str, attempt: int) -> str:
@@ -44,6 +48,19 @@ class FencingToken:
         return {HEADER_RUN: self.run_id, HEADER_KEY: self.key, HEADER_ATTEMPT: self.attempt}
 
 
+def sign(key: bytes, task_name: str, token: FencingToken) -> str:
+    """The signature of ``token`` for a message of ``task_name``: HMAC-SHA256 with the
+    deployment's signing key (``orc_secrets``), hex. Only a process that can read the
+    database can make it; a message whose signature does not verify never touches a run."""
+    text = "\x00".join((task_name, token.run_id, token.key, str(token.attempt)))
+    return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+
+def verify(key: bytes, task_name: str, token: FencingToken, signature: Any) -> bool:
+    """Whether ``signature`` is :func:`sign` of ``token`` for ``task_name`` (constant time)."""
+    return isinstance(signature, str) and hmac.compare_digest(sign(key, task_name, token), signature)
+
+
 class MalformedHeaders(ValueError):
     """An orchestrated message whose fencing headers are present but unusable."""
 
@@ -69,12 +86,14 @@ def send_options(
     queue: str,
     soft_time_limit: float | None,
     time_limit: float | None,
+    signature: str,
 ) -> dict[str, Any]:
-    """The ``send_task`` keyword options of one attempt's message (arguments excluded)."""
+    """The ``send_task`` keyword options of one attempt's message (arguments excluded);
+    ``signature`` is :func:`sign` of the token for the message's task name."""
     return {
         "queue": queue,
         "task_id": token.task_id,
-        "headers": token.headers(),
+        "headers": {**token.headers(), HEADER_SIGNATURE: signature},
         "soft_time_limit": soft_time_limit,
         "time_limit": time_limit,
     }

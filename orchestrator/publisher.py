@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from .crashpoints import crash_point
 from .models import Dispatch
-from .protocol import send_options
+from .protocol import send_options, sign
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,14 @@ class RecordingPublisher:
 
 
 class CeleryPublisher:
-    """Publishes through a Celery app's producer pool (``send_task`` by registered name)."""
+    """Publishes through a Celery app's producer pool (``send_task`` by registered name).
 
-    def __init__(self, app: Any) -> None:
+    ``signing_key`` returns the deployment's key (read from the database once, by the store):
+    each message's fencing headers carry their signature (:func:`orchestrator.protocol.sign`)."""
+
+    def __init__(self, app: Any, signing_key: Callable[[], bytes]) -> None:
         self.app = app
+        self.signing_key = signing_key
 
     def publish(self, dispatches: Sequence[Dispatch]) -> int:
         batch = list(dispatches)
@@ -76,6 +80,7 @@ class CeleryPublisher:
         crash_point("after_dispatch_commit")
         sent = 0
         try:
+            key = self.signing_key()
             with self.app.producer_or_acquire() as producer:
                 for d in batch:
                     self.app.send_task(
@@ -84,7 +89,11 @@ class CeleryPublisher:
                         kwargs=d.kwargs,
                         producer=producer,
                         **send_options(
-                            d.token, queue=d.queue, soft_time_limit=d.soft_time_limit, time_limit=d.time_limit
+                            d.token,
+                            queue=d.queue,
+                            soft_time_limit=d.soft_time_limit,
+                            time_limit=d.time_limit,
+                            signature=sign(key, d.task_name, d.token),
                         ),
                     )
                     sent += 1

@@ -117,3 +117,12 @@ workers = sa.Table(
     sa.Column("started_at", TS, nullable=False),
     sa.Column("seen_at", TS, nullable=False),
 )
+
+secrets = sa.Table(
+    "orc_secrets",
+    metadata,
+    #: ``signing_key``: the key of the fencing headers' signature (``protocol.sign``), made by
+    #: migration 0005; every process that can reach the database reads it, the broker never sees it
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(256), nullable=False),
+)

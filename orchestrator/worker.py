@@ -1,13 +1,18 @@
 """The worker side: a base Celery Task that claims, heartbeats and commits fenced outcomes.
 
-An orchestrated message carries (run, key, attempt) headers. The task:
+An orchestrated message carries (run, key, attempt) headers and their signature (an HMAC with
+the deployment's key, ``protocol.sign``). The task:
 
+0. verifies the signature for its own task name: a message that fails it (forged, or made for
+   another task) is acked and dropped, and nothing is written;
 1. claims with a CAS QUEUED -> RUNNING for that attempt (a lost claim: ack and drop);
 2. runs the body with the arguments stored in the database, a heartbeat extending the lease;
 3. commits SUCCEEDED (JSON result) or a failed attempt (RETRYING with backoff / FAILED),
    fenced by the attempt, settles the children and publishes what became dispatchable.
 
-The same task called without those headers (``task.delay()``, ``task()``) is a plain Celery task.
+The same task called without those headers (``task.delay()``, ``task()``, Flower's apply) is a
+plain Celery task that never touches a run. A hard time limit is recorded from the worker's
+main process (:class:`OrchestratedRequest`) for a verified token only.
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ from typing import Any
 
 from celery import Celery, Task, signals
 from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.worker.request import Request
 
 from .crashpoints import crash_point
 from .dag import UPSTREAM_KWARG, check_json
 from .engine import Orchestrator
 from .errors import ResultNotSerializable, ValidationError
 from .poison import exception_names, fingerprint, is_infrastructure
-from .protocol import FencingToken, MalformedHeaders, parse_task_id, read_token
+from .protocol import HEADER_SIGNATURE, FencingToken, MalformedHeaders, read_token, verify
 from .reconciler import ReconcilerService
 
 log = logging.getLogger(__name__)
@@ -181,15 +187,13 @@ def _heartbeater(orc: Orchestrator) -> Heartbeater:
 class OrchestratedTask(Task):  # type: ignore[misc]
     """Base class of every task of the project's app (``task_cls``)."""
 
+    Request = "orchestrator.worker:OrchestratedRequest"
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if request.called_directly:
             return super().__call__(*args, **kwargs)
-        try:
-            token = read_token(request)
-        except MalformedHeaders as exc:
-            log.error("dropping message %s of %s: %s", request.id, self.name, exc)
-            raise Ignore() from None
+        token = verified_token(self, request)
         if token is None:
             # a plain Celery message: Task.__call__ would push a fresh request and hide this one
             return self.run(*args, **kwargs)
@@ -204,7 +208,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         orc = current_orchestrator(self.app)
         worker = f"{self.request.hostname or socket.gethostname()}:{os.getpid()}"
         try:
-            claim = orc.claim(token, worker)
+            claim = orc.claim(token, worker, self.name)
         except Exception:
             log.exception("claim of %s failed; left to the reconciler", token.task_id)
             raise Ignore() from None
@@ -251,24 +255,60 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         orc.complete(token, result)
         return result
 
-    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
-        # Celery calls this in the worker's main process when the pool kills a task at its
-        # hard time limit; the body never got to record the failure itself.
-        if not isinstance(exc, TimeLimitExceeded):
+
+class OrchestratedRequest(Request):  # type: ignore[misc]
+    """The worker main process's request of an orchestrated task: when the pool kills the
+    body at its hard time limit, the attempt's failure is recorded from here (the body never
+    got to record it), for a verified fencing token only."""
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        super().on_timeout(soft, timeout)
+        if soft:
             return
-        parsed = parse_task_id(task_id)
-        if parsed is None:
-            return
-        orc = current_orchestrator(self.app)
         try:
-            orc.fail_attempt(
-                FencingToken(*parsed),
+            token = verified_token(self.task, self)
+        except Ignore:
+            return
+        if token is None:
+            return
+        exc = TimeLimitExceeded(timeout)
+        try:
+            current_orchestrator(self.task.app).fail_attempt(
+                token,
                 error=f"TimeLimitExceeded: hard time limit ({exc})",
                 exc_types=exception_names(exc),
                 fingerprint=fingerprint(exc)[0],
             )
         except Exception:
-            log.exception("could not record the hard time limit of %s", task_id)
+            log.exception("could not record the hard time limit of %s", token.task_id)
+
+
+def verified_token(task: Any, request: Any) -> FencingToken | None:
+    """The fencing token of an orchestrated request, once its signature verifies for
+    ``task``'s name; ``None`` for a plain Celery message (no fencing headers). A malformed
+    or unverified token raises :class:`~celery.exceptions.Ignore` (the message is acked and
+    dropped, nothing is written) after a log line, counted in ``inbox.DROPPED``."""
+    from .inbox import count_drop
+
+    try:
+        token = read_token(request)
+    except MalformedHeaders as exc:
+        log.error("dropping message %s of %s: %s", request.id, task.name, exc)
+        count_drop("fencing headers")
+        raise Ignore() from None
+    if token is None:
+        return None
+    key = current_orchestrator(task.app).store.signing_key
+    if not verify(key, task.name, token, getattr(request, HEADER_SIGNATURE, None)):
+        log.error(
+            "dropping message %s of %s: the fencing headers' signature does not verify (forged, or made"
+            " for another task or another deployment)",
+            request.id,
+            task.name,
+        )
+        count_drop("signature")
+        raise Ignore()
+    return token
 
 
 def _describe(exc: BaseException) -> str:

@@ -17,7 +17,7 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``rows``                  rows -> domain values (the only place)
 ``backend``               the Postgres / SQLite seam (the only place that tells them apart;
                           on Postgres settlement and admission are the server functions of
-                          migration 0004)
+                          migrations 0004 and 0005)
 ========================  ==============================================================
 
 Times come from the database (``dbtime``). :class:`Store` wires the roles together.
@@ -25,10 +25,14 @@ Times come from the database (``dbtime``). :class:`Store` wires the roles togeth
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
+from functools import cached_property
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from .. import schema as s
 from .admission import Admission
 from .attempts import Attempts
 from .backend import make_engine
@@ -74,6 +78,24 @@ class Store:
     @property
     def engine(self) -> Engine:
         return self.db.engine
+
+    @cached_property
+    def signing_key(self) -> bytes:
+        """The deployment's key for the fencing headers' signature (``orc_secrets``; made by
+        migration 0005, or here on first use by a database created without migrations)."""
+        table = s.secrets
+        query = sa.select(table.c.value).where(table.c.name == "signing_key")
+        with self.engine.connect() as conn:
+            value = conn.execute(query).scalar()
+        if value is None:
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(table.insert().values(name="signing_key", value=secrets.token_hex(32)))
+            except sa.exc.IntegrityError:
+                pass  # another process made it first
+            with self.engine.connect() as conn:
+                value = conn.execute(query).scalar_one()
+        return bytes.fromhex(value)
 
     def create_schema(self) -> None:
         self.db.create_schema()

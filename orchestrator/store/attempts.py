@@ -42,15 +42,19 @@ class Attempts:
         #: on Postgres, the claim and the success are server functions (one round trip each)
         self.hot = HotPath(db.engine) if db.backend.server_functions else None
 
-    def claim(self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float) -> Claim | None:
-        """CAS QUEUED -> RUNNING for ``attempt`` and set the lease.
+    def claim(
+        self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float, task_name: str
+    ) -> Claim | None:
+        """CAS QUEUED -> RUNNING for ``attempt`` of a task named ``task_name`` (the message's
+        task must be the node's) and set the lease.
 
         Returns ``None`` when the claim lost (unknown run or task, stale attempt, already
-        claimed): a rejected event is recorded and the caller must not run the body.
+        claimed, another task's message): a rejected event is recorded when the task exists,
+        nothing is written for an unknown one, and the caller must not run the body.
         """
         if self.hot is not None:
             check_transition(T.QUEUED, T.RUNNING, WORKER.role)
-            got = self.hot.claim(run_id, key, attempt, worker, lease_seconds)
+            got = self.hot.claim(run_id, key, attempt, worker, lease_seconds, task_name)
             if not got["claimed"]:
                 return None
             return Claim(
@@ -67,7 +71,7 @@ class Attempts:
             }
             moved = self.ledger.move(
                 conn, run_id, key, attempt, T.QUEUED, T.RUNNING, WORKER,
-                reason=f"claim by {worker}", values=values,
+                reason=f"claim by {worker}", values=values, fence=(t_tasks.c.task_name == task_name,),
                 returning=(t_tasks.c.args, t_tasks.c.kwargs, t_tasks.c.wants_upstream),
             )  # fmt: skip
             if not moved:

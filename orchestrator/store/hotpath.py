@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 
 log = logging.getLogger(__name__)
 
-_CLAIM = "SELECT orc_claim(%s::text, %s::text, %s::int, %s::text, %s::float8)"
+_CLAIM = "SELECT orc_claim(%s::text, %s::text, %s::int, %s::text, %s::float8, %s::text)"
 _SUCCEED = "SELECT orc_succeed(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int)"
 
 #: connections a forked child inherited from its parent: kept referenced, never closed, so
@@ -67,10 +67,12 @@ class HotPath:
                 time.sleep(0.01 * (2**i) * (1 + random.random()))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def claim(self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float) -> dict[str, Any]:
+    def claim(
+        self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float, task_name: str
+    ) -> dict[str, Any]:
         """``{"claimed": true, "args", "kwargs", "wants_upstream", "upstream"}`` or
         ``{"claimed": false, "conflict"}``."""
-        result: dict[str, Any] = self._call(_CLAIM, (run_id, key, attempt, worker, lease_seconds))
+        result: dict[str, Any] = self._call(_CLAIM, (run_id, key, attempt, worker, lease_seconds, task_name))
         return result
 
     def succeed(

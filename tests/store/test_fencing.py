@@ -30,7 +30,7 @@ def taken_over(tmp_path: Path) -> tuple[Heartbeater, Store, str]:
         dag, queues={"a": route("default", dag.priority)}, wants_upstream=lambda _: False
     )
     store.admission.admit_ready(10)
-    assert store.attempts.claim(run_id, "a", 1, "w", 0.01) is not None
+    assert store.attempts.claim(run_id, "a", 1, "w", 0.01, "t") is not None
     time.sleep(0.05)
     assert store.recovery.lose_lease(run_id, "a", 1, 10).accepted  # the reconciler takes it over
     orc = Orchestrator(

@@ -55,7 +55,7 @@ def test_the_hot_path_survives_a_terminated_session(store: Store) -> None:
         dag, queues={k: route("default", dag.priority) for k in dag.nodes}, wants_upstream=lambda _: True
     )
     store.admission.admit_ready(10)
-    assert store.attempts.claim(run_id, "a", 1, "w", 30) is not None
+    assert store.attempts.claim(run_id, "a", 1, "w", 30, "t") is not None
     # the server drops the hot path's session (a Postgres restart, an admin's terminate)
     with store.engine.connect() as conn:
         conn.execute(
@@ -66,7 +66,7 @@ def test_the_hot_path_survives_a_terminated_session(store: Store) -> None:
         )
     out = store.attempts.succeed(run_id, "a", 1, {"x": 1}, 10)
     assert out.accepted and [(d.key, d.attempt) for d in out.dispatches] == [("b", 1)]
-    claim = store.attempts.claim(run_id, "b", 1, "w", 30)
+    claim = store.attempts.claim(run_id, "b", 1, "w", 30, "t")
     assert claim is not None and claim.upstream_results == {"a": {"x": 1}}
 
 
@@ -100,11 +100,11 @@ def test_a_completion_that_made_nothing_ready_passes_its_slot_on(store: Store) -
     store.workers.register("g1", default_queues(), 2)  # window 2 * depth 2 = 4
     run_id = _fan_out(store, 20)
     assert [d.key for d in store.admission.admit_ready(100)] == ["root"]
-    assert store.attempts.claim(run_id, "root", 1, "g1:7", 30) is not None
+    assert store.attempts.claim(run_id, "root", 1, "g1:7", 30, "t") is not None
     out = store.attempts.succeed(run_id, "root", 1, None, 100)
     assert len(out.dispatches) == 4 and _in_flight(store, run_id) == 4  # settlement made 20 READY
     first = out.dispatches[0].key
-    assert store.attempts.claim(run_id, first, 1, "g1:7", 30) is not None
+    assert store.attempts.claim(run_id, first, 1, "g1:7", 30, "t") is not None
     out = store.attempts.succeed(run_id, first, 1, None, 100)
     assert len(out.dispatches) == 1 and _in_flight(store, run_id) == 4  # the slot passed on
     with store.engine.connect() as conn:
@@ -121,12 +121,12 @@ def test_a_completion_that_made_nothing_ready_passes_its_slot_on(store: Store) -
     queued = [k for k in (f"m{i}" for i in range(20)) if store.reads.get_task(run_id, k).state.value == "QUEUED"]
     got = []
     for key in queued[:3]:
-        assert store.attempts.claim(run_id, key, 1, "g1:7", 30) is not None
+        assert store.attempts.claim(run_id, key, 1, "g1:7", 30, "t") is not None
         got.append(len(store.attempts.succeed(run_id, key, 1, None, 100).dispatches))
     assert got == [0, 0, 1]  # in flight 3, then 2 (at the window), then 1: one slot free again
     # an attempt whose worker is not registered: the whole admission fills the window
     key = queued[3]
-    assert store.attempts.claim(run_id, key, 1, "ghost:1", 30) is not None
+    assert store.attempts.claim(run_id, key, 1, "ghost:1", 30, "t") is not None
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE orc_workers SET concurrency = 3 WHERE name = 'g1'"))  # window 6
     out = store.attempts.succeed(run_id, key, 1, None, 100)

@@ -53,7 +53,7 @@ def run_task(store: Store, run_id: str, key: str, result: object = None, *, ok: 
     store.admission.admit_ready(10_000)  # finished parents already admit their children
     task = store.reads.get_task(run_id, key)
     assert task.state is T.QUEUED, (key, task.state)
-    claim = store.attempts.claim(run_id, key, task.attempt, "w1", 30)
+    claim = store.attempts.claim(run_id, key, task.attempt, "w1", 30, "t")
     assert claim is not None
     if ok:
         assert store.attempts.succeed(run_id, key, task.attempt, result, 10_000).accepted
@@ -115,7 +115,7 @@ def test_diamond_runs_to_success_with_results_for_children(store: Store) -> None
     assert state(store, run_id, "d") is T.PENDING
     run_task(store, run_id, "c", "C")
     store.admission.admit_ready(100)
-    claim = store.attempts.claim(run_id, "d", 1, "w", 30)
+    claim = store.attempts.claim(run_id, "d", 1, "w", 30, "t")
     assert claim is not None and claim.upstream_results == {"b": "B", "c": "C"}
     assert store.attempts.succeed(run_id, "d", 1, [1, 2], 100).accepted
     view = store.reads.get_run(run_id)
@@ -125,10 +125,10 @@ def test_diamond_runs_to_success_with_results_for_children(store: Store) -> None
 def test_claim_is_fenced_by_attempt_and_recorded_when_rejected(store: Store) -> None:
     run_id = submit(store, diamond())
     store.admission.admit_ready(100)
-    assert store.attempts.claim(run_id, "a", 2, "w", 30) is None  # stale/forged attempt
-    assert store.attempts.claim(run_id, "a", 1, "w1", 30) is not None
-    assert store.attempts.claim(run_id, "a", 1, "w2", 30) is None  # duplicate delivery
-    assert store.attempts.claim("nope", "a", 1, "w", 30) is None  # unknown run
+    assert store.attempts.claim(run_id, "a", 2, "w", 30, "t") is None  # stale/forged attempt
+    assert store.attempts.claim(run_id, "a", 1, "w1", 30, "t") is not None
+    assert store.attempts.claim(run_id, "a", 1, "w2", 30, "t") is None  # duplicate delivery
+    assert store.attempts.claim("nope", "a", 1, "w", 30, "t") is None  # unknown run
     rejected = [e for e in store.reads.events(run_id) if not e.accepted]
     assert len(rejected) == 2 and all(e.to_state == "RUNNING" for e in rejected)
     assert "row holds RUNNING attempt 1" in (rejected[1].reason or "")
@@ -137,7 +137,7 @@ def test_claim_is_fenced_by_attempt_and_recorded_when_rejected(store: Store) -> 
 def test_result_commit_happens_once(store: Store) -> None:
     run_id = submit(store, diamond())
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 1, "w", 30)
+    store.attempts.claim(run_id, "a", 1, "w", 30, "t")
     assert store.attempts.succeed(run_id, "a", 1, "first", 100).accepted
     again = store.attempts.succeed(run_id, "a", 1, "second", 100)
     assert not again.accepted
@@ -151,7 +151,7 @@ def test_failure_retries_with_backoff_in_the_database(store: Store) -> None:
     dag.task("a", "t", max_attempts=2, backoff={"base": 0.2, "cap": 0.2, "jitter": "none"})
     run_id = submit(store, dag)
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 1, "w", 30)
+    store.attempts.claim(run_id, "a", 1, "w", 30, "t")
     out = store.attempts.fail(run_id, "a", 1, error="E: transient", window=100)
     assert out.accepted and out.state is T.RETRYING
     task = store.reads.get_task(run_id, "a")
@@ -163,7 +163,7 @@ def test_failure_retries_with_backoff_in_the_database(store: Store) -> None:
     dispatches = store.admission.admit_ready(100)
     assert [(d.key, d.attempt) for d in dispatches] == [("a", 2)]
     assert dispatches[0].task_id == f"{run_id}.a.2"
-    store.attempts.claim(run_id, "a", 2, "w", 30)
+    store.attempts.claim(run_id, "a", 2, "w", 30, "t")
     out = store.attempts.fail(run_id, "a", 2, error="E: again", window=100)
     assert out.state is T.FAILED  # attempts exhausted
     assert store.reads.get_run(run_id).state is RunState.FAILED
@@ -219,7 +219,7 @@ def test_admission_window_bounds_the_broker(store: Store) -> None:
     assert store.admission.admit_ready(10) == []  # window full
     run_id, key = first[1].run_id, first[1].key
     assert run_id == low_run
-    store.attempts.claim(run_id, key, 1, "w", 30)
+    store.attempts.claim(run_id, key, 1, "w", 30, "t")
     out = store.attempts.succeed(run_id, key, 1, None, 10)
     assert len(out.dispatches) == 1  # a finished task frees one slot
 
@@ -227,7 +227,7 @@ def test_admission_window_bounds_the_broker(store: Store) -> None:
 def test_heartbeat_extends_only_the_current_attempt(store: Store) -> None:
     run_id = submit(store, diamond())
     store.admission.admit_ready(10)
-    store.attempts.claim(run_id, "a", 1, "w", 1)
+    store.attempts.claim(run_id, "a", 1, "w", 1, "t")
     before = store.reads.get_task(run_id, "a")
     assert store.attempts.heartbeat(run_id, "a", 1, 60)
     assert not store.attempts.heartbeat(run_id, "a", 2, 60)
@@ -256,7 +256,7 @@ def test_concurrent_parents_release_a_fan_in_child_once(store: Store) -> None:
     run_id = submit(store, dag)
     store.admission.admit_ready(100)
     for p in parents:
-        store.attempts.claim(run_id, p.key, 1, "w", 30)
+        store.attempts.claim(run_id, p.key, 1, "w", 30, "t")
     results: list[int] = []
 
     def finish(key: str) -> None:
@@ -324,7 +324,7 @@ def test_expired_lease_fails_the_attempt_and_crash_loops_dead_letter(store: Stor
     dag.task("a", "t", max_attempts=5, backoff={"base": 0.01, "cap": 0.01})
     run_id = submit(store, dag)
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 1, "w", 0.2)  # the lease deadline is stored by the claim
+    store.attempts.claim(run_id, "a", 1, "w", 0.2, "t")  # the lease deadline is stored by the claim
     assert store.recovery.expired_leases() == []
     assert not store.recovery.lose_lease(run_id, "a", 1, 100).accepted  # the lease is live
     time.sleep(0.3)
@@ -335,7 +335,7 @@ def test_expired_lease_fails_the_attempt_and_crash_loops_dead_letter(store: Stor
     time.sleep(0.05)
     store.recovery.release_due_retries()
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 2, "w", 0.01)
+    store.attempts.claim(run_id, "a", 2, "w", 0.01, "t")
     time.sleep(0.05)
     out = store.recovery.lose_lease(run_id, "a", 2, 100)
     assert out.state is T.DEAD_LETTER  # two lost leases in a row: crash loop
@@ -353,22 +353,22 @@ def test_same_fingerprint_twice_is_poison(store: Store) -> None:
     dag.task("b", "t", upstream=["a"])
     run_id = submit(store, dag)
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 1, "w", 30)
+    store.attempts.claim(run_id, "a", 1, "w", 30, "t")
     assert store.attempts.fail(run_id, "a", 1, error="E", window=100, fingerprint="fp1").state is T.RETRYING
     time.sleep(0.05)
     store.recovery.release_due_retries()
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 2, "w", 30)
+    store.attempts.claim(run_id, "a", 2, "w", 30, "t")
     assert store.attempts.fail(run_id, "a", 2, error="E", window=100, fingerprint="fp1").state is T.DEAD_LETTER
     assert state(store, run_id, "b") is T.PENDING  # DEAD_LETTER does not cascade
     # the operator retries it, it fails again differently, then the operator skips it
     store.operator.retry_task(run_id, "a", 100, OP)
-    store.attempts.claim(run_id, "a", 3, "w", 30)
+    store.attempts.claim(run_id, "a", 3, "w", 30, "t")
     assert store.attempts.fail(run_id, "a", 3, error="F", window=100, fingerprint="fp2").state is T.RETRYING
     time.sleep(0.05)
     store.recovery.release_due_retries()
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 4, "w", 30)
+    store.attempts.claim(run_id, "a", 4, "w", 30, "t")
     assert store.attempts.fail(run_id, "a", 4, error="F", window=100, fingerprint="fp2").state is T.DEAD_LETTER
     store.operator.resolve_dead_letter(run_id, "a", T.SKIPPED, 100, OP)
     assert state(store, run_id, "b") is T.SKIPPED
@@ -381,8 +381,8 @@ def test_retry_on_and_no_retry_on(store: Store) -> None:
     dag.task("b", "t", max_attempts=3, retry_on=["TimeoutError"])
     run_id = submit(store, dag)
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 1, "w", 30)
-    store.attempts.claim(run_id, "b", 1, "w", 30)
+    store.attempts.claim(run_id, "a", 1, "w", 30, "t")
+    store.attempts.claim(run_id, "b", 1, "w", 30, "t")
     assert store.attempts.fail(run_id, "a", 1, error="v", window=100, exc_types=["ValueError"]).state is T.FAILED
     assert store.attempts.fail(run_id, "b", 1, error="k", window=100, exc_types=["KeyError"]).state is T.FAILED
 
@@ -431,7 +431,7 @@ def test_operator_cascade_carries_the_operator(store: Store) -> None:
     dag.task("c", "t", upstream=["b"])
     run_id = submit(store, dag)
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 1, "w", 30)
+    store.attempts.claim(run_id, "a", 1, "w", 30, "t")
     assert store.attempts.fail(run_id, "a", 1, error="E", window=100, fingerprint="fp").state is T.FAILED
     # a reconciler-caused failure cascades as the reconciler ...
     dag2 = DAG("lease-cascade")
@@ -439,7 +439,7 @@ def test_operator_cascade_carries_the_operator(store: Store) -> None:
     dag2.task("b", "t", upstream=["a"])
     run2 = submit(store, dag2)
     store.admission.admit_ready(100)
-    store.attempts.claim(run2, "a", 1, "w", 0.01)
+    store.attempts.claim(run2, "a", 1, "w", 0.01, "t")
     time.sleep(0.05)
     assert store.recovery.lose_lease(run2, "a", 1, 100).state is T.FAILED
     cascade = [(e.key, e.to_state, e.actor) for e in store.reads.events(run2) if e.key == "b" or e.key is None]
@@ -450,12 +450,12 @@ def test_operator_cascade_carries_the_operator(store: Store) -> None:
     dag3.task("b", "t", upstream=["a"])
     run3 = submit(store, dag3)
     store.admission.admit_ready(100)
-    store.attempts.claim(run3, "a", 1, "w", 30)
+    store.attempts.claim(run3, "a", 1, "w", 30, "t")
     store.attempts.fail(run3, "a", 1, error="E", window=100, fingerprint="fp")
     time.sleep(0.05)
     store.recovery.release_due_retries()
     store.admission.admit_ready(100)
-    store.attempts.claim(run3, "a", 2, "w", 30)
+    store.attempts.claim(run3, "a", 2, "w", 30, "t")
     assert store.attempts.fail(run3, "a", 2, error="E", window=100, fingerprint="fp").state is T.DEAD_LETTER
     assert store.operator.resolve_dead_letter(run3, "a", T.SKIPPED, 100, OP).accepted
     b = [e for e in store.reads.events(run3) if e.key == "b"][-1]
@@ -492,7 +492,7 @@ def test_operator_action_that_loses_a_race_is_refused_and_recorded(store: Store)
 def test_cancel_run(store: Store) -> None:
     run_id = submit(store, diamond())
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 1, "w", 30)
+    store.attempts.claim(run_id, "a", 1, "w", 30, "t")
     revoke, conflict = store.operator.cancel_run(run_id, OP)
     assert revoke == [f"{run_id}.a.1"] and conflict is None
     assert {t.state for t in store.reads.get_tasks(run_id)} == {T.CANCELLED}

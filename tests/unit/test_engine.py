@@ -43,7 +43,7 @@ def sent(orc: Orchestrator) -> list[Dispatch]:
 
 
 def run_one(orc: Orchestrator, d: Dispatch, result: object = "ok") -> None:
-    claim = orc.claim(d.token, "w:1")
+    claim = orc.claim(d.token, "w:1", d.task_name)
     assert claim is not None
     assert orc.complete(d.token, result).accepted
 
@@ -65,14 +65,14 @@ def test_a_run_flows_through_the_publisher(orc: Orchestrator) -> None:
     (b_msg,) = sent(orc)  # the completion admitted and published the child
     run_one(orc, b_msg, 2)
     (c_msg,) = sent(orc)
-    claim = orc.claim(c_msg.token, "w:1")
+    claim = orc.claim(c_msg.token, "w:1", c_msg.task_name)
     assert claim is not None and claim.upstream_results == {"a": 1, "b": 2}
     assert orc.complete(c_msg.token, 3).accepted
     assert run.state is RunState.SUCCEEDED
     run_events = [(e.from_state, e.to_state, e.actor) for e in run.events() if e.key is None]
     assert run_events == [(None, "RUNNING", "submit"), ("RUNNING", "SUCCEEDED", "worker")]
     # a duplicate delivery of a finished attempt is refused and does not publish anything
-    assert orc.claim(c_msg.token, "w:2") is None
+    assert orc.claim(c_msg.token, "w:2", c_msg.task_name) is None
     assert sent(orc) == []
 
 
@@ -81,7 +81,7 @@ def test_reconciler_releases_due_retries_and_dispatches_them(orc: Orchestrator) 
     dag.task("a", "t.fail", max_attempts=3, backoff={"base": 0.05, "cap": 0.05, "jitter": "none"})
     run = orc.submit(dag)
     (msg,) = sent(orc)
-    assert orc.claim(msg.token, "w:1") is not None
+    assert orc.claim(msg.token, "w:1", msg.task_name) is not None
     out = orc.fail_attempt(msg.token, error="boom", fingerprint=None)
     assert out.state is T.RETRYING and sent(orc) == []
     time.sleep(0.1)
@@ -116,7 +116,7 @@ def test_reconciler_expires_a_lease_from_its_stored_deadline(orc: Orchestrator) 
     dag.task("a", "t.ok", max_attempts=2, backoff={"base": 0.01, "cap": 0.01, "jitter": "none"})
     run = orc.submit(dag)
     (msg,) = sent(orc)
-    assert orc.claim(msg.token, "w:1") is not None
+    assert orc.claim(msg.token, "w:1", msg.task_name) is not None
     assert orc.reconcile()["leases_expired"] == 0  # lease_seconds=0.2 still runs
     assert orc.heartbeat(msg.token)
     time.sleep(0.3)
@@ -146,7 +146,7 @@ def test_cancel_revokes_through_the_publisher(orc: Orchestrator) -> None:
     dag.task("b", "t.ok", upstream=["a"])
     run = orc.submit(dag)
     (msg,) = sent(orc)
-    assert orc.claim(msg.token, "w:1") is not None
+    assert orc.claim(msg.token, "w:1", msg.task_name) is not None
     assert run.cancel(by="carol") == 1
     publisher = orc.publisher
     assert isinstance(publisher, RecordingPublisher) and publisher.revoked == [msg.task_id]

@@ -1,4 +1,5 @@
-"""A completion that made nothing READY passes its worker's slot on (``orc_pass_slot``)
+"""The deployment's signing key (``orc_secrets``), the claim checks the message's task name, and
+a completion that made nothing READY passes its worker's slot on (``orc_pass_slot``)
 instead of running the whole admission under its lock; admission's UPDATE reaches its rows by
 primary key; ``orc_settle`` returns how many tasks it made READY. Postgres only: SQLite runs
 the whole admission from Python (one writer at a time there).
@@ -8,7 +9,9 @@ Revises: 0004
 """
 
 import importlib
+import secrets
 
+import sqlalchemy as sa
 from alembic import op
 
 revision = "0005"
@@ -47,6 +50,40 @@ SQL = r"""
 -- estimate looks worse than a custom one (an unnest() of a parameter array is estimated at 10
 -- rows, of a constant at 1): planning was most of the cost of a hand-off. The statements are
 -- written for generic plans anyway (single tasks by primary key, see 0004).
+
+-- the claim: QUEUED -> RUNNING for p_attempt of a task named p_task (the message's task name
+-- must be the node's), with the lease deadline; the stored arguments and, for tasks that want
+-- them, the results of the parents that succeeded. Replaces 0004's orc_claim without p_task.
+DROP FUNCTION IF EXISTS orc_claim(text, text, int, text, float8);
+CREATE OR REPLACE FUNCTION orc_claim(p_run text, p_key text, p_attempt int, p_worker text, p_lease float8,
+                                     p_task text)
+RETURNS json LANGUAGE plpgsql AS $$
+DECLARE
+    row record;
+    upstream json;
+    conflict text;
+BEGIN
+    UPDATE orc_tasks t SET state = 'RUNNING', started_at = now(), heartbeat_at = now(),
+                           lease_expires_at = now() + make_interval(secs => p_lease), worker = p_worker
+    WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'QUEUED' AND t.attempt = p_attempt
+      AND t.task_name = p_task
+    RETURNING t.args, t.kwargs, t.wants_upstream INTO row;
+    IF NOT FOUND THEN
+        conflict := orc_reject(p_run, p_key, p_attempt, 'RUNNING', 'worker',
+                               'claim by ' || p_worker || ' for a message of ' || p_task);
+        RETURN json_build_object('claimed', false, 'conflict', coalesce(conflict, 'no such task'));
+    END IF;
+    INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+    VALUES (p_run, p_key, p_attempt, 'QUEUED', 'RUNNING', 'worker', NULL, 'claim by ' || p_worker, true, now());
+    IF row.wants_upstream THEN
+        SELECT json_object_agg(t.key, t.result) INTO upstream
+        FROM orc_edges e JOIN orc_tasks t ON t.run_id = e.run_id AND t.key = e.parent_key
+        WHERE e.run_id = p_run AND e.child_key = p_key AND t.state = 'SUCCEEDED';
+    END IF;
+    RETURN json_build_object('claimed', true, 'args', row.args, 'kwargs', row.kwargs,
+                             'wants_upstream', row.wants_upstream, 'upstream', coalesce(upstream, '{}'::json));
+END
+$$;
 
 -- settlement of one task that became terminal: returns how many tasks it made READY
 CREATE OR REPLACE FUNCTION orc_settle(p_run text, p_key text, p_state text, p_children json, p_actor text, p_by text)
@@ -280,7 +317,7 @@ BEGIN
 END
 $$;
 
-ALTER FUNCTION orc_claim(text, text, int, text, float8) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION orc_claim(text, text, int, text, float8, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION orc_reject(text, text, int, text, text, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION orc_settle(text, text, text, json, text, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION orc_admit(int, float8, int, boolean) SET plan_cache_mode = force_generic_plan;
@@ -291,15 +328,25 @@ ALTER FUNCTION orc_succeed(text, text, int, json, int, float8, int) SET plan_cac
 
 
 def upgrade() -> None:
+    # the key of the fencing headers' signature (protocol.sign): every process that can read
+    # the database can sign and verify; the broker never carries it
+    table = op.create_table(
+        "orc_secrets",
+        sa.Column("name", sa.String(64), primary_key=True),
+        sa.Column("value", sa.String(256), nullable=False),
+    )
+    op.bulk_insert(table, [{"name": "signing_key", "value": secrets.token_hex(32)}])
     if op.get_bind().dialect.name != "postgresql":
         return
     op.execute(SQL)
 
 
 def downgrade() -> None:
+    op.drop_table("orc_secrets")
     if op.get_bind().dialect.name != "postgresql":
         return
     op.execute("DROP FUNCTION IF EXISTS orc_pass_slot(text, float8, int)")
+    op.execute("DROP FUNCTION IF EXISTS orc_claim(text, text, int, text, float8, text)")
     op.execute("DROP FUNCTION IF EXISTS orc_admit_from(text[], int)")
     # 0004's definitions of orc_settle, orc_admit and orc_succeed (CREATE OR REPLACE)
     previous = importlib.import_module("orchestrator.migrations.versions.0004_hot_path")
