@@ -51,6 +51,9 @@ class Settings:
     poison_threshold: int = 2
     #: this many consecutive lost leases without an exception -> DEAD_LETTER as a crash loop
     crash_loop_threshold: int = 2
+    #: a broker message redelivered this many times (its pool process died each time) is
+    #: parked in the ``orchestrator.parked`` queue with the evidence instead of run again
+    max_redeliveries: int = 3
     #: Celery task events from the workers (Flower turns them on by itself when it starts)
     task_events: bool = False
     #: URL that receives a JSON POST for every task parked in DEAD_LETTER

@@ -9,7 +9,14 @@ with :func:`problem` first and drops what fails, and drops a message whose handl
 anyway (anything but a broker connection error) instead of letting it stop the worker.
 
 Dropped messages are acknowledged (nothing is redelivered), logged at ERROR with the reason and
-counted in :data:`DROPPED` by reason. A message the check lets through is a well-formed Celery
+counted in :data:`DROPPED` by reason.
+
+A message that comes back flagged ``redelivered`` (its pool process died, or its worker stopped
+before acknowledging it) is counted in the database (``orc_deliveries``); past
+``ORCHESTRATOR_MAX_REDELIVERIES`` deliveries it is parked: republished unchanged to the
+``orchestrator.parked`` queue, which no worker consumes, with the evidence in the database, and
+acknowledged. A task whose body kills its process can therefore not kill pool processes for
+ever, with or without fencing headers. A message the check lets through is a well-formed Celery
 protocol-2 message; whether it may touch a run is decided later, in the pool process, by its
 fencing headers and their signature (``orchestrator.worker``).
 """
@@ -25,8 +32,10 @@ from collections import Counter
 from typing import Any
 
 from celery.worker.consumer.consumer import Consumer
+from kombu.entity import Exchange, Queue
 
 from .protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE
+from .routing import PARKED_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +213,8 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
             reason = problem(message)
             if reason is not None:
                 return drop(message, reason, connection_errors)
+            if _redelivered(message) and self._too_many_deliveries(message):
+                return None
             try:
                 return handle(message)
             except connection_errors:
@@ -215,3 +226,49 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
                 )
 
         return on_task_received
+
+    def _too_many_deliveries(self, message: Any) -> bool:
+        """Count a redelivery; past the limit park the message (and acknowledge it)."""
+        from .worker import current_orchestrator
+
+        headers = message.headers
+        orc = current_orchestrator(self.app)
+        try:
+            deliveries = orc.store.deliveries.count(headers["id"], headers["task"])
+        except Exception:
+            log.exception("could not count the redelivery of %s; running it", headers["id"])
+            return False
+        limit = orc.settings.max_redeliveries
+        if deliveries <= limit:
+            return False
+        reason = f"delivered {deliveries} times, over ORCHESTRATOR_MAX_REDELIVERIES={limit}"
+        evidence = {
+            "reason": reason,
+            "headers": {k: _short(v, 200) for k, v in headers.items()},
+            "body_head": bytes(message.body[:512]).decode("utf-8", "replace"),
+            "routing_key": (message.delivery_info or {}).get("routing_key"),
+        }
+        try:
+            parked = Queue(PARKED_QUEUE, Exchange(PARKED_QUEUE, type="direct"), routing_key=PARKED_QUEUE)
+            with self.app.producer_or_acquire() as producer:
+                producer.publish(
+                    message.body,
+                    exchange=parked.exchange,
+                    routing_key=PARKED_QUEUE,
+                    declare=[parked],
+                    headers={**headers, "orc_parked": reason},
+                    content_type=message.content_type,
+                    content_encoding=message.content_encoding,
+                )
+            orc.store.deliveries.park(headers["id"], evidence)
+        except Exception:
+            log.exception("could not park message %s; running it", headers["id"])
+            return False
+        log.error("parked message %s (task %s) in %s: %s", headers["id"], headers["task"], PARKED_QUEUE, reason)
+        count_drop("parked")
+        message.ack_log_error(log, tuple(self.connection_errors))
+        return True
+
+
+def _redelivered(message: Any) -> bool:
+    return bool((message.delivery_info or {}).get("redelivered") or message.headers.get("redelivered"))

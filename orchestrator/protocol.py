@@ -16,6 +16,7 @@ from typing import Any
 HEADER_RUN, HEADER_KEY, HEADER_ATTEMPT = "orc_run", "orc_key", "orc_attempt"
 #: the header with the token's signature: HMAC-SHA256 over the task name and the token
 HEADER_SIGNATURE = "orc_sig"
+FENCING_HEADERS = (HEADER_RUN, HEADER_KEY, HEADER_ATTEMPT, HEADER_SIGNATURE)
 
 
 def task_id(run_id: str, key: str, attempt: int) -> str:

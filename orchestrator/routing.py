@@ -12,6 +12,8 @@ import enum
 from collections.abc import Iterable
 
 QUEUE_PREFIX = "orchestrator"
+#: where workers park a message that keeps killing its pool process (no worker consumes it)
+PARKED_QUEUE = "orchestrator.parked"
 
 
 class Priority(enum.StrEnum):

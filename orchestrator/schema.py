@@ -126,3 +126,19 @@ secrets = sa.Table(
     sa.Column("name", sa.String(64), primary_key=True),
     sa.Column("value", sa.String(256), nullable=False),
 )
+
+deliveries = sa.Table(
+    "orc_deliveries",
+    metadata,
+    #: redeliveries of one broker message (kept only for messages delivered again: a message
+    #: whose pool process died comes back flagged ``redelivered``); past
+    #: ``ORCHESTRATOR_MAX_REDELIVERIES`` it is parked (``inbox.GuardedConsumer``)
+    sa.Column("message_id", sa.String(1024), primary_key=True),
+    sa.Column("task_name", sa.String(1024), nullable=False),
+    sa.Column("deliveries", sa.Integer, nullable=False),
+    sa.Column("first_at", TS, nullable=False),
+    sa.Column("last_at", TS, nullable=False),
+    #: set when the message was parked, with the evidence (headers, body head, reason)
+    sa.Column("parked_at", TS, nullable=True),
+    sa.Column("evidence", sa.JSON, nullable=True),
+)

@@ -28,6 +28,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from celery import Celery, Task, signals
@@ -39,7 +40,7 @@ from .dag import UPSTREAM_KWARG, check_json
 from .engine import Orchestrator
 from .errors import ResultNotSerializable, ValidationError
 from .poison import exception_names, fingerprint, is_infrastructure
-from .protocol import HEADER_SIGNATURE, FencingToken, MalformedHeaders, read_token, verify
+from .protocol import FENCING_HEADERS, HEADER_SIGNATURE, FencingToken, MalformedHeaders, read_token, verify
 from .reconciler import ReconcilerService
 
 log = logging.getLogger(__name__)
@@ -265,8 +266,10 @@ class OrchestratedRequest(Request):  # type: ignore[misc]
         super().on_timeout(soft, timeout)
         if soft:
             return
+        headers = self._request_dict  # the message's headers (the main process has no task request)
+        fencing = SimpleNamespace(id=self.id, **{h: headers.get(h) for h in FENCING_HEADERS})
         try:
-            token = verified_token(self.task, self)
+            token = verified_token(self.task, fencing)
         except Ignore:
             return
         if token is None:

@@ -14,6 +14,7 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``operator``              retry, give up, skip, cancel
 ``reads``                 runs, tasks and the ledger as domain values; diagnostics
 ``workers``               the worker registry (capacity of live workers)
+``deliveries``            redelivered broker messages counted, parked ones with evidence
 ``rows``                  rows -> domain values (the only place)
 ``backend``               the Postgres / SQLite seam (the only place that tells them apart;
                           on Postgres settlement and admission are the server functions of
@@ -37,6 +38,7 @@ from .admission import Admission
 from .attempts import Attempts
 from .backend import make_engine
 from .database import Database, new_run_id
+from .deliveries import Deliveries
 from .ledger import Ledger
 from .operator import OperatorActions
 from .reads import Reads
@@ -74,6 +76,7 @@ class Store:
         self.operator = OperatorActions(self.db, self.ledger, self.settlement, self.admission)
         self.reads = Reads(self.db)
         self.workers = WorkerRegistry(self.db, worker_ttl=worker_ttl)
+        self.deliveries = Deliveries(self.db)
 
     @property
     def engine(self) -> Engine:

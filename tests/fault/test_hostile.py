@@ -194,3 +194,22 @@ def test_forged_fencing_headers_never_touch_a_run(cluster: Cluster) -> None:
     assert worker.text().count("signature does not verify") == 2, worker.tail()
     assert "Hard time limit" in worker.text(), worker.tail()
     assert worker.popen.poll() is None
+
+
+def test_a_message_that_keeps_killing_its_pool_process_is_parked(cluster: Cluster) -> None:
+    """A plain Celery message (no fencing headers) whose body kills its pool process comes back
+    flagged redelivered each time; past the limit it is parked with the evidence, and the
+    worker goes on with other work."""
+    cluster.configure(ORCHESTRATOR_WORKER_RECONCILER="0", ORCHESTRATOR_MAX_REDELIVERIES="2")
+    worker = cluster.worker("w1", concurrency=2)
+    sent = cluster.orc.app.send_task(P + "crash", queue=QUEUE)
+    parked = cluster.wait_for(lambda: cluster.store.deliveries.parked(), 60, "the crashing message parked")
+    assert [(p["message_id"], p["deliveries"]) for p in parked] == [(sent.id, 3)]
+    assert "over ORCHESTRATOR_MAX_REDELIVERIES=2" in parked[0]["evidence"]["reason"]
+    assert cluster.redis.llen("orchestrator.parked") == 1
+    assert cluster.redis.llen(QUEUE) == 0
+    assert worker.text().count("WorkerLostError: Worker exited prematurely: signal 9") >= 2, worker.tail()
+    # the worker still runs DAGs
+    dag = DAG("after")
+    dag.task("a", P + "echo", kwargs={"n": 1})
+    assert cluster.wait_run(cluster.orc.submit(dag).id, 60) is RunState.SUCCEEDED, worker.tail()

@@ -1,4 +1,5 @@
-"""The deployment's signing key (``orc_secrets``), the claim checks the message's task name, and
+"""The deployment's signing key (``orc_secrets``), redelivered messages (``orc_deliveries``),
+the claim checks the message's task name, and
 a completion that made nothing READY passes its worker's slot on (``orc_pass_slot``)
 instead of running the whole admission under its lock; admission's UPDATE reaches its rows by
 primary key; ``orc_settle`` returns how many tasks it made READY. Postgres only: SQLite runs
@@ -336,12 +337,25 @@ def upgrade() -> None:
         sa.Column("value", sa.String(256), nullable=False),
     )
     op.bulk_insert(table, [{"name": "signing_key", "value": secrets.token_hex(32)}])
+    # redeliveries of broker messages (orchestrator.inbox): a message that keeps killing its pool
+    # process is parked after ORCHESTRATOR_MAX_REDELIVERIES deliveries
+    op.create_table(
+        "orc_deliveries",
+        sa.Column("message_id", sa.String(1024), primary_key=True),
+        sa.Column("task_name", sa.String(1024), nullable=False),
+        sa.Column("deliveries", sa.Integer, nullable=False),
+        sa.Column("first_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("last_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("parked_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("evidence", sa.JSON, nullable=True),
+    )
     if op.get_bind().dialect.name != "postgresql":
         return
     op.execute(SQL)
 
 
 def downgrade() -> None:
+    op.drop_table("orc_deliveries")
     op.drop_table("orc_secrets")
     if op.get_bind().dialect.name != "postgresql":
         return
