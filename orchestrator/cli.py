@@ -33,10 +33,20 @@ class _Group(click.Group):
     """Print orchestrator errors as one line on stderr, exit 2, no traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        import sqlalchemy as sa
+
         try:
             return super().invoke(ctx)
         except OrchestratorError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except sa.exc.DBAPIError as exc:
+            # unreachable or misconfigured database: the driver's first line (never the URL's password)
+            first = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+            click.echo(f"error: database: {first}", err=True)
+            sys.exit(2)
+        except sa.exc.ArgumentError as exc:
+            click.echo(f"error: database URL: {exc}", err=True)
             sys.exit(2)
 
 

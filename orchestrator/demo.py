@@ -81,7 +81,8 @@ def run_demo(echo: Callable[[str], None] = print, timeout: float = 120.0) -> int
     from celery.contrib.testing.worker import start_worker
 
     from .celery_app import get_app
-    from .worker import current_orchestrator, start_services, stop_services
+    from .process import current_orchestrator
+    from .worker import start_services, stop_services
 
     app = get_app()
     orc = current_orchestrator(app)

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
+import sqlalchemy as sa
+
 from .alerts import raise_alert
 from .config import Settings
 from .crashpoints import crash_point
@@ -28,6 +30,7 @@ from .registry import CeleryRegistry, TaskRegistry
 from .routing import route
 from .states import RunState, TaskState
 from .store import Store
+from .store.database import retryable
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,8 @@ class Orchestrator:
             crash_loop_threshold=s.crash_loop_threshold,
             worker_ttl=s.worker_ttl,
             dispatch_depth=s.dispatch_depth,
+            # an outage delays an outcome, it never decides it: keep trying while a lease may hold
+            retry_seconds=s.lease_seconds,
         )
         if store.engine.dialect.name == "sqlite":
             from . import migrate
@@ -317,11 +322,19 @@ class RunHandle:
         return {t.key: t.result for t in self.tasks() if t.state.value == "SUCCEEDED"}
 
     def wait(self, timeout: float | None = None, *, poll: float = 0.1) -> RunView:
-        """Block until the run is final; raise :class:`RunTimeout` after ``timeout`` seconds."""
+        """Block until the run is final; raise :class:`RunTimeout` after ``timeout`` seconds.
+        A database outage (a lost or refused connection) is waited out, logged, until then."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self.state.terminal:
-                return self.status()
+            try:
+                view = self.status()
+            except sa.exc.DBAPIError as exc:
+                if not retryable(exc):
+                    raise
+                log.warning("waiting for run %s: the database is unreachable (%s); still waiting", self.id, exc.orig)
+            else:
+                if view.state.terminal:
+                    return view
             if deadline is not None and time.monotonic() >= deadline:
                 raise RunTimeout(f"run {self.id} still running after {timeout}s")
             time.sleep(poll)

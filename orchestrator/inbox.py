@@ -34,6 +34,7 @@ from typing import Any
 from celery.worker.consumer.consumer import Consumer
 from kombu.entity import Exchange, Queue
 
+from .process import current_orchestrator
 from .protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE
 from .routing import PARKED_QUEUE
 
@@ -229,8 +230,6 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
 
     def _too_many_deliveries(self, message: Any) -> bool:
         """Count a redelivery; past the limit park the message (and acknowledge it)."""
-        from .worker import current_orchestrator
-
         headers = message.headers
         orc = current_orchestrator(self.app)
         try:

@@ -39,7 +39,9 @@ from .crashpoints import crash_point
 from .dag import UPSTREAM_KWARG, check_json
 from .engine import Orchestrator
 from .errors import ResultNotSerializable, ValidationError
+from .inbox import count_drop
 from .poison import exception_names, fingerprint, is_infrastructure
+from .process import all_orchestrators, current_orchestrator
 from .protocol import FENCING_HEADERS, HEADER_SIGNATURE, FencingToken, MalformedHeaders, read_token, verify
 from .reconciler import ReconcilerService
 
@@ -67,23 +69,6 @@ def current_context() -> TaskContext | None:
 class RetryRequested(Exception):
     """Raised by ``self.retry()`` inside an orchestrated task: a retryable failure whose
     delay comes from the node's backoff in the database, never a broker countdown."""
-
-
-_orchestrators: dict[tuple[int, int], Orchestrator] = {}
-_orchestrators_lock = threading.Lock()
-
-
-def current_orchestrator(app: Celery) -> Orchestrator:
-    """One :class:`Orchestrator` per (process, app): engines are never shared across fork."""
-    ident = (os.getpid(), id(app))
-    orc = _orchestrators.get(ident)
-    if orc is None:
-        with _orchestrators_lock:
-            orc = _orchestrators.get(ident)
-            if orc is None:
-                orc = Orchestrator(app=app)
-                _orchestrators[ident] = orc
-    return orc
 
 
 class LeaseLost(BaseException):
@@ -291,8 +276,6 @@ def verified_token(task: Any, request: Any) -> FencingToken | None:
     ``task``'s name; ``None`` for a plain Celery message (no fencing headers). A malformed
     or unverified token raises :class:`~celery.exceptions.Ignore` (the message is acked and
     dropped, nothing is written) after a log line, counted in ``inbox.DROPPED``."""
-    from .inbox import count_drop
-
     try:
         token = read_token(request)
     except MalformedHeaders as exc:
@@ -411,7 +394,7 @@ def _on_worker_shutdown(**_: Any) -> None:
 @signals.worker_process_init.connect
 def _on_pool_process_init(**_: Any) -> None:
     # a forked pool process must not use (or close) its parent's pooled connections
-    for orc in list(_orchestrators.values()):
+    for orc in all_orchestrators():
         orc.after_fork()
     if _services is not None and _services.reconciler is not None:
         _services.reconciler.forget_after_fork()

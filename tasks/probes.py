@@ -12,8 +12,9 @@ import time
 from typing import Any
 
 from orchestrator.celery_app import get_app
+from orchestrator.process import current_orchestrator
 from orchestrator.store.probes import record_effect
-from orchestrator.worker import current_context, current_orchestrator
+from orchestrator.worker import current_context
 
 app = get_app()
 

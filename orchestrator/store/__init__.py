@@ -60,8 +60,9 @@ class Store:
         crash_loop_threshold: int = 2,
         worker_ttl: float = 30.0,
         dispatch_depth: int = 2,
+        retry_seconds: float = 0.0,
     ) -> None:
-        self.db = Database(url_or_engine, id_factory=id_factory)
+        self.db = Database(url_or_engine, id_factory=id_factory, retry_seconds=retry_seconds)
         self.ledger = Ledger(self.db)
         self.settlement = Settlement(self.db, self.ledger)
         self.admission = Admission(self.db, self.ledger, worker_ttl=worker_ttl, depth=dispatch_depth)

@@ -40,7 +40,7 @@ class Attempts:
         self.admission = admission
         self.poison_threshold = poison_threshold
         #: on Postgres, the claim and the success are server functions (one round trip each)
-        self.hot = HotPath(db.engine) if db.backend.server_functions else None
+        self.hot = HotPath(db.engine, retry_seconds=db.retry_seconds) if db.backend.server_functions else None
 
     def claim(
         self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float, task_name: str

@@ -27,24 +27,33 @@ def new_run_id() -> str:
 class Database:
     """One database (Postgres or SQLite): its engine, its backend seam and transactions."""
 
-    def __init__(self, url_or_engine: str | Engine, *, id_factory: Callable[[], str] = new_run_id) -> None:
+    def __init__(
+        self, url_or_engine: str | Engine, *, id_factory: Callable[[], str] = new_run_id, retry_seconds: float = 0.0
+    ) -> None:
         self.engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
         self.backend: Backend = backend_for(self.engine)
         self.new_id = id_factory
+        #: how long a transaction keeps retrying through a lost connection (an outage, a
+        #: restart) before the error reaches the caller; at least ``attempts`` tries are made
+        self.retry_seconds = retry_seconds
 
     def transaction(self, fn: Callable[[Connection], R], *, attempts: int = 5) -> R:
-        """Run ``fn`` in one transaction, retried on deadlock, serialization failure or a
-        dropped connection. ``fn`` must be safe to re-run: every write in it is a CAS."""
-        for i in range(attempts):
+        """Run ``fn`` in one transaction, retried on deadlock, serialization failure or a lost
+        connection: ``attempts`` times, and for as long as ``retry_seconds`` allows (backoff up
+        to 1 s). ``fn`` must be safe to re-run: every write in it is a CAS, so a retry after an
+        ambiguous commit is refused, never applied twice."""
+        deadline = time.monotonic() + self.retry_seconds
+        i = 0
+        while True:
             try:
                 with self.engine.begin() as conn:
                     return fn(conn)
             except sa.exc.DBAPIError as exc:
-                if i + 1 >= attempts or not retryable(exc):
+                i += 1
+                if not retryable(exc) or (i >= attempts and time.monotonic() >= deadline):
                     raise
                 log.warning("retrying transaction after %s", type(exc.orig).__name__)
-                time.sleep(0.01 * (2**i) * (1 + random.random()))
-        raise AssertionError("unreachable")  # pragma: no cover
+                time.sleep(min(0.01 * (2 ** min(i, 10)), 1.0) * (1 + random.random()))
 
     def create_schema(self) -> None:
         """Create the tables directly (tests); production and the embedded default use Alembic."""
@@ -70,11 +79,18 @@ class Database:
         self.engine.dispose()
 
 
+#: SQLSTATEs worth a retry: deadlock, serialization failure, the server shutting down, starting
+#: up or terminating the session, and connection failures
+RETRYABLE_SQLSTATES = {"40P01", "40001", "57P01", "57P02", "57P03", "08000", "08001", "08003", "08004", "08006"}
+
+
 def retryable(exc: sa.exc.DBAPIError) -> bool:
-    """Deadlock, serialization failure, a terminated backend or a dropped connection."""
+    """Deadlock, serialization failure, a terminated backend, a dropped or refused connection."""
     if exc.connection_invalidated:
         return True
     code = getattr(getattr(exc, "orig", None), "sqlstate", None)
-    if code in {"40P01", "40001", "57P01", "08006", "08003", "08000"}:
+    if code in RETRYABLE_SQLSTATES:
         return True
+    if isinstance(exc, sa.exc.OperationalError) and code is None and exc.orig is not None:
+        return type(exc.orig).__module__.startswith("psycopg")  # no session at all: connection refused
     return "database is locked" in str(exc.orig)

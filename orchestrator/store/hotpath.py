@@ -4,8 +4,10 @@ The server functions of migrations 0004 and 0005 (``orc_claim``, ``orc_succeed``
 admits) do on the server what ``attempts.py`` does from Python on SQLite. They are called on
 a dedicated psycopg connection per process and thread, in autocommit (a single statement is
 atomic: no BEGIN, no COMMIT), as prepared statements, without SQLAlchemy's per-call cost and
-without a pool pre-ping. A dropped connection is replaced and the call retried: the call is
-a compare-and-set, so a retry after an ambiguous commit is refused, never applied twice.
+without a pool pre-ping. A dropped or refused connection is replaced and the call retried, with
+backoff, for ``retry_seconds`` (the lease: a worker holding an outcome keeps trying to commit it
+while its lease could still be valid): the call is a compare-and-set, so a retry after an
+ambiguous commit is refused, never applied twice.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ _inherited: list[Any] = []
 
 
 class HotPath:
-    def __init__(self, engine: Engine, *, attempts: int = 5) -> None:
+    def __init__(self, engine: Engine, *, attempts: int = 5, retry_seconds: float = 0.0) -> None:
         url = engine.url.set(drivername="postgresql")
         self.dsn = url.render_as_string(hide_password=False)
         self.attempts = attempts
+        self.retry_seconds = retry_seconds
         self._local = threading.local()
 
     def _connection(self) -> psycopg.Connection[Any]:
@@ -50,22 +53,25 @@ class HotPath:
         return conn
 
     def _call(self, query: str, params: tuple[Any, ...]) -> Any:
-        for i in range(self.attempts):
-            conn = self._connection()
+        deadline = time.monotonic() + self.retry_seconds
+        i = 0
+        while True:
             try:
+                conn = self._connection()
                 with conn.cursor() as cursor:
                     cursor.execute(query, params, prepare=True)
                     row = cursor.fetchone()
                     assert row is not None
                     return row[0]
             except (psycopg.OperationalError, psycopg.errors.DeadlockDetected) as exc:
-                if not conn.closed and not isinstance(exc, psycopg.errors.DeadlockDetected):
-                    conn.close()
-                if i + 1 >= self.attempts:
+                broken = getattr(self._local, "conn", None)
+                if broken is not None and not broken.closed and not isinstance(exc, psycopg.errors.DeadlockDetected):
+                    broken.close()
+                i += 1
+                if i >= self.attempts and time.monotonic() >= deadline:
                     raise
                 log.warning("retrying %s after %s", query.split("(")[0], type(exc).__name__)
-                time.sleep(0.01 * (2**i) * (1 + random.random()))
-        raise AssertionError("unreachable")  # pragma: no cover
+                time.sleep(min(0.01 * (2 ** min(i, 10)), 1.0) * (1 + random.random()))
 
     def claim(
         self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float, task_name: str

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from orchestrator import DAG, Orchestrator, RunState, TaskState, TriggerRule
 from orchestrator import schema as s
 from orchestrator.engine import os_user
-from orchestrator.protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN
+from orchestrator.protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE, FencingToken, sign
 from tests.integration.conftest import ROOT, WorkerProcess, start_worker, stop_process
 
 T = TaskState
@@ -178,25 +178,29 @@ def test_bad_messages_are_dropped_and_recorded(orc: Orchestrator, worker: Worker
     run = orc.submit(done)
     assert run.wait(timeout=30).state is RunState.SUCCEEDED
     app = orc.app
-    # a stale attempt of a finished task, an unknown run, garbled headers, pickle
+    key = orc.store.signing_key
+
+    def signed(run_id: str) -> dict[str, object]:
+        token = FencingToken(run_id, "a", 1)
+        return {**token.headers(), HEADER_SIGNATURE: sign(key, P + "echo", token)}
+
+    # a stale attempt of a finished task (a duplicate of a real message: signed), an unknown
+    # run, an unsigned message for a real task, garbled headers, pickle, an unregistered task
     app.send_task(
-        P + "echo",
-        kwargs={"x": 2},
-        queue="orchestrator.default",
-        task_id=f"{run.id}.a.1",
-        headers={HEADER_RUN: run.id, HEADER_KEY: "a", HEADER_ATTEMPT: 1},
+        P + "echo", kwargs={"x": 2}, queue="orchestrator.default", task_id=f"{run.id}.a.1", headers=signed(run.id)
     )
+    app.send_task(P + "echo", queue="orchestrator.default", task_id="nope.a.1", headers=signed("nope"))
     app.send_task(
         P + "echo",
         queue="orchestrator.default",
-        task_id="nope.a.1",
-        headers={HEADER_RUN: "nope", HEADER_KEY: "a", HEADER_ATTEMPT: 1},
+        task_id="unsigned-1",
+        headers={HEADER_RUN: run.id, HEADER_KEY: "a", HEADER_ATTEMPT: 1, HEADER_SIGNATURE: "0" * 64},
     )
     app.send_task(
         P + "echo",
         queue="orchestrator.default",
         task_id="garbled-1",
-        headers={HEADER_RUN: run.id, HEADER_KEY: "a", HEADER_ATTEMPT: "one"},
+        headers={**signed(run.id), HEADER_ATTEMPT: "one"},
     )
     app.send_task(P + "echo", queue="orchestrator.default", task_id="pickled-1", serializer="pickle")
     app.send_task("os.system", args=["true"], queue="orchestrator.default", task_id="unregistered-1")
@@ -204,7 +208,7 @@ def test_bad_messages_are_dropped_and_recorded(orc: Orchestrator, worker: Worker
     while time.monotonic() < deadline:
         rejected = [e for e in run.events() if not e.accepted]
         log = worker.text()
-        if rejected and "garbled-1" in log and "untrusted content of type pickle" in log and "os.system" in log:
+        if rejected and all(t in log for t in ("garbled-1", "pickled-1", "unsigned-1", "os.system")):
             break
         time.sleep(0.2)
     assert [e.to_state for e in run.events() if not e.accepted] == ["RUNNING"]
@@ -212,8 +216,9 @@ def test_bad_messages_are_dropped_and_recorded(orc: Orchestrator, worker: Worker
     assert orc.store.reads.events("nope") == []  # a message for no task leaves no ledger garbage
     assert "nope.a.1: no such task" in worker.text() or "nope.a.1 refused" in worker.text()
     log = worker.text()
-    assert "malformed orchestrator attempt header 'one'" in log
-    assert "Refusing to deserialize untrusted content of type pickle" in log
+    assert "dropping message unsigned-1 of tasks.probes.echo: the fencing headers' signature does not verify" in log
+    assert "dropping message 'garbled-1' (task 'tasks.probes.echo')" in log and "attempt 'one'" in log
+    assert "dropping message 'pickled-1'" in log and "only application/json is accepted" in log
     assert "Received unregistered task of type 'os.system'" in log
     # the worker is still healthy
     again = DAG("after-garbage")

@@ -168,3 +168,28 @@ def test_reconciler_service_on_the_embedded_default_is_always_on_duty(orc: Orche
 def test_fencing_token_round_trip() -> None:
     token = FencingToken("r", "k", 3)
     assert token.task_id == "r.k.3" and token.headers() == {"orc_run": "r", "orc_key": "k", "orc_attempt": 3}
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgresql://postgres@127.0.0.1:1/x", "Connection refused"),
+        ("postgresql://postgres:planted-s3cret@127.0.0.1:5432/orchestrator_no_such_db", "does not exist"),
+        ("postgresql://postgres@127.0.0.1:5432/postgres?sslmode=bogus", "invalid sslmode"),
+        ("nonsense://x", "database URL"),
+    ],
+)
+def test_the_cli_reports_an_unusable_database_in_one_line(url: str, says: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+    env["ORCHESTRATOR_DATABASE_URL"] = url
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "runs"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], done.stderr
+    assert "planted-s3cret" not in done.stderr + done.stdout and done.stdout == ""
