@@ -1,0 +1,264 @@
+"""Property-based fuzzing of every way a DAG comes in: the Python API (``DAG.task`` with any
+values, ``submit`` with any idempotency key, tenant and logical date) and spec files (JSON and
+YAML, through the CLI's loader). Every input is either accepted and stored, or refused with a
+named error (a :class:`ValidationError`): never another exception, and a refusal writes no row.
+
+The default suite runs a small budget; ``pytest -m fuzz`` runs 20,000 examples of each
+(``ORCHESTRATOR_FUZZ_EXAMPLES`` changes it)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator import DAG, Orchestrator, Settings
+from orchestrator import schema as s
+from orchestrator.dag import load_spec
+from orchestrator.errors import ValidationError
+from orchestrator.publisher import RecordingPublisher
+from orchestrator.registry import StaticRegistry
+
+TASKS = ["t.ok", "t.other"]
+
+
+def _budget(marker_run: bool) -> int:
+    default = 20_000 if marker_run else 150
+    return int(os.environ.get("ORCHESTRATOR_FUZZ_EXAMPLES", default))
+
+
+@pytest.fixture(scope="module")
+def orc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    path = tmp_path_factory.mktemp("fuzz") / "fuzz.db"
+    settings_ = Settings.from_env({}, database_url=f"sqlite:///{path}")
+    o = Orchestrator(settings_, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS))
+    o.store  # noqa: B018 - migrate once
+    yield o
+    o.store.dispose()
+
+
+def _rows(orc: Orchestrator) -> int:
+    with orc.store.engine.connect() as conn:
+        return sum(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one() for t in (s.runs, s.tasks))
+
+
+# ------------------------------------------------------------------ values an attacker or a careless user sends
+
+_text = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(["a", "a\n", "a\x00", "\ud800", "t.ok", "t.ok\n", "x" * 300, "", " ", "ok-key", "é"]),
+)
+_number = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, 1, 2, 5, 1e-299, 1e13, 2**31, 5000, 0.5, True, False]),
+)
+_json_leaf = st.one_of(st.none(), st.booleans(), _number, _text)
+_json = st.recursive(
+    _json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(_text, inner, max_size=4)),
+    max_leaves=12,
+)
+_anything = st.one_of(_json, st.just(object()), st.just(b"bytes"), st.just({1, 2}), st.just(ValueError), st.just([None]))
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+_field_values = {
+    "args": st.one_of(_anything, st.just("abc"), st.just({}), st.just(_deep(40)), st.just([_deep(990)])),
+    "kwargs": st.one_of(_anything, st.just([1, 2]), st.just({"\x00": 1})),
+    "upstream": st.one_of(_anything, st.just(False), st.just(["a"]), st.just("a")),
+    "trigger_rule": st.one_of(_anything, st.sampled_from(["all_success", "one_failed", "nope"])),
+    "max_attempts": st.one_of(_number, _anything),
+    "backoff": st.one_of(_anything, st.fixed_dictionaries({"base": _number, "cap": _number})),
+    "soft_time_limit": st.one_of(st.none(), _number, _anything),
+    "time_limit": st.one_of(st.none(), _number, _anything),
+    "priority": st.one_of(st.none(), _anything, st.sampled_from(["high", "low", "urgent"])),
+    "queue": st.one_of(st.none(), _text, _anything, st.just("orchestrator.tenant.acme.high")),
+    "retry_on": st.one_of(_anything, st.just([None]), st.just(["ValueError"]), st.just([ValueError])),
+    "no_retry_on": st.one_of(_anything, st.just(["x\n"])),
+}
+
+
+@st.composite
+def _api_node(draw: Any) -> dict[str, Any]:
+    chosen = draw(st.sets(st.sampled_from(sorted(_field_values)), max_size=4))
+    node = {name: draw(_field_values[name]) for name in chosen}
+    node["key"] = draw(st.one_of(st.sampled_from(["a", "b", "c"]), _text, _anything))
+    node["task"] = draw(st.one_of(st.sampled_from(TASKS), _text, _anything))
+    return node
+
+
+@st.composite
+def _api_call(draw: Any) -> dict[str, Any]:
+    return {
+        "name": draw(st.one_of(st.just("fuzz"), _text, _anything)),
+        "tenant": draw(st.one_of(st.just("default"), _text, _anything)),
+        "params": draw(st.one_of(st.just({}), _anything)),
+        "nodes": draw(st.lists(_api_node(), min_size=0, max_size=3)),
+        "idempotency_key": draw(st.one_of(st.none(), _text, _anything)),
+        "logical_date": draw(st.one_of(st.none(), st.just("2026-11-23"), _text, _anything)),
+    }
+
+
+def _submit_api(orc: Orchestrator, call: dict[str, Any]) -> None:
+    dag = DAG(call["name"], tenant=call["tenant"], params=call["params"])
+    for node in call["nodes"]:
+        fields = {k: v for k, v in node.items() if k not in ("key", "task")}
+        dag.task(node["key"], node["task"], **fields)
+    orc.submit(dag, idempotency_key=call["idempotency_key"], logical_date=call["logical_date"])
+
+
+def _check(orc: Orchestrator, action: Any) -> None:
+    before = _rows(orc)
+    try:
+        action()
+    except ValidationError as exc:
+        assert str(exc), "a refusal names its problem"
+        assert _rows(orc) == before, f"a refusal wrote rows: {exc}"
+    # any other exception escapes and fails the test: a traceback is a bug
+
+
+def _api_property(orc: Orchestrator, n: int) -> None:
+    @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(_api_call())
+    def prop(call: dict[str, Any]) -> None:
+        _check(orc, lambda: _submit_api(orc, call))
+
+    prop()
+
+
+def _spec_property(orc: Orchestrator, tmp: Path, n: int) -> None:
+    @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(_api_call(), st.sampled_from(["json", "yaml"]), st.integers(min_value=0, max_value=3))
+    def prop(call: dict[str, Any], fmt: str, mangle: int) -> None:
+        spec: Any = {"name": call["name"], "tenant": call["tenant"], "params": call["params"], "nodes": call["nodes"]}
+        text = _render(spec, fmt)
+        if text is None:
+            return  # not representable in this format at all
+        if mangle == 1:
+            text = text[: len(text) // 2]  # truncated file
+        elif mangle == 2 and fmt == "yaml":
+            text = "a: &a [1, 2]\nb: *a\n" + text  # an alias
+        elif mangle == 3 and fmt == "json":
+            text = text.replace("{", '{"name": "dup", ', 1)  # a duplicate key
+        path = tmp / f"spec.{fmt}"
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        _check(orc, lambda: orc.submit(load_spec(path)))
+
+    prop()
+
+
+def _render(spec: Any, fmt: str) -> str | None:
+    import yaml
+
+    try:
+        if fmt == "json":
+            return json.dumps(spec, allow_nan=True)
+        return str(yaml.safe_dump(spec, allow_unicode=True))
+    except (TypeError, ValueError, yaml.YAMLError, UnicodeEncodeError):
+        return None
+
+
+def test_the_python_api_accepts_or_refuses_with_a_named_error(orc: Orchestrator) -> None:
+    _api_property(orc, _budget(False))
+
+
+def test_spec_files_are_accepted_or_refused_with_a_named_error(orc: Orchestrator, tmp_path: Path) -> None:
+    _spec_property(orc, tmp_path, _budget(False))
+
+
+@pytest.mark.fuzz
+def test_fuzz_the_python_api_long(orc: Orchestrator) -> None:
+    _api_property(orc, _budget(True))
+
+
+@pytest.mark.fuzz
+def test_fuzz_spec_files_long(orc: Orchestrator, tmp_path: Path) -> None:
+    _spec_property(orc, tmp_path, _budget(True))
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"name": "x", "name": "y", "nodes": []}', "duplicate key"),
+        ("name: x\nname: y\nnodes: []\n", "duplicate key"),
+        ("a: &a [1]\nb: *a\n", "anchors and aliases"),
+        ('{"name": "x", "nodes": [{"key": "a", "task": "t.ok", "args": {}}]}', "'args' must be a list"),
+        ('{"name": "x", "nodes": [{"key": "a", "task": "t.ok", "upstream": false}]}', "'upstream' must be a list"),
+        ('{"name": "x", "nodes": [{"key": "a", "task": "t.ok", "max_attempts": true}]}', "'max_attempts' must be an integer"),
+    ],
+)
+def test_spec_files_are_strict(orc: Orchestrator, tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / ("spec.json" if text.startswith("{") else "spec.yaml")
+    path.write_text(text)
+    with pytest.raises(ValidationError, match=says):
+        orc.submit(load_spec(path))
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    import time
+
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 9):
+        prev = chr(ord("a") + i - 1)
+        cur = chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    with pytest.raises(ValidationError, match="anchors and aliases"):
+        load_spec(path)
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        (lambda d: d.task("a", "t.ok", max_attempts=2**31), "max_attempts must be 1 to 1000"),
+        (lambda d: d.task("a", "t.ok", backoff={"base": 1e13, "cap": 1e13}), "backoff.base"),
+        (lambda d: d.task("a", "t.ok", args=[_deep(990)]), "nested more than 32 deep"),
+        (lambda d: d.task("a", "t.ok", args=[10**5000]), "outside 64 bits"),
+        (lambda d: d.task("a", "t.ok", args=["\ud800"]), "lone surrogate"),
+        (lambda d: d.task("a", "t.ok", args=["a\x00b"]), "NUL"),
+        (lambda d: d.task("a", "t.ok", kwargs=[1]), "kwargs must be a mapping"),  # type: ignore[arg-type]
+        (lambda d: d.task("a", "t.ok", args="abc"), "args must be a list"),  # type: ignore[arg-type]
+        (lambda d: d.task("a", "t.ok", retry_on=[None]), "retry_on must list"),  # type: ignore[list-item]
+        (lambda d: d.task("a\n", "t.ok"), "node key"),
+        (lambda d: d.task("a", "t.ok\n"), "not a valid Celery task name"),
+        (lambda d: d.task("a", "t.ok", time_limit=1e-299), "at least 1"),
+        (lambda d: d.task("a", "t.ok", soft_time_limit=5000), "soft_time_limit 5000s must be below"),
+    ],
+)
+def test_named_refusals(orc: Orchestrator, build: Any, says: str) -> None:
+    dag = DAG("named")
+    with pytest.raises(ValidationError, match=says):
+        build(dag)
+        orc.submit(dag)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"idempotency_key": "k\x00"}, "idempotency key holds the control character"),
+        ({"logical_date": "not a date"}, "not an ISO-8601"),
+        ({"logical_date": "2026-01-01\x00"}, "logical_date holds the control character"),
+    ],
+)
+def test_submit_arguments_are_checked(orc: Orchestrator, kwargs: dict[str, Any], says: str) -> None:
+    dag = DAG("args")
+    dag.task("a", "t.ok")
+    with pytest.raises(ValidationError, match=says):
+        orc.submit(dag, **kwargs)
