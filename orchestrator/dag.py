@@ -22,10 +22,29 @@ from .errors import CycleError, SpecError, UnknownTaskError, ValidationError
 from .routing import Priority
 from .states import TriggerRule
 
-KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
-TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
-TASK_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,254}$")
+# every pattern is matched with fullmatch(): "a\n" is not "a"
+KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,200}")
+TENANT_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+QUEUE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+TASK_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,254}")
+
+#: the bounds of every number and size a DAG may carry (the spec's schema; see README)
+MAX_ATTEMPTS = 1000
+#: seconds: backoff base and cap
+MAX_BACKOFF = 7 * 86400
+#: seconds: the shortest time limit a node may ask for (a shorter one kills the body before it
+#: can even claim); the longest is ORCHESTRATOR_MAX_TIME_LIMIT
+MIN_TIME_LIMIT = 1.0
+#: nesting of lists and objects in args, kwargs and params (a worker drops a message body
+#: nested deeper than 64: see orchestrator.inbox)
+MAX_JSON_DEPTH = 32
+#: integers in args, kwargs and params: 64-bit signed
+MAX_JSON_INT = 2**63 - 1
+MAX_NAME_CHARS = 200
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+MAX_LOGICAL_DATE_CHARS = 64
+#: spec files larger than this are refused unread (bytes)
+MAX_SPEC_BYTES = 16 * 1024 * 1024
 #: Keyword under which a task that declares it receives its parents' results.
 UPSTREAM_KWARG = "upstream"
 
@@ -104,7 +123,9 @@ class DAG:
     ) -> None:
         self.name = name
         self.tenant = tenant
-        self.priority = _enum(Priority, priority, "priority", dag=name)
+        self.priority = _enum(Priority, priority, "priority", dag=_label(name))
+        if params is not None and not isinstance(params, Mapping):
+            raise ValidationError(f"params must be a mapping, not {type(params).__name__}", dag=_label(name))
         self.params: dict[str, Any] = dict(params or {})
         self.nodes: dict[str, Node] = {}
 
@@ -134,8 +155,22 @@ class DAG:
         Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest
         of the checks run in :meth:`validate`.
         """
+        if not isinstance(key, str):
+            raise ValidationError(f"node key must be a string, not {type(key).__name__}", dag=_label(self.name))
         if key in self.nodes:
             raise ValidationError("duplicate node key", dag=self.name, node=key)
+        if args is not None and not isinstance(args, (list, tuple)):
+            raise ValidationError(f"args must be a list, not {type(args).__name__}", dag=self.name, node=key)
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ValidationError(f"kwargs must be a mapping, not {type(kwargs).__name__}", dag=self.name, node=key)
+        if isinstance(upstream, (str, bytes, Mapping)) or not isinstance(upstream, Iterable):
+            raise ValidationError("upstream must be a list of nodes or node keys", dag=self.name, node=key)
+        upstream = list(upstream)
+        for parent in upstream:
+            if not isinstance(parent, (Node, str)):
+                raise ValidationError(
+                    f"upstream holds a {type(parent).__name__}: list nodes or node keys", dag=self.name, node=key
+                )
         name, sig_args, sig_kwargs = _task_parts(task, self.name, key)
         node = Node(
             key=key,
@@ -150,8 +185,8 @@ class DAG:
             time_limit=time_limit,
             priority=None if priority is None else _enum(Priority, priority, "priority", self.name, key),
             queue=queue,
-            retry_on=_exception_names(retry_on),
-            no_retry_on=_exception_names(no_retry_on),
+            retry_on=_exception_names(retry_on, "retry_on", self.name, key),
+            no_retry_on=_exception_names(no_retry_on, "no_retry_on", self.name, key),
         )
         self.nodes[key] = node
         return node
@@ -170,10 +205,11 @@ class DAG:
         in Celery's own ``celery.`` namespace are always refused.
         """
         dag = self.name
-        if not isinstance(dag, str) or not dag or len(dag) > 200:
-            raise ValidationError("a DAG needs a name of 1 to 200 characters", dag=str(dag))
-        if not isinstance(self.tenant, str) or not TENANT_RE.match(self.tenant):
-            raise ValidationError(f"tenant {self.tenant!r} must be 1-64 letters, digits, '_' or '-'", dag=dag)
+        problem = text_problem(dag, MAX_NAME_CHARS)
+        if problem:
+            raise ValidationError(f"name: {problem}", dag=_label(dag))
+        if not isinstance(self.tenant, str) or not TENANT_RE.fullmatch(self.tenant):
+            raise ValidationError(f"tenant {_short(self.tenant)} must be 1-64 letters, digits, '_' or '-'", dag=dag)
         if not self.nodes:
             raise ValidationError("the DAG has no nodes", dag=dag)
         if len(self.nodes) > limits.max_nodes:
@@ -220,11 +256,12 @@ def _validate_node(
     def fail(message: str) -> ValidationError:
         return ValidationError(message, dag=d, node=k)
 
-    if not isinstance(k, str) or not KEY_RE.match(k):
-        raise fail("node keys must be 1-200 letters, digits, '_' or '-'")
+    if not isinstance(k, str) or not KEY_RE.fullmatch(k):
+        label = k if isinstance(k, str) and not text_problem(k, 300) else _short(k)
+        raise ValidationError(f"node key {_short(k)} must be 1-200 letters, digits, '_' or '-'", dag=d, node=label)
     if known is None or node.task not in known:
-        if not isinstance(node.task, str) or not TASK_NAME_RE.match(node.task):
-            raise fail(f"task {node.task!r} is not a valid Celery task name")
+        if not isinstance(node.task, str) or not TASK_NAME_RE.fullmatch(node.task):
+            raise fail(f"task {_short(node.task)} is not a valid Celery task name")
         if node.task.startswith("celery."):
             raise UnknownTaskError(f"task {node.task!r} is internal to Celery", dag=d, node=k)
         if is_registered is not None and not is_registered(node.task):
@@ -252,28 +289,75 @@ def _validate_node(
     if not isinstance(node.trigger_rule, TriggerRule):
         raise fail(f"unknown trigger rule {node.trigger_rule!r}")
     if isinstance(node.max_attempts, bool) or not isinstance(node.max_attempts, int):
-        raise fail("max_attempts must be an integer")
-    if node.max_attempts < 1:
-        raise fail(f"max_attempts must be at least 1, not {node.max_attempts}")
+        raise fail(f"max_attempts must be an integer, not {_short(node.max_attempts)}")
+    if not 1 <= node.max_attempts <= MAX_ATTEMPTS:
+        raise fail(f"max_attempts must be 1 to {MAX_ATTEMPTS}, not {node.max_attempts}")
     b = node.backoff
-    if not (_positive(b.base) and _positive(b.cap)) or b.cap < b.base:
-        raise fail("backoff needs 0 < base <= cap")
+    for name in ("base", "cap"):
+        value = getattr(b, name)
+        if not _positive(value) or value > MAX_BACKOFF:
+            raise fail(f"backoff.{name} must be a number of seconds above 0 and at most {MAX_BACKOFF}")
+    if b.cap < b.base:
+        raise fail("backoff needs base <= cap")
     for name in ("soft_time_limit", "time_limit"):
         value = getattr(node, name)
-        if value is not None and not _positive(value):
-            raise fail(f"{name} must be a positive number of seconds")
+        if value is not None and (not _positive(value) or value < MIN_TIME_LIMIT):
+            raise fail(f"{name} must be a number of seconds of at least {MIN_TIME_LIMIT:g}, not {_short(value)}")
     if node.soft_time_limit is not None and node.time_limit is not None and node.soft_time_limit >= node.time_limit:
         raise fail("soft_time_limit must be below time_limit")
     for name in ("retry_on", "no_retry_on"):
         for item in getattr(node, name):
-            if not isinstance(item, str) or not TASK_NAME_RE.match(item):
-                raise fail(f"{name} must list exception class names, not {item!r}")
-    if node.queue is not None and (not isinstance(node.queue, str) or not QUEUE_RE.match(node.queue)):
-        raise fail(f"queue {node.queue!r} is not a valid queue name")
+            if not isinstance(item, str) or not TASK_NAME_RE.fullmatch(item):
+                raise fail(f"{name} must list exception class names, not {_short(item)}")
+    if node.queue is not None and (not isinstance(node.queue, str) or not QUEUE_RE.fullmatch(node.queue)):
+        raise fail(f"queue {_short(node.queue)} is not a valid queue name")
 
 
-def _exception_names(values: Iterable[str | type[BaseException]]) -> tuple[str, ...]:
-    return tuple(v if isinstance(v, str) else f"{v.__module__}.{v.__qualname__}" for v in values)
+def _exception_names(values: Any, what: str, dag: str, key: str) -> tuple[str, ...]:
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise ValidationError(f"{what} must be a list of exception classes or class names", dag=dag, node=key)
+    names = []
+    for v in values:
+        if isinstance(v, str):
+            names.append(v)
+        elif isinstance(v, type) and issubclass(v, BaseException):
+            names.append(f"{v.__module__}.{v.__qualname__}")
+        else:
+            raise ValidationError(
+                f"{what} must list exception classes or class names, not {_short(v)}", dag=dag, node=key
+            )
+    return tuple(names)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - the type is evidence enough
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _label(value: Any) -> str:
+    """A DAG name fit for an error message, whatever it is."""
+    return value if isinstance(value, str) and not text_problem(value, MAX_NAME_CHARS) else _short(value)
+
+
+def text_problem(value: Any, max_chars: int) -> str | None:
+    """Why ``value`` is not an acceptable free-text name (DAG name, idempotency key, logical
+    date), or ``None``: a non-empty string of at most ``max_chars`` characters, no NUL, no
+    control characters, no lone surrogates."""
+    if not isinstance(value, str):
+        return f"must be a string, not {type(value).__name__}"
+    if not value:
+        return "must not be empty"
+    if len(value) > max_chars:
+        return f"is {len(value)} characters, over {max_chars}"
+    for ch in value:
+        if ch < " " or ch == "\x7f":
+            return f"holds the control character {ch!r}"
+        if "\ud800" <= ch <= "\udfff":
+            return "holds a lone surrogate (not valid Unicode)"
+    return None
 
 
 def _positive(value: object) -> bool:
@@ -317,25 +401,45 @@ def check_json(value: Any, what: str, *, dag: str | None = None, node: str | Non
     Plain JSON is None, bool, int, finite float, str, lists/tuples of it and dicts with
     string keys. NaN/Infinity, sets, bytes and other objects are refused.
     """
-    stack: list[tuple[Any, str]] = [(value, what)]
+    stack: list[tuple[Any, str, int]] = [(value, what, 0)]
     while stack:
-        item, where = stack.pop()
-        if item is None or isinstance(item, (bool, int, str)):
+        item, where, depth = stack.pop()
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if not -MAX_JSON_INT - 1 <= item <= MAX_JSON_INT:
+                raise ValidationError(f"{where} holds an integer outside 64 bits", dag=dag, node=node)
+            continue
+        if isinstance(item, str):
+            _check_string(item, where, dag, node)
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
                 raise ValidationError(f"{where} holds {item!r}, which is not JSON", dag=dag, node=node)
             continue
+        if isinstance(item, (list, tuple, dict)) and depth >= MAX_JSON_DEPTH:
+            raise ValidationError(f"{where} is nested more than {MAX_JSON_DEPTH} deep", dag=dag, node=node)
         if isinstance(item, (list, tuple)):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
             continue
         if isinstance(item, dict):
             for k, v in item.items():
                 if not isinstance(k, str):
-                    raise ValidationError(f"{where} has the non-string key {k!r}", dag=dag, node=node)
-                stack.append((v, f"{where}.{k}"))
+                    raise ValidationError(f"{where} has the non-string key {_short(k)}", dag=dag, node=node)
+                _check_string(k, f"{where} key", dag, node)
+                stack.append((v, f"{where}.{k}", depth + 1))
             continue
         raise ValidationError(f"{where} holds a {type(item).__name__}, which is not JSON", dag=dag, node=node)
+
+
+def _check_string(value: str, where: str, dag: str | None, node: str | None) -> None:
+    # Postgres stores neither NUL nor a lone surrogate in JSON text
+    if "\x00" in value:
+        raise ValidationError(f"{where} holds a NUL character", dag=dag, node=node)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{where} holds a lone surrogate (not valid Unicode)", dag=dag, node=node) from None
 
 
 def _json_size(value: Any) -> int:
@@ -403,18 +507,27 @@ DAG_FIELDS = {"name", "tenant", "priority", "params", "nodes"}
 
 
 def dag_from_spec(spec: Any) -> DAG:
-    """Build a :class:`DAG` from a parsed spec; raise :class:`SpecError` on a wrong shape."""
+    """Build a :class:`DAG` from a parsed spec; raise :class:`SpecError` on a wrong shape.
+
+    Types are strict: a field holds its own type or is absent (``args: {}`` or
+    ``upstream: false`` are refused, never read as empty); ``null`` means absent only where
+    the field is optional. The values then go through :meth:`DAG.task` and
+    :meth:`DAG.validate`, exactly as from the Python API."""
     if not isinstance(spec, Mapping):
         raise SpecError("a DAG spec must be a mapping with 'name' and 'nodes'")
     unknown = set(spec) - DAG_FIELDS
     if unknown:
-        raise SpecError(f"unknown top-level field(s) {sorted(unknown)}")
+        raise SpecError(f"unknown top-level field(s) {sorted(map(str, unknown))}")
     name = spec.get("name")
-    if not isinstance(name, str) or not name:
-        raise SpecError("the spec needs a 'name'")
-    params = spec.get("params") or {}
+    problem = text_problem(name, MAX_NAME_CHARS)
+    if problem or not isinstance(name, str):
+        raise SpecError(f"'name' {problem}")
+    params = spec.get("params", {})
     if not isinstance(params, Mapping):
         raise SpecError("'params' must be a mapping", dag=name)
+    for field_name in ("tenant", "priority"):
+        if field_name in spec and not isinstance(spec[field_name], str):
+            raise SpecError(f"'{field_name}' must be a string", dag=name)
     dag = DAG(
         name,
         tenant=spec.get("tenant", "default"),
@@ -432,27 +545,23 @@ def dag_from_spec(spec: Any) -> DAG:
             raise SpecError(f"nodes[{i}] needs a string 'key'", dag=name)
         bad = set(raw) - NODE_FIELDS
         if bad:
-            raise SpecError(f"unknown field(s) {sorted(bad)}", dag=name, node=key)
+            raise SpecError(f"unknown field(s) {sorted(map(str, bad))}", dag=name, node=key)
         if "task" not in raw:
             raise SpecError("missing 'task'", dag=name, node=key)
-        args = raw.get("args") or []
-        if not isinstance(args, list):
-            raise SpecError("'args' must be a list", dag=name, node=key)
-        kwargs = raw.get("kwargs") or {}
-        if not isinstance(kwargs, Mapping):
-            raise SpecError("'kwargs' must be a mapping", dag=name, node=key)
-        upstream = raw.get("upstream") or []
-        if not isinstance(upstream, list) or not all(isinstance(u, str) for u in upstream):
+        for field_name, types, what in _SPEC_TYPES:
+            if field_name in raw and not (
+                isinstance(raw[field_name], types) and not _bool_as_number(raw[field_name], types)
+            ):
+                raise SpecError(f"'{field_name}' must be {what}, not {_short(raw[field_name])}", dag=name, node=key)
+        upstream = raw.get("upstream", [])
+        if not all(isinstance(u, str) for u in upstream):
             raise SpecError("'upstream' must be a list of node keys", dag=name, node=key)
-        task = raw["task"]
-        if not isinstance(task, str):
-            raise SpecError("'task' must be a registered task name", dag=name, node=key)
         dag.task(
             key,
-            task,
+            raw["task"],
             upstream=upstream,
-            args=args,
-            kwargs=kwargs,
+            args=raw.get("args", []),
+            kwargs=raw.get("kwargs", {}),
             trigger_rule=raw.get("trigger_rule", "all_success"),
             max_attempts=raw.get("max_attempts", 1),
             backoff=raw.get("backoff"),
@@ -464,6 +573,30 @@ def dag_from_spec(spec: Any) -> DAG:
             no_retry_on=_name_list(raw.get("no_retry_on"), "no_retry_on", name, key),
         )
     return dag
+
+
+#: the type of each node field of a spec file (absent means the default; where ``None`` is
+#: listed, ``null`` means absent too)
+_SPEC_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("task", (str,), "a registered task name"),
+    ("args", (list,), "a list"),
+    ("kwargs", (dict,), "a mapping"),
+    ("upstream", (list,), "a list of node keys"),
+    ("trigger_rule", (str,), "a trigger rule name"),
+    ("max_attempts", (int,), "an integer"),
+    ("backoff", (dict, type(None)), "a mapping {base, cap, jitter}"),
+    ("soft_time_limit", (int, float, type(None)), "a number of seconds"),
+    ("time_limit", (int, float, type(None)), "a number of seconds"),
+    ("priority", (str, type(None)), "a priority class"),
+    ("queue", (str, type(None)), "a queue name"),
+    ("retry_on", (list, type(None)), "a list of exception class names"),
+    ("no_retry_on", (list, type(None)), "a list of exception class names"),
+)
+
+
+def _bool_as_number(value: Any, types: tuple[type, ...]) -> bool:
+    """``True`` is an ``int`` to Python, never a number in a spec."""
+    return isinstance(value, bool) and bool not in types
 
 
 def _name_list(value: Any, what: str, dag: str, key: str) -> list[str]:
@@ -478,20 +611,64 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing duplicate keys and anchors / aliases (an alias bomb of a
+    few hundred bytes expands to gigabytes)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.constructor.ConstructorError(
+                None, None, "anchors and aliases are not accepted in a DAG spec", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the mapping key {_short(key)} is not a string", key_node.start_mark
+                ) from None
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {_short(key)}", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_spec(text: str, *, fmt: str) -> Any:
-    """Parse spec text as ``json`` or ``yaml``; raise :class:`SpecError` on a syntax error."""
+    """Parse spec text as ``json`` or ``yaml``; raise :class:`SpecError` on a syntax error, a
+    duplicate key, a YAML anchor or alias, or a document nested too deep to read."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"the spec is {len(text)} characters, over {MAX_SPEC_BYTES}")
     try:
         if fmt == "json":
-            return json.loads(text, parse_constant=_no_constant)
-        return yaml.safe_load(text)
+            return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_pairs)
+        return yaml.load(text, Loader=_SpecLoader)
+    except RecursionError:
+        raise SpecError(f"cannot parse {fmt.upper()}: nested too deep") from None
     except (ValueError, yaml.YAMLError) as exc:
-        raise SpecError(f"cannot parse {fmt.upper()}: {exc}") from None
+        raise SpecError(f"cannot parse {fmt.upper()}: {_short(str(exc), 300)}") from None
 
 
 def load_spec(path: str | Path) -> DAG:
     """Read a YAML (``.yaml``/``.yml``) or JSON spec file into a :class:`DAG`."""
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_SPEC_BYTES:
+            raise SpecError(f"{p} is over {MAX_SPEC_BYTES} bytes")
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read {p}: {exc}") from None

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from .alerts import raise_alert
 from .config import Settings
 from .crashpoints import crash_point
-from .dag import DAG
+from .dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, text_problem
 from .errors import ConfigurationError, ConflictError, RunTimeout, ValidationError
 from .models import WORKER, Actor, Claim, EventView, Outcome, RunView, TaskView, operator
 from .protocol import FencingToken
@@ -33,6 +33,17 @@ from .store import Store
 from .store.database import retryable
 
 log = logging.getLogger(__name__)
+
+
+def _iso_problem(value: str) -> str | None:
+    """``None`` when ``value`` is an ISO-8601 date or date-time."""
+    import datetime as dt
+
+    try:
+        dt.datetime.fromisoformat(value)
+    except ValueError:
+        return f"{value!r} is not an ISO-8601 date or date-time"
+    return None
 
 
 def os_user() -> str:
@@ -123,10 +134,14 @@ class Orchestrator:
             dag = dag.with_tenant(tenant)
         dag.validate(self.registry.is_registered, self.settings.limits)
         self._check_time_limits(dag)
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200
-        ):
-            raise ValidationError("idempotency key must be a string of 1 to 200 characters", dag=dag.name)
+        if idempotency_key is not None:
+            problem = text_problem(idempotency_key, MAX_IDEMPOTENCY_KEY_CHARS)
+            if problem:
+                raise ValidationError(f"idempotency key {problem}", dag=dag.name)
+        if logical_date is not None:
+            problem = text_problem(logical_date, MAX_LOGICAL_DATE_CHARS) or _iso_problem(logical_date)
+            if problem:
+                raise ValidationError(f"logical_date {problem}", dag=dag.name)
         queues = {
             n.key: route(dag.tenant, dag.priority_of(n), n.queue, self.settings.dedicated_tenants)
             for n in dag.nodes.values()
@@ -144,11 +159,20 @@ class Orchestrator:
         return RunHandle(self, run_id)
 
     def _check_time_limits(self, dag: DAG) -> None:
+        """Every hard limit at most ORCHESTRATOR_MAX_TIME_LIMIT; a soft limit below the hard
+        limit that will apply (the node's own, or that setting)."""
+        most = self.settings.max_time_limit
         for node in dag.nodes.values():
-            if node.time_limit is not None and node.time_limit > self.settings.max_time_limit:
+            if node.time_limit is not None and node.time_limit > most:
                 raise ValidationError(
-                    f"time_limit {node.time_limit}s exceeds ORCHESTRATOR_MAX_TIME_LIMIT"
-                    f" ({self.settings.max_time_limit}s)",
+                    f"time_limit {node.time_limit}s exceeds ORCHESTRATOR_MAX_TIME_LIMIT ({most}s)",
+                    dag=dag.name,
+                    node=node.key,
+                )
+            if node.soft_time_limit is not None and node.time_limit is None and node.soft_time_limit >= most:
+                raise ValidationError(
+                    f"soft_time_limit {node.soft_time_limit}s must be below the hard limit that applies,"
+                    f" ORCHESTRATOR_MAX_TIME_LIMIT ({most}s): set a time_limit above it or lower it",
                     dag=dag.name,
                     node=node.key,
                 )

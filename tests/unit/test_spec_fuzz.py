@@ -66,7 +66,9 @@ _json = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(_text, inner, max_size=4)),
     max_leaves=12,
 )
-_anything = st.one_of(_json, st.just(object()), st.just(b"bytes"), st.just({1, 2}), st.just(ValueError), st.just([None]))
+_anything = st.one_of(
+    _json, st.just(object()), st.just(b"bytes"), st.just({1, 2}), st.just(ValueError), st.just([None])
+)
 
 
 def _deep(depth: int) -> Any:
@@ -168,7 +170,7 @@ def _render(spec: Any, fmt: str) -> str | None:
         if fmt == "json":
             return json.dumps(spec, allow_nan=True)
         return str(yaml.safe_dump(spec, allow_unicode=True))
-    except (TypeError, ValueError, yaml.YAMLError, UnicodeEncodeError):
+    except (TypeError, ValueError, yaml.YAMLError, UnicodeEncodeError, RecursionError):
         return None
 
 
@@ -198,7 +200,10 @@ def test_fuzz_spec_files_long(orc: Orchestrator, tmp_path: Path) -> None:
         ("a: &a [1]\nb: *a\n", "anchors and aliases"),
         ('{"name": "x", "nodes": [{"key": "a", "task": "t.ok", "args": {}}]}', "'args' must be a list"),
         ('{"name": "x", "nodes": [{"key": "a", "task": "t.ok", "upstream": false}]}', "'upstream' must be a list"),
-        ('{"name": "x", "nodes": [{"key": "a", "task": "t.ok", "max_attempts": true}]}', "'max_attempts' must be an integer"),
+        (
+            '{"name": "x", "nodes": [{"key": "a", "task": "t.ok", "max_attempts": true}]}',
+            "'max_attempts' must be an integer",
+        ),
     ],
 )
 def test_spec_files_are_strict(orc: Orchestrator, tmp_path: Path, text: str, says: str) -> None:
