@@ -51,12 +51,25 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group)
-def main() -> None:
+@click.option(
+    "--tenant",
+    "as_tenant",
+    metavar="TENANT",
+    default=None,
+    help="Act as this tenant (before the command: orchestrator --tenant acme status RUN; default:"
+    " ORCHESTRATOR_TENANT; unset: every tenant, for the deployment's operator). Runs of other"
+    " tenants are not found; submits go to this tenant.",
+)
+def main(as_tenant: str | None) -> None:
     """Durable DAG workflows on Celery.
 
     Configuration comes from ORCHESTRATOR_* environment variables; with none set, the
     embedded default (SQLite + a file-based broker under ./.orchestrator) is used.
     """
+    if as_tenant is not None:
+        import os
+
+        os.environ["ORCHESTRATOR_TENANT"] = as_tenant
 
 
 @main.command()
@@ -183,7 +196,7 @@ def status(run_id: str, as_json: bool) -> None:
     from .demo import format_tasks
 
     orc = _ready_store()
-    view = orc.store.reads.get_run(run_id)
+    view = orc.visible(run_id)
     tasks = orc.store.reads.get_tasks(run_id)
     if as_json:
         _dump({"run": view.to_json(), "tasks": [t.to_json() for t in tasks]})
@@ -247,7 +260,7 @@ def reconcile(once: bool, interval: float | None, name: str | None) -> None:
 def events(run_id: str, as_json: bool) -> None:
     """Show the ledger of a run: every transition, accepted or rejected."""
     orc = _ready_store()
-    orc.store.reads.get_run(run_id)
+    orc.visible(run_id)
     rows = orc.store.reads.events(run_id)
     if as_json:
         _dump({"events": [e.to_json() for e in rows]})

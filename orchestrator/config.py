@@ -26,6 +26,10 @@ class Settings:
     #: comma-separated modules that define the tasks DAG nodes may name
     task_modules: tuple[str, ...] = ("tasks.probes", "tasks.etl")
     dedicated_tenants: tuple[str, ...] = ()
+    #: the tenant this process acts as: reads, operator actions and idempotency lookups see
+    #: that tenant's runs only, and it submits as that tenant; empty: every tenant (the
+    #: operator of the deployment)
+    tenant: str = ""
     #: seconds a claimed task may go without a heartbeat before it counts as lost
     lease_seconds: float = 30.0
     #: seconds between reconciler passes (due retries -> READY, lost work, READY -> dispatch)

@@ -20,14 +20,14 @@ import sqlalchemy as sa
 from .alerts import raise_alert
 from .config import Settings
 from .crashpoints import crash_point
-from .dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, text_problem
-from .errors import ConfigurationError, ConflictError, RunTimeout, ValidationError
+from .dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, TENANT_RE, text_problem
+from .errors import ConfigurationError, ConflictError, RunNotFound, RunTimeout, ValidationError
 from .models import WORKER, Actor, Claim, EventView, Outcome, RunView, TaskView, operator
 from .protocol import FencingToken
 from .publisher import CeleryPublisher, Publisher
 from .reconciler import Reconciler
 from .registry import CeleryRegistry, TaskRegistry
-from .routing import route
+from .routing import queue_tenant, route
 from .states import RunState, TaskState
 from .store import Store
 from .store.database import retryable
@@ -61,6 +61,10 @@ class Orchestrator:
     one built from the settings. Give either ``app`` (a Celery app: publishes with it and
     checks task names against its registry) or both ``publisher`` and ``registry``.
     Raises :class:`ConfigurationError` with neither.
+
+    ``tenant`` (default ``ORCHESTRATOR_TENANT``) binds the orchestrator to one tenant: it submits
+    as that tenant, and a run of another tenant is :class:`RunNotFound` to it, for reads and
+    operator actions alike. Unbound, it acts for every tenant (the deployment's operator).
     """
 
     def __init__(
@@ -71,9 +75,15 @@ class Orchestrator:
         store: Store | None = None,
         publisher: Publisher | None = None,
         registry: TaskRegistry | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.settings = settings or getattr(app, "orchestrator_settings", None) or Settings.from_env()
         self.app = app
+        #: the tenant this orchestrator acts as (``tenant=`` or ``ORCHESTRATOR_TENANT``); ``None``:
+        #: every tenant. A bound orchestrator sees, acts on and submits its tenant's runs only.
+        self.tenant: str | None = tenant if tenant is not None else (self.settings.tenant or None)
+        if self.tenant is not None and not TENANT_RE.fullmatch(self.tenant):
+            raise ConfigurationError(f"tenant {self.tenant!r} must be 1-64 letters, digits, '_' or '-'")
         if app is None and (publisher is None or registry is None):
             raise ConfigurationError(
                 "Orchestrator needs a Celery app (app=...) or both a publisher and a task registry;"
@@ -130,9 +140,26 @@ class Orchestrator:
         handle of the run it created first. Raises :class:`ValidationError` (nothing is
         written or published) for bad input.
         """
+        if self.tenant is not None:
+            for asked in (tenant, dag.tenant):
+                if asked is not None and asked not in (self.tenant, "default"):
+                    raise ValidationError(
+                        f"this orchestrator acts as tenant {self.tenant!r}; it cannot submit for tenant {asked!r}",
+                        dag=dag.name if isinstance(dag.name, str) else None,
+                    )
+            tenant = self.tenant
         if tenant is not None and tenant != dag.tenant:
             dag = dag.with_tenant(tenant)
         dag.validate(self.registry.is_registered, self.settings.limits)
+        for node in dag.nodes.values():
+            owner = queue_tenant(node.queue) if node.queue else None
+            if owner is not None and owner != dag.tenant:
+                raise ValidationError(
+                    f"queue {node.queue!r} is tenant {owner!r}'s dedicated queue; a run of tenant"
+                    f" {dag.tenant!r} cannot use it",
+                    dag=dag.name,
+                    node=node.key,
+                )
         self._check_time_limits(dag)
         if idempotency_key is not None:
             problem = text_problem(idempotency_key, MAX_IDEMPOTENCY_KEY_CHARS)
@@ -260,6 +287,7 @@ class Orchestrator:
         (default: the OS user). Raises :class:`ConflictError` (a rejected event is in the
         ledger) when the task's state does not allow it, whether it never did or another writer
         changed it first, and :class:`OperatorError` when children were already decided."""
+        self.visible(run_id)
         actor = operator(by or os_user())
         self._operator_done(
             self.store.operator.retry_task(run_id, key, self.settings.dispatch_window, actor), run_id, key, "retry"
@@ -274,6 +302,7 @@ class Orchestrator:
         self._resolve(run_id, key, TaskState.FAILED, by)
 
     def _resolve(self, run_id: str, key: str, to: TaskState, by: str | None) -> None:
+        self.visible(run_id)
         actor = operator(by or os_user())
         outcome = self.store.operator.resolve_dead_letter(run_id, key, to, self.settings.dispatch_window, actor)
         self._operator_done(outcome, run_id, key, to.value.lower())
@@ -287,6 +316,7 @@ class Orchestrator:
         """Cancel a run: its open tasks become CANCELLED and the attempts in flight are revoked
         with terminate (their late results are then rejected). Returns how many were revoked.
         Raises :class:`RunNotFound`, or :class:`ConflictError` when the run is already final."""
+        self.visible(run_id)
         in_flight, conflict = self.store.operator.cancel_run(run_id, operator(by or os_user()))
         if conflict is not None:
             raise ConflictError(conflict)
@@ -295,11 +325,26 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ reads
 
+    def visible(self, run_id: str) -> RunView:
+        """The run, if this orchestrator may see it; :class:`RunNotFound` otherwise (a run of
+        another tenant is not found, exactly like a run that does not exist)."""
+        view = self.store.reads.get_run(run_id)
+        if self.tenant is not None and view.tenant != self.tenant:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        return view
+
     def run(self, run_id: str) -> RunHandle:
-        self.store.reads.get_run(run_id)
+        """A handle on a run this orchestrator may see; raises :class:`RunNotFound`."""
+        self.visible(run_id)
         return RunHandle(self, run_id)
 
     def runs(self, limit: int = 20, tenant: str | None = None) -> list[RunView]:
+        """Recent runs, newest first: of ``tenant``, or of every tenant; a bound orchestrator
+        lists its own tenant's only."""
+        if self.tenant is not None:
+            if tenant not in (None, self.tenant):
+                return []
+            tenant = self.tenant
         return self.store.reads.list_runs(limit, tenant=tenant)
 
 
@@ -314,7 +359,7 @@ class RunHandle:
         return f"<RunHandle {self.id}>"
 
     def status(self) -> RunView:
-        return self.orchestrator.store.reads.get_run(self.id)
+        return self.orchestrator.visible(self.id)
 
     @property
     def state(self) -> RunState:

@@ -44,6 +44,15 @@ def route(
     return f"{QUEUE_PREFIX}.{priority.value}"
 
 
+def queue_tenant(queue: str) -> str | None:
+    """The tenant whose dedicated queue ``queue`` is (``orchestrator.tenant.<tenant>.<priority>``),
+    or ``None`` for any other queue."""
+    prefix = f"{QUEUE_PREFIX}.tenant."
+    if not queue.startswith(prefix):
+        return None
+    return queue[len(prefix) :].rsplit(".", 1)[0]
+
+
 def default_queues(dedicated_tenants: Iterable[str] = ()) -> list[str]:
     """Every queue that :func:`route` can choose without an explicit node queue."""
     queues = [f"{QUEUE_PREFIX}.{p.value}" for p in Priority]
