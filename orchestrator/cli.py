@@ -275,6 +275,31 @@ def events(run_id: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("run_ids", nargs=-1)
+@click.option("--limit", default=1000, show_default=True, help="Without RUN_IDs: this many newest runs.")
+def verify(run_ids: tuple[str, ...], limit: int) -> None:
+    """Check the promise from the database alone, for the given runs or the newest ones.
+
+    Every accepted transition legal, at most one accepted result per task (exactly one for a
+    SUCCEEDED task, of the row's attempt), attempts never going back, parents finished before
+    their children started, every final run's tasks terminal (DEAD_LETTER allowed: it waits
+    for a person) and its ledger ending in its state. Prints each violation and exits 1 if there
+    is any; prints a summary and exits 0 otherwise.
+    """
+    from .invariants import check_runs
+
+    orc = _ready_store()
+    ids = [orc.visible(r).id for r in run_ids] if run_ids else [v.id for v in orc.runs(limit)]
+    problems = check_runs(orc.store, ids, allow_dead_letter=True, in_progress_ok=True)
+    for line in problems:
+        click.echo(f"violation: {line}")
+    if problems:
+        click.echo(f"{len(problems)} violation(s) in {len(ids)} run(s)", err=True)
+        sys.exit(1)
+    click.echo(f"{len(ids)} run(s) checked: no violation")
+
+
+@main.command()
 @click.argument("run_id")
 def cancel(run_id: str) -> None:
     """Cancel a run: open tasks become CANCELLED, running ones are revoked.

@@ -193,3 +193,45 @@ def test_the_cli_reports_an_unusable_database_in_one_line(url: str, says: str) -
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], done.stderr
     assert "planted-s3cret" not in done.stderr + done.stdout and done.stdout == ""
+
+
+def test_verify_checks_the_promise_from_the_database(orc: Orchestrator, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import sqlalchemy as sa
+
+    from orchestrator import schema as s
+
+    dag = DAG("verified")
+    a = dag.task("a", "t.ok")
+    dag.task("b", "t.ok", upstream=[a])
+    run = orc.submit(dag)
+    while pending := sent(orc):
+        for d in pending:
+            run_one(orc, d)
+    assert run.state is RunState.SUCCEEDED
+    open_run = orc.submit(dag)  # still running: its open tasks are no violation
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+    env["ORCHESTRATOR_DATA_DIR"] = str(tmp_path)
+
+    def verify(*ids: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "verify", *ids], env=env, capture_output=True, text=True
+        )
+
+    done = verify()
+    assert done.returncode == 0 and "2 run(s) checked: no violation" in done.stdout, done.stderr
+    # a second accepted result for b: committed twice
+    with orc.store.engine.begin() as conn:
+        conn.execute(
+            s.events.insert().values(
+                run_id=run.id, key="b", attempt=1, from_state="RUNNING", to_state="SUCCEEDED", actor="worker",
+                reason=None, accepted=True, at=sa.func.current_timestamp(),
+            )
+        )  # fmt: skip
+    done = verify(run.id, open_run.id)
+    assert done.returncode == 1, done.stdout
+    assert f"violation: {run.id}.b: 2 accepted results (committed twice)" in done.stdout
+    assert "violation(s) in 2 run(s)" in done.stderr
