@@ -13,6 +13,8 @@ from typing import Any
 
 from celery.utils.dispatch import Signal
 
+from . import redact
+
 log = logging.getLogger(__name__)
 
 task_dead_lettered = Signal(name="task_dead_lettered", providing_args={"alert"})
@@ -36,5 +38,6 @@ def raise_alert(alert: dict[str, Any], *, webhook: str | None, actor: str, timeo
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             response.read()
-    except Exception:
-        log.exception("alert webhook %s failed", webhook)
+    except Exception as exc:  # noqa: BLE001 - a failing receiver never fails the caller
+        # no traceback and no full URL: a webhook's URL is its secret
+        log.error("alert webhook %s failed: %s", redact.webhook(webhook), type(exc).__name__)

@@ -86,6 +86,7 @@ class Deployment:
             ORCHESTRATOR_CRASH_LOOP_THRESHOLD="50",
             ORCHESTRATOR_POISON_THRESHOLD="0",
             ORCHESTRATOR_RECORD_PROBE_EFFECTS="1",
+            ORCHESTRATOR_HAZARD_PROBES="1",
             ORCHESTRATOR_MAX_TIME_LIMIT="60",
             PYTHONPATH=str(ROOT),
         )

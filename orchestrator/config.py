@@ -64,6 +64,9 @@ class Settings:
     alert_webhook: str = ""
     #: probe tasks write one orc_probe_effects row per execution (fault tests, soak)
     record_probe_effects: bool = False
+    #: register the probe tasks that kill (``tasks.probes.crash``) or block (``hang``) their
+    #: pool process: tests and the chaos soak only
+    hazard_probes: bool = False
     max_nodes: int = 100_000
     max_node_bytes: int = 64 * 1024
     max_params_bytes: int = 256 * 1024

@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from . import redact
 from .dag import DAG
 from .engine import RunHandle
 from .models import TaskView
@@ -88,8 +89,8 @@ def run_demo(echo: Callable[[str], None] = print, timeout: float = 120.0) -> int
     orc = current_orchestrator(app)
     # the flaky extract's first attempt fails on purpose; the table below reports it
     logging.getLogger("celery.app.trace").setLevel(logging.CRITICAL)
-    echo(f"database: {orc.store.engine.url.render_as_string(hide_password=True)}")
-    echo(f"broker:   {orc.settings.broker_url}")
+    echo(f"database: {redact.url(orc.store.engine.url.render_as_string(hide_password=False))}")
+    echo(f"broker:   {redact.url(orc.settings.broker_url)}")
     with start_worker(
         app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="ERROR", shutdown_timeout=30
     ):

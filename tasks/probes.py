@@ -1,5 +1,8 @@
 """Probe tasks: smoke-test a deployment; used by the tests and the benchmark.
 
+``crash`` (kills its pool process) and ``hang`` (never returns) are registered only with
+``ORCHESTRATOR_HAZARD_PROBES=1`` (the tests and the chaos soak set it).
+
 Inside a DAG, the attempt number comes from the orchestrator; called as a plain Celery
 task it is Celery's ``retries + 1``.
 """
@@ -83,19 +86,22 @@ def fail(self: Any, message: str = "probe failure") -> None:
     raise ProbeFailure(message)
 
 
-@app.task(bind=True)
-def crash(self: Any) -> None:
-    """Kill the process running it (SIGKILL): a pool child dies mid-task."""
-    _effect()
-    os.kill(os.getpid(), signal.SIGKILL)
+if app.orchestrator_settings.hazard_probes:
+    # only where asked for (ORCHESTRATOR_HAZARD_PROBES=1: the tests and the chaos soak): a
+    # production worker must not run a task that kills or blocks its pool processes on request
 
+    @app.task(bind=True)
+    def crash(self: Any) -> None:
+        """Kill the process running it (SIGKILL): a pool child dies mid-task."""
+        _effect()
+        os.kill(os.getpid(), signal.SIGKILL)
 
-@app.task(bind=True)
-def hang(self: Any) -> None:
-    """Never return (until a time limit stops it)."""
-    _effect()
-    while True:
-        time.sleep(1.0)
+    @app.task(bind=True)
+    def hang(self: Any) -> None:
+        """Never return (until a time limit stops it)."""
+        _effect()
+        while True:
+            time.sleep(1.0)
 
 
 @app.task(bind=True)

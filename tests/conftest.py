@@ -29,6 +29,7 @@ os.environ.update(
         "ORCHESTRATOR_DATA_DIR": DATA_DIR,
         "ORCHESTRATOR_TICK_SECONDS": "0.2",
         "ORCHESTRATOR_LEASE_SECONDS": "5",
+        "ORCHESTRATOR_HAZARD_PROBES": "1",
     }
 )
 

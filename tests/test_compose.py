@@ -174,13 +174,18 @@ def test_flower_requires_basic_auth_from_the_environment(services: dict[str, Any
     args = argv(flower)
     assert args[:4] == ["celery", "-A", "config.celery_app", "flower"]
     assert "--port=5555" in args
-    # user and password come from the environment running compose
-    assert [a for a in args if a.startswith("--basic-auth=")] == ["--basic-auth=admin:s3cret"]
-    assert "--basic-auth=alice:pw" in argv(flower, {"FLOWER_USER": "alice", "FLOWER_PASSWORD": "pw"})
+    # credentials never on the command line (visible in ps): Flower reads FLOWER_BASIC_AUTH
+    assert not [a for a in args if "auth" in a or "s3cret" in a], args
+    env = flower["environment"]
+    assert interpolate(env["FLOWER_BASIC_AUTH"], COMPOSE_ENV) == "admin:s3cret"
+    assert interpolate(env["FLOWER_BASIC_AUTH"], {"FLOWER_USER": "alice", "FLOWER_PASSWORD": "pw"}) == "alice:pw"
     # no password, no Flower: compose refuses to start rather than expose it without auth
     with pytest.raises(MissingVariableError, match="FLOWER_PASSWORD"):
-        argv(flower, {})
-    assert any(str(p).endswith("5555") for p in flower["ports"])
+        interpolate(env["FLOWER_BASIC_AUTH"], {})
+    # the orchestrator's settings are there too (the merge key kept them)
+    assert env["ORCHESTRATOR_BROKER_URL"].startswith("redis://")
+    # published on the host's loopback only
+    assert flower["ports"] == ["127.0.0.1:5555:5555"]
 
 
 def orchestrator_commands(services: dict[str, Any]) -> list[tuple[str, list[str]]]:

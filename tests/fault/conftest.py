@@ -63,6 +63,7 @@ def cluster(fault_db_url: str, redis_server: RedisServer, tmp_path: Path) -> Ite
         "ORCHESTRATOR_WORKER_TTL": "4",
         "ORCHESTRATOR_MAX_TIME_LIMIT": "120",
         "ORCHESTRATOR_RECORD_PROBE_EFFECTS": "1",
+        "ORCHESTRATOR_HAZARD_PROBES": "1",
     }
     c = Cluster(tmp_path, redis_server, fault_db_url, env)
     try:

@@ -7,7 +7,10 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
-PURE = {"dag", "states", "backoff", "poison", "routing", "models", "protocol", "publisher", "registry", "crashpoints"}
+PURE = {
+    "dag", "states", "backoff", "poison", "routing", "models", "protocol", "publisher", "registry", "crashpoints",
+    "redact",
+}  # fmt: skip
 INFRASTRUCTURE = ("celery", "kombu", "redis", "sqlalchemy", "psycopg", "billiard")
 
 
