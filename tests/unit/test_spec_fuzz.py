@@ -123,6 +123,10 @@ def _submit_api(orc: Orchestrator, call: dict[str, Any]) -> None:
     orc.submit(dag, idempotency_key=call["idempotency_key"], logical_date=call["logical_date"])
 
 
+#: how the inputs of this session ended (printed by the long runs: pytest -m fuzz -s)
+OUTCOMES: dict[str, int] = {"accepted": 0, "refused": 0}
+
+
 def _check(orc: Orchestrator, action: Any) -> None:
     before = _rows(orc)
     try:
@@ -130,6 +134,9 @@ def _check(orc: Orchestrator, action: Any) -> None:
     except ValidationError as exc:
         assert str(exc), "a refusal names its problem"
         assert _rows(orc) == before, f"a refusal wrote rows: {exc}"
+        OUTCOMES["refused"] += 1
+    else:
+        OUTCOMES["accepted"] += 1
     # any other exception escapes and fails the test: a traceback is a bug
 
 
@@ -184,12 +191,20 @@ def test_spec_files_are_accepted_or_refused_with_a_named_error(orc: Orchestrator
 
 @pytest.mark.fuzz
 def test_fuzz_the_python_api_long(orc: Orchestrator) -> None:
+    OUTCOMES.update(accepted=0, refused=0)
     _api_property(orc, _budget(True))
+    print(
+        f"\nPython API: {OUTCOMES['accepted']} accepted, {OUTCOMES['refused']} refused with a named error, 0 tracebacks"
+    )
 
 
 @pytest.mark.fuzz
 def test_fuzz_spec_files_long(orc: Orchestrator, tmp_path: Path) -> None:
+    OUTCOMES.update(accepted=0, refused=0)
     _spec_property(orc, tmp_path, _budget(True))
+    print(
+        f"\nspec files: {OUTCOMES['accepted']} accepted, {OUTCOMES['refused']} refused with a named error, 0 tracebacks"
+    )
 
 
 @pytest.mark.parametrize(
