@@ -396,14 +396,12 @@ class RunHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
-                view = self.status()
+                if self.state.terminal:  # one row by primary key per poll; the counts once, at the end
+                    return self.status()
             except sa.exc.DBAPIError as exc:
                 if not retryable(exc):
                     raise
                 log.warning("waiting for run %s: the database is unreachable (%s); still waiting", self.id, exc.orig)
-            else:
-                if view.state.terminal:
-                    return view
             if deadline is not None and time.monotonic() >= deadline:
                 raise RunTimeout(f"run {self.id} still running after {timeout}s")
             time.sleep(poll)
