@@ -275,6 +275,30 @@ def events(run_id: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("run_id")
+@click.argument("key", required=False)
+@click.option("--json", "as_json", is_flag=True, help='Print {"tasks": [{"key", "state", "reasons": [...]}]}.')
+@click.option("--all", "show_all", is_flag=True, help="Also list running and finished tasks.")
+def explain(run_id: str, key: str | None, as_json: bool, show_all: bool) -> None:
+    """Why isn't it running? For every task of the run that is not running or finished (or
+    only KEY), the reasons: parents it waits on, its trigger rule so far, a parent parked in
+    DEAD_LETTER, READY behind N tasks of higher or equal priority, every worker slot in use,
+    no live worker for its queue, waiting in the broker, a retry's backoff, the run cancelled."""
+    found = _ready_store().explain(run_id, key)
+    if key is None and not show_all:
+        found = [e for e in found if e.reasons and e.reasons[0].kind not in ("running", "finished")]
+    if as_json:
+        _dump({"run": run_id, "tasks": [e.to_json() for e in found]})
+        return
+    if not found:
+        click.echo("every task is running or finished")
+    for e in found:
+        click.echo(f"{e.key}  {e.state.value}")
+        for r in e.reasons:
+            click.echo(f"  - {r.kind}: {r.detail}")
+
+
+@main.command()
 @click.argument("run_ids", nargs=-1)
 @click.option("--limit", default=1000, show_default=True, help="Without RUN_IDs: this many newest runs.")
 def verify(run_ids: tuple[str, ...], limit: int) -> None:

@@ -21,7 +21,8 @@ from .alerts import raise_alert
 from .config import Settings
 from .crashpoints import crash_point
 from .dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, TENANT_RE, text_problem
-from .errors import ConfigurationError, ConflictError, RunNotFound, RunTimeout, ValidationError
+from .errors import ConfigurationError, ConflictError, RunNotFound, RunTimeout, TaskNotFound, ValidationError
+from .explain import Explanation, explain
 from .models import WORKER, Actor, Claim, EventView, Outcome, RunView, TaskView, operator
 from .protocol import FencingToken
 from .publisher import CeleryPublisher, Publisher
@@ -324,6 +325,16 @@ class Orchestrator:
         return len(in_flight)
 
     # ------------------------------------------------------------------ reads
+
+    def explain(self, run_id: str, key: str | None = None) -> list[Explanation]:
+        """Why each task of the run (or only ``key``) is where it is: see :mod:`orchestrator.explain`.
+        Raises :class:`RunNotFound`, or :class:`TaskNotFound` for a ``key`` the run does not have."""
+        self.visible(run_id)
+        s = self.settings
+        found = explain(self.store.reads.explain_input(run_id, worker_ttl=s.worker_ttl, depth=s.dispatch_depth), key)
+        if key is not None and not found:
+            raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
+        return found
 
     def visible(self, run_id: str) -> RunView:
         """The run, if this orchestrator may see it; :class:`RunNotFound` otherwise (a run of

@@ -10,7 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from .. import schema as s
+from ..dbtime import db_after, db_now
 from ..errors import RunNotFound, TaskNotFound
+from ..explain import ExplainInput
 from ..models import EventView, RunView, TaskView
 from ..states import RunState
 from . import rows
@@ -94,6 +96,63 @@ class Reads:
         with self.db.engine.connect() as conn:
             found = conn.execute(sa.select(t_events).where(t_events.c.run_id == run_id).order_by(t_events.c.id)).all()
         return [rows.event_view(r) for r in found]
+
+    def explain_input(self, run_id: str, *, worker_ttl: float, depth: int) -> ExplainInput:
+        """What ``explain`` needs about a run, read in one connection (raise :class:`RunNotFound`)."""
+        c = t_tasks.c
+        with self.db.engine.connect() as conn:
+            run_state = conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id)).scalar_one_or_none()
+            if run_state is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            tasks = conn.execute(
+                sa.select(
+                    c.key, c.state, c.attempt, c.max_attempts, c.trigger_rule, c.n_upstream, c.n_done,
+                    c.n_succeeded, c.n_failed, c.n_skipped, c.queue, c.priority, c.not_before,
+                    c.dispatched_at, c.worker, c.lease_expires_at,
+                )
+                .where(c.run_id == run_id)
+                .order_by(c.key)
+            ).all()  # fmt: skip
+            edges = [
+                (p, ch)
+                for p, ch in conn.execute(
+                    sa.select(t_edges.c.parent_key, t_edges.c.child_key).where(t_edges.c.run_id == run_id)
+                ).all()
+            ]
+            workers = [
+                (list(queues), int(n))
+                for queues, n in conn.execute(
+                    sa.select(t_workers.c.queues, t_workers.c.concurrency).where(
+                        t_workers.c.seen_at > db_after(-worker_ttl)
+                    )
+                ).all()
+            ]
+            # READY tasks ahead of each of the run's READY tasks: in every queue that the live
+            # workers consuming its queue also take, by priority, then age (admission's order)
+            ahead: dict[str, int] = {}
+            groups = [set(queues) for queues, _ in workers]
+            for queue in sorted({t.queue for t in tasks if t.state == "READY"}):
+                scope = set().union(*(g for g in groups if queue in g)) or {queue}
+                ordered = conn.execute(
+                    sa.select(c.run_id, c.key, c.queue)
+                    .where(c.state == "READY", c.queue.in_(sorted(scope)))
+                    .order_by(c.priority_rank, c.ready_at, c.run_id, c.key)
+                ).all()
+                for position, row in enumerate(ordered):
+                    if row.run_id == run_id and row.queue == queue:
+                        ahead[row.key] = position
+            in_flight = {
+                q: int(n)
+                for q, n in conn.execute(
+                    sa.select(c.queue, sa.func.count()).where(c.state.in_(["QUEUED", "RUNNING"])).group_by(c.queue)
+                ).all()
+            }
+            now = conn.execute(sa.select(db_now())).scalar_one()
+        if isinstance(now, str):  # SQLite's db_now() is text
+            import datetime as dt
+
+            now = dt.datetime.fromisoformat(now)
+        return ExplainInput(run_state, tasks, edges, workers, ahead, in_flight, depth, now)
 
     # ------------------------------------------------------------------ diagnostics
 

@@ -504,3 +504,20 @@ def test_cancel_run(store: Store) -> None:
     )
     run_events = [(e.from_state, e.to_state, e.accepted, e.by) for e in store.reads.events(run_id) if e.key is None]
     assert run_events[1:] == [("RUNNING", "CANCELLED", True, "alice"), ("CANCELLED", "CANCELLED", False, "alice")]
+
+
+def test_explain_reads_the_same_on_both_backends(store: Store) -> None:
+    from orchestrator.explain import explain
+
+    store.workers.unregister("test-worker")
+    store.workers.register("w", ["orchestrator.default"], 1)
+    dag = DAG("why")
+    a = dag.task("a", "t")
+    dag.task("b", "t")
+    dag.task("c", "t", upstream=[a])
+    run_id = submit(store, dag)
+    store.admission.admit_ready(10)  # one slot: a or b QUEUED, the other READY behind a full window
+    found = {
+        e.key: [r.kind for r in e.reasons] for e in explain(store.reads.explain_input(run_id, worker_ttl=30, depth=1))
+    }
+    assert sorted(found.values()) == [["queued"], ["waiting_on_parents", "trigger_rule"], ["window_full"]]

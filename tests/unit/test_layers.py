@@ -9,7 +9,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
 PURE = {
     "dag", "states", "backoff", "poison", "routing", "models", "protocol", "publisher", "registry", "crashpoints",
-    "redact",
+    "redact", "explain",
 }  # fmt: skip
 INFRASTRUCTURE = ("celery", "kombu", "redis", "sqlalchemy", "psycopg", "billiard")
 

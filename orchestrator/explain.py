@@ -1,0 +1,207 @@
+"""Why isn't it running? (pure code) — for every task of a run, the reasons it is where it is.
+
+:func:`explain` turns what the store read (:class:`ExplainInput`: the run's task rows with their
+counters, its edges, the live workers and how many READY tasks are ahead of each of the run's
+READY tasks) into one :class:`Explanation` per task. Each reason has a ``kind`` a program can
+switch on and a ``detail`` for people; ``orchestrator explain RUN_ID [KEY] [--json]`` prints them.
+
+Reason kinds: ``waiting_on_parents`` (with the parents not finished and their states),
+``trigger_rule`` (what the counters say so far), ``parent_dead_letter``, ``ready_behind``
+(READY tasks admission takes first: of higher priority, or older, in any queue the workers of
+its queue also consume), ``window_full`` (the live workers
+of its queue have every slot in use), ``no_worker`` (no live worker consumes its queue),
+``queued`` (published, waiting for a worker to take the message), ``running``, ``retry_at``
+(RETRYING until ``not_before``), ``dead_letter`` (parked, waiting for a person),
+``finished`` (terminal), ``run_cancelled``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .states import TERMINAL, TaskState
+
+T = TaskState
+
+
+@dataclass(frozen=True)
+class Reason:
+    kind: str
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "detail": self.detail, **self.data}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    key: str
+    state: TaskState
+    reasons: list[Reason]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "state": self.state.value, "reasons": [r.to_json() for r in self.reasons]}
+
+
+@dataclass(frozen=True)
+class ExplainInput:
+    run_state: str
+    #: the run's task rows (``key``, ``state``, ``attempt``, ``max_attempts``, ``trigger_rule``,
+    #: ``n_upstream``, ``n_done``, ``n_succeeded``, ``n_failed``, ``n_skipped``, ``queue``,
+    #: ``priority``, ``not_before``, ``dispatched_at``, ``worker``, ``lease_expires_at``)
+    tasks: Sequence[Any]
+    #: (parent key, child key) of the run
+    edges: Sequence[tuple[str, str]]
+    #: live workers: (queues, concurrency)
+    workers: Sequence[tuple[Sequence[str], int]]
+    #: READY tasks admission takes before each of the run's READY tasks (by key)
+    ahead: dict[str, int]
+    #: tasks QUEUED or RUNNING per queue (the live groups' windows are counted from these)
+    in_flight: dict[str, int]
+    depth: int
+    now: dt.datetime
+
+
+def explain(data: ExplainInput, key: str | None = None) -> list[Explanation]:
+    """One explanation per task of the run (or only ``key``), in the order of the rows."""
+    by_key = {t.key: t for t in data.tasks}
+    parents: dict[str, list[str]] = {}
+    for parent, child in data.edges:
+        parents.setdefault(child, []).append(parent)
+    out = []
+    for t in data.tasks:
+        if key is not None and t.key != key:
+            continue
+        out.append(Explanation(t.key, TaskState(t.state), _reasons(t, parents.get(t.key, []), by_key, data)))
+    return out
+
+
+def _reasons(t: Any, parents: list[str], by_key: dict[str, Any], data: ExplainInput) -> list[Reason]:
+    state = TaskState(t.state)
+    if data.run_state == "CANCELLED" and state not in TERMINAL:
+        return [Reason("run_cancelled", "the run was cancelled")]
+    if state is T.PENDING:
+        return _pending(t, parents, by_key)
+    if state is T.READY:
+        return _ready(t, data)
+    if state is T.QUEUED:
+        since = _ago(data.now, t.dispatched_at)
+        reasons = [Reason("queued", f"published {since}, waiting for a worker to take the message", {})]
+        if not _consumers(t.queue, data):
+            reasons.append(_no_worker(t.queue))
+        return reasons
+    if state is T.RUNNING:
+        return [Reason("running", f"running on {t.worker or 'a worker'} (attempt {t.attempt})", {"worker": t.worker})]
+    if state is T.RETRYING:
+        at = t.not_before.isoformat() if t.not_before else "now"
+        return [
+            Reason(
+                "retry_at",
+                f"attempt {t.attempt} of {t.max_attempts} waits for its backoff until {at}",
+                {"not_before": at, "attempt": t.attempt},
+            )
+        ]
+    if state is T.DEAD_LETTER:
+        return [
+            Reason(
+                "dead_letter",
+                "parked after the same failure on consecutive attempts (or a crash loop): retry, skip or fail it",
+            )
+        ]
+    return [Reason("finished", f"finished {state.value}")]
+
+
+def _pending(t: Any, parents: list[str], by_key: dict[str, Any]) -> list[Reason]:
+    open_parents = [p for p in parents if TaskState(by_key[p].state) not in TERMINAL]
+    reasons = []
+    if open_parents:
+        states = {p: by_key[p].state for p in sorted(open_parents)}
+        shown = ", ".join(f"{p} ({s})" for p, s in list(states.items())[:10])
+        more = f" and {len(states) - 10} more" if len(states) > 10 else ""
+        reasons.append(
+            Reason("waiting_on_parents", f"waits on {len(states)} parent(s): {shown}{more}", {"parents": states})
+        )
+    dead = sorted(p for p in parents if by_key[p].state == T.DEAD_LETTER.value)
+    if dead:
+        reasons.append(
+            Reason(
+                "parent_dead_letter",
+                f"parent(s) {', '.join(dead)} parked in DEAD_LETTER: nothing moves until a person acts",
+                {"parents": dead},
+            )
+        )
+    reasons.append(
+        Reason(
+            "trigger_rule",
+            f"{t.trigger_rule}: {t.n_done} of {t.n_upstream} parents done ({t.n_succeeded} succeeded,"
+            f" {t.n_failed} failed, {t.n_skipped} skipped); not decided yet",
+            {
+                "rule": t.trigger_rule,
+                "total": t.n_upstream,
+                "done": t.n_done,
+                "succeeded": t.n_succeeded,
+                "failed": t.n_failed,
+                "skipped": t.n_skipped,
+            },
+        )
+    )
+    return reasons
+
+
+def _ready(t: Any, data: ExplainInput) -> list[Reason]:
+    groups = _consumers(t.queue, data)
+    if not groups:
+        return [_no_worker(t.queue)]
+    reasons = []
+    ahead = data.ahead.get(t.key, 0)
+    if ahead:
+        reasons.append(
+            Reason(
+                "ready_behind",
+                f"READY behind {ahead} task(s) that admission takes first (higher priority, or older)"
+                f" for the workers of {t.queue}",
+                {"ahead": ahead, "queue": t.queue},
+            )
+        )
+    full = []
+    for queues, capacity in groups:
+        used = sum(data.in_flight.get(q, 0) for q in queues)
+        window = capacity * data.depth
+        if used >= window:
+            full.append({"queues": sorted(queues), "in_flight": used, "window": window})
+    if full and len(full) == len(groups):
+        g = full[0]
+        reasons.append(
+            Reason(
+                "window_full",
+                f"every slot of the workers consuming {t.queue} is in use ({g['in_flight']} in flight,"
+                f" window {g['window']} = capacity x depth {data.depth})",
+                {"groups": full},
+            )
+        )
+    if not reasons:
+        reasons.append(Reason("ready", "READY: the next admission (a completion or the reconciler's pass) takes it"))
+    return reasons
+
+
+def _consumers(queue: str, data: ExplainInput) -> list[tuple[frozenset[str], int]]:
+    groups: dict[frozenset[str], int] = {}
+    for queues, concurrency in data.workers:
+        key = frozenset(queues)
+        groups[key] = groups.get(key, 0) + int(concurrency)
+    return [(qs, c) for qs, c in groups.items() if queue in qs]
+
+
+def _no_worker(queue: str) -> Reason:
+    return Reason("no_worker", f"no live worker consumes {queue}: start one with -Q {queue}", {"queue": queue})
+
+
+def _ago(now: dt.datetime, then: dt.datetime | None) -> str:
+    if then is None:
+        return "at an unknown time"
+    seconds = (now - then).total_seconds()
+    return f"{seconds:.1f}s ago"
