@@ -40,6 +40,10 @@ class Settings:
     reconciler_stall_seconds: float = 10.0
     #: most tasks QUEUED or RUNNING at once; the rest waits in the database as READY
     dispatch_window: int = 2000
+    #: a READY task that waited this many seconds is admitted as if one priority class higher
+    #: (twice as long: two classes), so a low backlog is never starved by a stream of high
+    #: work; 0 turns aging off
+    priority_aging_seconds: float = 300.0
     #: messages in flight per live worker slot (the next one waits in the broker, not in a
     #: completion's transaction); 1 admits exactly the free slots
     dispatch_depth: int = 2

@@ -27,6 +27,30 @@ class db_after(FunctionElement[dt.datetime]):  # noqa: N801
     inherit_cache = True
 
 
+class aged_rank(FunctionElement[int]):  # noqa: N801
+    """``priority_rank`` lowered by one class per ``aging`` seconds its task has been READY
+    (``ready_at``), never below 0: ``aged_rank(rank, ready_at, aging)``."""
+
+    type = sa.Integer()
+    inherit_cache = True
+
+
+@compiles(aged_rank)
+def _aged_default(element: Any, compiler: Any, **kw: Any) -> str:
+    rank, ready, aging = (compiler.process(c, **kw) for c in element.clauses)
+    return (
+        f"(CASE WHEN {aging} > 0 THEN greatest({rank} - floor(extract(epoch FROM now() - {ready}) / {aging})::int, 0)"
+        f" ELSE {rank} END)"
+    )
+
+
+@compiles(aged_rank, "sqlite")
+def _aged_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    rank, ready, aging = (compiler.process(c, **kw) for c in element.clauses)
+    age = f"((julianday(orc_now()) - julianday({ready})) * 86400.0)"
+    return f"(CASE WHEN {aging} > 0 THEN max({rank} - CAST({age} / {aging} AS INTEGER), 0) ELSE {rank} END)"
+
+
 @compiles(db_now)
 def _now_default(element: Any, compiler: Any, **kw: Any) -> str:
     return "now()"

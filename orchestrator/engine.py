@@ -107,6 +107,7 @@ class Orchestrator:
             dispatch_depth=s.dispatch_depth,
             # an outage delays an outcome, it never decides it: keep trying while a lease may hold
             retry_seconds=s.lease_seconds,
+            priority_aging=s.priority_aging_seconds,
         )
         if store.engine.dialect.name == "sqlite":
             from . import migrate

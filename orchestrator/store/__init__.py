@@ -61,11 +61,14 @@ class Store:
         worker_ttl: float = 30.0,
         dispatch_depth: int = 2,
         retry_seconds: float = 0.0,
+        priority_aging: float = 300.0,
     ) -> None:
         self.db = Database(url_or_engine, id_factory=id_factory, retry_seconds=retry_seconds)
         self.ledger = Ledger(self.db)
         self.settlement = Settlement(self.db, self.ledger)
-        self.admission = Admission(self.db, self.ledger, worker_ttl=worker_ttl, depth=dispatch_depth)
+        self.admission = Admission(
+            self.db, self.ledger, worker_ttl=worker_ttl, depth=dispatch_depth, aging=priority_aging
+        )
         self.submission = Submission(self.db, self.ledger)
         self.attempts = Attempts(
             self.db, self.ledger, self.settlement, self.admission, poison_threshold=poison_threshold

@@ -7,6 +7,11 @@ takes the next message at once instead of waiting for the completion that admits
 backlog waits in the database as READY rows. Which QUEUED tasks were really lost is decided
 in ``recovery.stale_queued``.
 
+Order: higher priority classes first, then older; a task READY for ``aging`` seconds
+(``ORCHESTRATOR_PRIORITY_AGING_SECONDS``) counts one class higher, for twice as long two
+classes, so a low backlog is not starved by a stream of high work (``dbtime.aged_rank``; the
+same rule in ``orc_admit_from`` on Postgres).
+
 On Postgres a completion whose settlement made no task READY does not run this admission: the
 server function ``orc_succeed`` hands the slot its worker freed to the best READY task of that
 worker's queues (``orc_pass_slot``, migration 0005), without the admission lock, if the
@@ -23,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import schema as s
-from ..dbtime import db_after, db_now
+from ..dbtime import aged_rank, db_after, db_now
 from ..models import DISPATCHER, Dispatch
 from ..states import TaskState
 from . import rows
@@ -34,16 +39,18 @@ T = TaskState
 t_tasks, t_workers = s.tasks, s.workers
 
 
-_ORC_ADMIT = sa.text("SELECT * FROM orc_admit(:window, :ttl, :depth, :wait)")
+_ORC_ADMIT = sa.text("SELECT * FROM orc_admit(:window, :ttl, :depth, :wait, :aging)")
 
 
 class Admission:
-    def __init__(self, db: Database, ledger: Ledger, *, worker_ttl: float, depth: int) -> None:
+    def __init__(self, db: Database, ledger: Ledger, *, worker_ttl: float, depth: int, aging: float = 300.0) -> None:
         self.db = db
         self.ledger = ledger
         self.worker_ttl = worker_ttl
         #: messages in flight per live worker slot
         self.depth = depth
+        #: seconds READY after which a task counts one priority class higher (0: never)
+        self.aging = aging
 
     def admit(self, conn: Connection, window: int, *, wait: bool = True) -> list[Dispatch]:
         """Admit within capacity (at most ``window`` tasks QUEUED or RUNNING in all); return
@@ -54,7 +61,7 @@ class Admission:
         reconciler) skips a pass while another admission holds it; everyone else waits, so the
         work it just made READY is never left for the next tick."""
         if self.db.backend.server_functions:
-            params = {"window": window, "ttl": self.worker_ttl, "depth": self.depth, "wait": wait}
+            params = {"window": window, "ttl": self.worker_ttl, "depth": self.depth, "wait": wait, "aging": self.aging}
             found = conn.execute(_ORC_ADMIT, params).all()
             return [rows.dispatch(r._mapping) for r in sorted(found, key=lambda r: (r.priority_rank, r.ready_at))]
         ready = conn.execute(sa.select(t_tasks.c.run_id).where(t_tasks.c.state == T.READY.value).limit(1)).first()
@@ -85,7 +92,7 @@ class Admission:
             picked = (
                 sa.select(t_tasks.c.run_id, t_tasks.c.key)
                 .where(t_tasks.c.state == T.READY.value, t_tasks.c.queue.in_(sorted(queues)))
-                .order_by(t_tasks.c.priority_rank, t_tasks.c.ready_at)
+                .order_by(aged_rank(t_tasks.c.priority_rank, t_tasks.c.ready_at, self.aging), t_tasks.c.ready_at)
                 .limit(room)
                 .with_for_update(skip_locked=True)
                 # a CTE is evaluated once; an IN (subquery) may be re-run per row and over-admit

@@ -112,9 +112,8 @@ class Attempts:
         """CAS RUNNING -> SUCCEEDED with ``result``, settle the children, admit ready tasks."""
         if self.hot is not None:
             check_transition(T.RUNNING, T.SUCCEEDED, WORKER.role)
-            out = self.hot.succeed(
-                run_id, key, attempt, result, window, self.admission.worker_ttl, self.admission.depth
-            )
+            a = self.admission
+            out = self.hot.succeed(run_id, key, attempt, result, window, a.worker_ttl, a.depth, a.aging)
             if not out["accepted"]:
                 return Outcome(False, None, [], out["conflict"])
             return Outcome(True, T.SUCCEEDED, [rows.dispatch(d) for d in out["dispatches"]])

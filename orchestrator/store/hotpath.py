@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine
 log = logging.getLogger(__name__)
 
 _CLAIM = "SELECT orc_claim(%s::text, %s::text, %s::int, %s::text, %s::float8, %s::text)"
-_SUCCEED = "SELECT orc_succeed(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int)"
+_SUCCEED = "SELECT orc_succeed(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int, %s::float8)"
 
 #: connections a forked child inherited from its parent: kept referenced, never closed, so
 #: that garbage collection in the child cannot end the parent's session
@@ -82,10 +82,19 @@ class HotPath:
         return result
 
     def succeed(
-        self, run_id: str, key: str, attempt: int, result: Any, window: int, worker_ttl: float, depth: int
+        self,
+        run_id: str,
+        key: str,
+        attempt: int,
+        result: Any,
+        window: int,
+        worker_ttl: float,
+        depth: int,
+        aging: float,
     ) -> dict[str, Any]:
         """``{"accepted": true, "dispatches": [...]}`` or ``{"accepted": false, "conflict"}``."""
-        out: dict[str, Any] = self._call(_SUCCEED, (run_id, key, attempt, Json(result), window, worker_ttl, depth))
+        params = (run_id, key, attempt, Json(result), window, worker_ttl, depth, aging)
+        out: dict[str, Any] = self._call(_SUCCEED, params)
         return out
 
     def close(self) -> None:

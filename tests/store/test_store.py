@@ -521,3 +521,25 @@ def test_explain_reads_the_same_on_both_backends(store: Store) -> None:
         e.key: [r.kind for r in e.reasons] for e in explain(store.reads.explain_input(run_id, worker_ttl=30, depth=1))
     }
     assert sorted(found.values()) == [["queued"], ["waiting_on_parents", "trigger_rule"], ["window_full"]]
+
+
+@pytest.mark.parametrize("aging", [0.0, 0.3])
+def test_a_low_task_that_waited_past_the_aging_bound_goes_first(store: Store, aging: float) -> None:
+    """Priority first, then age; a task READY longer than the aging bound counts one class
+    higher per bound, so a waiting low task is not starved by newer high work."""
+    store.workers.unregister("test-worker")
+    store.workers.register("w", default_queues(), 1)
+    store.admission.aging = aging
+    low = DAG("old-low", priority="low")
+    low.task("l", "t")
+    low_run = submit(store, low)
+    time.sleep(0.7)  # > 2 x 0.3 s: two classes up, so low ranks with high and is older
+    high = DAG("new-high", priority="high")
+    high.task("h", "t")
+    submit(store, high)
+    first = store.admission.admit_ready(10)
+    assert len(first) == 1
+    if aging:
+        assert (first[0].run_id, first[0].key) == (low_run, "l")
+    else:
+        assert first[0].key == "h"

@@ -52,6 +52,10 @@ SQL = r"""
 -- rows, of a constant at 1): planning was most of the cost of a hand-off. The statements are
 -- written for generic plans anyway (single tasks by primary key, see 0004).
 
+-- 0004's functions whose signatures change here (new arguments: p_task, p_aging)
+DROP FUNCTION IF EXISTS orc_succeed(text, text, int, json, int, float8, int);
+DROP FUNCTION IF EXISTS orc_admit(int, float8, int, boolean);
+
 -- the claim: QUEUED -> RUNNING for p_attempt of a task named p_task (the message's task name
 -- must be the node's), with the lease deadline; the stored arguments and, for tasks that want
 -- them, the results of the parents that succeeded. Replaces 0004's orc_claim without p_task.
@@ -169,7 +173,7 @@ $$;
 -- age): per queue in index order (queue, state, priority_rank, ready_at), then merged, never a
 -- sort of the whole READY backlog. Each picked task is moved by primary key, one at a time: a
 -- join of the picked rows was planned once, while the table was small, as a scan of it.
-CREATE OR REPLACE FUNCTION orc_admit_from(p_queues text[], p_room int)
+CREATE OR REPLACE FUNCTION orc_admit_from(p_queues text[], p_room int, p_aging float8)
 RETURNS TABLE (run_id text, key text, attempt int, task_name text, args json, kwargs json, queue text,
                soft_time_limit float8, time_limit float8, priority_rank int, ready_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -187,7 +191,11 @@ BEGIN
             LIMIT p_room
             FOR UPDATE SKIP LOCKED
         ) x
-        ORDER BY x.priority_rank, x.ready_at
+        -- aging: one class higher per p_aging seconds READY (0: off)
+        ORDER BY CASE WHEN p_aging > 0
+                      THEN greatest(x.priority_rank - floor(extract(epoch FROM now() - x.ready_at) / p_aging)::int, 0)
+                      ELSE x.priority_rank END,
+                 x.ready_at
         LIMIT p_room
     LOOP
         RETURN QUERY
@@ -208,7 +216,8 @@ $$;
 
 -- admission: READY -> QUEUED within the live workers' capacity, in priority order; the
 -- dispatches to publish after the caller's commit (see store/admission.py)
-CREATE OR REPLACE FUNCTION orc_admit(p_window int, p_worker_ttl float8, p_depth int, p_wait boolean)
+CREATE OR REPLACE FUNCTION orc_admit(p_window int, p_worker_ttl float8, p_depth int, p_wait boolean,
+                                     p_aging float8)
 RETURNS TABLE (run_id text, key text, attempt int, task_name text, args json, kwargs json, queue text,
                soft_time_limit float8, time_limit float8, priority_rank int, ready_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -248,7 +257,7 @@ BEGIN
         SELECT coalesce(sum({in_flight}), 0)::int INTO used FROM unnest(qs) AS q(name);
         room := least(g.capacity * p_depth - used, p_window - total);
         CONTINUE WHEN room <= 0;
-        RETURN QUERY SELECT * FROM orc_admit_from(qs, room);
+        RETURN QUERY SELECT * FROM orc_admit_from(qs, room, p_aging);
         GET DIAGNOSTICS n = ROW_COUNT;
         total := total + n;
     END LOOP;
@@ -260,7 +269,7 @@ $$;
 -- queues) has fewer than capacity * depth tasks in flight. Concurrent hand-offs each replace
 -- their own slot, so they need no lock: the count each one sees includes the other's
 -- still-running task.
-CREATE OR REPLACE FUNCTION orc_pass_slot(p_queues text, p_worker_ttl float8, p_depth int)
+CREATE OR REPLACE FUNCTION orc_pass_slot(p_queues text, p_worker_ttl float8, p_depth int, p_aging float8)
 RETURNS TABLE (run_id text, key text, attempt int, task_name text, args json, kwargs json, queue text,
                soft_time_limit float8, time_limit float8, priority_rank int, ready_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -276,7 +285,7 @@ BEGIN
     IF used >= capacity * p_depth THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM orc_admit_from(qs, 1);
+    RETURN QUERY SELECT * FROM orc_admit_from(qs, 1, p_aging);
 END
 $$;
 
@@ -284,7 +293,7 @@ $$;
 -- the freed slot passed on when the settlement made nothing READY and the attempt's worker is
 -- live, the whole admission otherwise
 CREATE OR REPLACE FUNCTION orc_succeed(p_run text, p_key text, p_attempt int, p_result json, p_window int,
-                                       p_worker_ttl float8, p_depth int)
+                                       p_worker_ttl float8, p_depth int, p_aging float8)
 RETURNS json LANGUAGE plpgsql AS $$
 DECLARE
     kids json;
@@ -308,12 +317,12 @@ BEGIN
         WHERE w.name = regexp_replace(who, ':[0-9]+$', '') AND w.seen_at > now() - make_interval(secs => p_worker_ttl);
         IF FOUND THEN
             SELECT coalesce(json_agg(d), '[]'::json) INTO dispatches
-            FROM orc_pass_slot(group_queues, p_worker_ttl, p_depth) d;
+            FROM orc_pass_slot(group_queues, p_worker_ttl, p_depth, p_aging) d;
             RETURN json_build_object('accepted', true, 'dispatches', dispatches);
         END IF;
     END IF;
     SELECT coalesce(json_agg(d ORDER BY d.priority_rank, d.ready_at), '[]'::json) INTO dispatches
-    FROM orc_admit(p_window, p_worker_ttl, p_depth, true) d;
+    FROM orc_admit(p_window, p_worker_ttl, p_depth, true, p_aging) d;
     RETURN json_build_object('accepted', true, 'dispatches', dispatches);
 END
 $$;
@@ -321,11 +330,21 @@ $$;
 ALTER FUNCTION orc_claim(text, text, int, text, float8, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION orc_reject(text, text, int, text, text, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION orc_settle(text, text, text, json, text, text) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION orc_admit(int, float8, int, boolean) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION orc_admit_from(text[], int) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION orc_pass_slot(text, float8, int) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION orc_succeed(text, text, int, json, int, float8, int) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION orc_admit(int, float8, int, boolean, float8) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION orc_admit_from(text[], int, float8) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION orc_pass_slot(text, float8, int, float8) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION orc_succeed(text, text, int, json, int, float8, int, float8) SET plan_cache_mode = force_generic_plan;
 """.replace("{in_flight}", IN_FLIGHT)
+
+
+#: the functions as this revision defines them (dropped on downgrade, before 0004's return)
+NEW_SIGNATURES = (
+    "orc_succeed(text, text, int, json, int, float8, int, float8)",
+    "orc_pass_slot(text, float8, int, float8)",
+    "orc_admit(int, float8, int, boolean, float8)",
+    "orc_admit_from(text[], int, float8)",
+    "orc_claim(text, text, int, text, float8, text)",
+)
 
 
 def upgrade() -> None:
@@ -359,9 +378,8 @@ def downgrade() -> None:
     op.drop_table("orc_secrets")
     if op.get_bind().dialect.name != "postgresql":
         return
-    op.execute("DROP FUNCTION IF EXISTS orc_pass_slot(text, float8, int)")
-    op.execute("DROP FUNCTION IF EXISTS orc_claim(text, text, int, text, float8, text)")
-    op.execute("DROP FUNCTION IF EXISTS orc_admit_from(text[], int)")
+    for signature in NEW_SIGNATURES:
+        op.execute(f"DROP FUNCTION IF EXISTS {signature}")
     # 0004's definitions of orc_settle, orc_admit and orc_succeed (CREATE OR REPLACE)
     previous = importlib.import_module("orchestrator.migrations.versions.0004_hot_path")
     op.execute(previous.SQL)
