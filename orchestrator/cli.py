@@ -274,6 +274,31 @@ def events(run_id: str, as_json: bool) -> None:
         click.echo(f"{at} {mark} {what} {e.from_state or '-'} -> {e.to_state} by {who}{reason}")
 
 
+@main.group()
+def tenant() -> None:
+    """Tenants' settings (stored in the database)."""
+
+
+@tenant.command("set")
+@click.argument("name")
+@click.option(
+    "--weight", type=float, required=True, help="Share of the free slots, relative to the others (default 1)."
+)
+def tenant_set(name: str, weight: float) -> None:
+    """Set a tenant's weight in the fair share of admission: within a priority class, free
+    slots go to the tenant with the fewest tasks in flight per unit of weight (weights 3 and 1:
+    three slots to one while both have READY work)."""
+    _ready_store().set_tenant_weight(name, weight)
+    click.echo(f"tenant {name}: weight {weight:g}")
+
+
+@tenant.command("list")
+def tenant_list() -> None:
+    """Tenants with a weight set (every other tenant weighs 1)."""
+    for name, weight in sorted(_ready_store().tenant_weights().items()):
+        click.echo(f"{name}  weight {weight:g}")
+
+
 @main.command()
 @click.argument("run_id")
 @click.argument("key", required=False)

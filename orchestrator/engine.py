@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import math
 import time
 from collections.abc import Sequence
 from functools import cached_property
@@ -326,6 +327,27 @@ class Orchestrator:
         return len(in_flight)
 
     # ------------------------------------------------------------------ reads
+
+    def set_tenant_weight(self, name: str, weight: float) -> None:
+        """A tenant's weight in the fair share of admission (default 1): within a priority class,
+        free slots go to the tenant with the fewest tasks in flight per unit of weight. Raises
+        :class:`ValidationError` for a bad name or a weight that is not a number in (0, 1000]."""
+        if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
+            raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not math.isfinite(weight)
+            or not 0 < weight <= 1000
+        ):
+            raise ValidationError(f"weight {weight!r} must be a number above 0 and at most 1000")
+        if self.tenant is not None and name != self.tenant:
+            raise ValidationError(f"this orchestrator acts as tenant {self.tenant!r}; it cannot weigh tenant {name!r}")
+        self.store.tenants.set_weight(name, float(weight))
+
+    def tenant_weights(self) -> dict[str, float]:
+        """The weights set so far (a tenant not listed weighs 1)."""
+        return self.store.tenants.weights()
 
     def explain(self, run_id: str, key: str | None = None) -> list[Explanation]:
         """Why each task of the run (or only ``key``) is where it is: see :mod:`orchestrator.explain`.

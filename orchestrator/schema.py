@@ -76,7 +76,10 @@ tasks = sa.Table(
     #: consecutive attempts that lost their lease without an exception (crash loop detection)
     sa.Column("lease_losses", sa.Integer, nullable=False, server_default="0"),
 )
-sa.Index("ix_orc_tasks_queue_state", tasks.c.queue, tasks.c.state, tasks.c.priority_rank, tasks.c.ready_at)
+#: admission: each tenant's first READY task of a queue, and the tasks in flight per queue
+sa.Index(
+    "ix_orc_tasks_queue_state", tasks.c.queue, tasks.c.state, tasks.c.tenant, tasks.c.priority_rank, tasks.c.ready_at
+)
 sa.Index("ix_orc_tasks_state", tasks.c.state, tasks.c.priority_rank, tasks.c.ready_at)
 
 edges = sa.Table(
@@ -141,4 +144,13 @@ deliveries = sa.Table(
     #: set when the message was parked, with the evidence (headers, body head, reason)
     sa.Column("parked_at", TS, nullable=True),
     sa.Column("evidence", sa.JSON, nullable=True),
+)
+
+tenants = sa.Table(
+    "orc_tenants",
+    metadata,
+    #: a tenant's weight in the fair share of admission (default 1 for a tenant with no row)
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("weight", sa.Float, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
 )

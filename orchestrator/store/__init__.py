@@ -15,6 +15,7 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``reads``                 runs, tasks and the ledger as domain values; diagnostics
 ``workers``               the worker registry (capacity of live workers)
 ``deliveries``            redelivered broker messages counted, parked ones with evidence
+``tenants``               tenants' weights in the fair share of admission
 ``rows``                  rows -> domain values (the only place)
 ``backend``               the Postgres / SQLite seam (the only place that tells them apart;
                           on Postgres settlement and admission are the server functions of
@@ -45,6 +46,7 @@ from .reads import Reads
 from .recovery import Recovery
 from .settlement import Settlement
 from .submission import Submission
+from .tenants import Tenants
 from .workers import WorkerRegistry
 
 
@@ -81,6 +83,7 @@ class Store:
         self.reads = Reads(self.db)
         self.workers = WorkerRegistry(self.db, worker_ttl=worker_ttl)
         self.deliveries = Deliveries(self.db)
+        self.tenants = Tenants(self.db)
 
     @property
     def engine(self) -> Engine:

@@ -7,7 +7,10 @@ takes the next message at once instead of waiting for the completion that admits
 backlog waits in the database as READY rows. Which QUEUED tasks were really lost is decided
 in ``recovery.stale_queued``.
 
-Order: higher priority classes first, then older; a task READY for ``aging`` seconds
+Order: higher priority classes first; within a class the free slots are shared between the
+tenants with READY work by weight (``orc_tenants``; a tenant's share is its tasks in flight
+on the group's queues over its weight, and the tenant furthest below its share goes next);
+within a tenant, older first. A task READY for ``aging`` seconds
 (``ORCHESTRATOR_PRIORITY_AGING_SECONDS``) counts one class higher, for twice as long two
 classes, so a low backlog is not starved by a stream of high work (``dbtime.aged_rank``; the
 same rule in ``orc_admit_from`` on Postgres).
@@ -36,7 +39,7 @@ from .database import Database
 from .ledger import Ledger
 
 T = TaskState
-t_tasks, t_workers = s.tasks, s.workers
+t_tasks, t_workers, t_tenants = s.tasks, s.workers, s.tenants
 
 
 _ORC_ADMIT = sa.text("SELECT * FROM orc_admit(:window, :ttl, :depth, :wait, :aging)")
@@ -84,29 +87,13 @@ class Admission:
             ).all()
         }
         total = sum(inflight.values())
+        weights = {name: float(w) for name, w in conn.execute(sa.select(t_tenants.c.name, t_tenants.c.weight)).all()}
         admitted: list[Any] = []
         for queues, capacity in groups.items():
             room = min(capacity * self.depth - sum(inflight.get(q, 0) for q in queues), window - total)
             if room <= 0:
                 continue
-            picked = (
-                sa.select(t_tasks.c.run_id, t_tasks.c.key)
-                .where(t_tasks.c.state == T.READY.value, t_tasks.c.queue.in_(sorted(queues)))
-                .order_by(aged_rank(t_tasks.c.priority_rank, t_tasks.c.ready_at, self.aging), t_tasks.c.ready_at)
-                .limit(room)
-                .with_for_update(skip_locked=True)
-                # a CTE is evaluated once; an IN (subquery) may be re-run per row and over-admit
-                .cte("picked")
-            )
-            moved = self.ledger.move_many(
-                conn,
-                (t_tasks.c.run_id == picked.c.run_id, t_tasks.c.key == picked.c.key),
-                T.READY,
-                T.QUEUED,
-                DISPATCHER,
-                values={"dispatched_at": db_now()},
-                returning=rows.DISPATCH_COLUMNS,
-            )
+            moved = self._admit_from(conn, sorted(queues), room, weights)
             for r in moved:
                 inflight[r.queue] = inflight.get(r.queue, 0) + 1
             total += len(moved)
@@ -114,6 +101,61 @@ class Admission:
         # RETURNING has no order: publish in the order the rows were picked
         admitted.sort(key=lambda r: (r.priority_rank, r.ready_at))
         return [rows.dispatch(r._mapping) for r in admitted]
+
+    def _admit_from(self, conn: Connection, queues: list[str], room: int, weights: dict[str, float]) -> list[Any]:
+        """Up to ``room`` READY tasks of ``queues`` -> QUEUED, one at a time, each the best head:
+        of each tenant's READY tasks in each queue the first (priority, then age); among the
+        heads the highest class (with aging), then the tenant furthest below its weighted share
+        of the tasks in flight on these queues, then the oldest (``orc_admit_from`` on Postgres)."""
+        c = t_tasks.c
+        loads: dict[str, int] = {
+            tenant: int(n)
+            for tenant, n in conn.execute(
+                sa.select(c.tenant, sa.func.count())
+                .where(c.state.in_([T.QUEUED.value, T.RUNNING.value]), c.queue.in_(queues))
+                .group_by(c.tenant)
+            ).all()
+        }
+        moved: list[Any] = []
+        for _ in range(room):
+            heads = []
+            for queue in queues:
+                tenant: str | None = None
+                while True:
+                    q = sa.select(sa.func.min(c.tenant)).where(c.queue == queue, c.state == T.READY.value)
+                    if tenant is not None:
+                        q = q.where(c.tenant > tenant)
+                    tenant = conn.execute(q).scalar()
+                    if tenant is None:
+                        break
+                    head = conn.execute(
+                        sa.select(
+                            c.run_id, c.key, c.tenant, c.ready_at,
+                            aged_rank(c.priority_rank, c.ready_at, self.aging).label("rank"),
+                        )
+                        .where(c.queue == queue, c.state == T.READY.value, c.tenant == tenant)
+                        .order_by(c.priority_rank, c.ready_at)
+                        .limit(1)
+                    ).first()  # fmt: skip
+                    if head is not None:
+                        heads.append(head)
+            if not heads:
+                break
+            best = min(
+                heads, key=lambda h: (h.rank, (loads.get(h.tenant, 0) + 1) / weights.get(h.tenant, 1.0), h.ready_at)
+            )
+            rows_ = self.ledger.move_many(
+                conn,
+                (c.run_id == best.run_id, c.key == best.key),
+                T.READY,
+                T.QUEUED,
+                DISPATCHER,
+                values={"dispatched_at": db_now()},
+                returning=rows.DISPATCH_COLUMNS,
+            )
+            moved.extend(rows_)
+            loads[best.tenant] = loads.get(best.tenant, 0) + 1
+        return moved
 
     def capacity(self, conn: Connection) -> dict[frozenset[str], int]:
         """Live workers' concurrency summed per set of consumed queues."""

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -543,3 +544,64 @@ def test_a_low_task_that_waited_past_the_aging_bound_goes_first(store: Store, ag
         assert (first[0].run_id, first[0].key) == (low_run, "l")
     else:
         assert first[0].key == "h"
+
+
+def _finish_one(store: Store, d: Any) -> list[Any]:
+    assert store.attempts.claim(d.run_id, d.key, d.attempt, "w:1", 30, "t") is not None
+    return list(store.attempts.succeed(d.run_id, d.key, d.attempt, None, 1000).dispatches)
+
+
+@pytest.mark.parametrize(("weights", "low", "high"), [((1.0, 1.0), 0.5, 1.5), ((3.0, 1.0), 1.8, 4.2)])
+def test_free_slots_are_shared_between_tenants_by_weight(
+    store: Store, weights: tuple[float, float], low: float, high: float
+) -> None:
+    """Tenant A has a big backlog when B's small run arrives: while both have READY work, the
+    slots go A:B in proportion to their weights, whatever A's head start."""
+    store.workers.unregister("test-worker")
+    store.workers.register("w", default_queues(), 4)  # a window of 4 at depth 1
+    store.tenants.set_weight("a", weights[0])
+    store.tenants.set_weight("b", weights[1])
+    big = DAG("big", tenant="a")
+    for i in range(60):
+        big.task(f"x{i:02d}", "t")
+    submit(store, big)
+    pending = list(store.admission.admit_ready(100))
+    assert [d.key[0] for d in pending] == ["x"] * 4  # A alone takes the whole window
+    small = DAG("small", tenant="b")
+    for i in range(8):
+        small.task(f"y{i}", "t")
+    submit(store, small)
+    done_b = 0
+    while done_b < 8:
+        d = pending.pop(0)  # the workers take messages in the order they were published
+        done_b += d.key.startswith("y")
+        pending.extend(_finish_one(store, d))
+    with store.engine.connect() as conn:
+        order = [
+            k[0]
+            for k in conn.execute(
+                sa.select(s.events.c.key)
+                .where(s.events.c.to_state == "QUEUED", s.events.c.accepted.is_(True))
+                .order_by(s.events.c.id)
+            ).scalars()
+        ]
+    after = order[4:]  # the admissions once B's run was there
+    span = after[: max(i for i, k in enumerate(after) if k == "y") + 1]
+    ratio = span.count("x") / span.count("y")
+    assert low <= ratio <= high, (ratio, "".join(span))
+
+
+def test_tenant_weights_are_validated(tmp_path: Path) -> None:
+    from orchestrator import Orchestrator, Settings, ValidationError
+    from orchestrator.publisher import RecordingPublisher
+    from orchestrator.registry import StaticRegistry
+
+    orc = Orchestrator(
+        Settings.from_env({}, data_dir=str(tmp_path)), publisher=RecordingPublisher(), registry=StaticRegistry(["t"])
+    )
+    for name, weight in (("a", 0), ("a", -1), ("a", float("nan")), ("a", 1e9), ("a", True), ("bad name", 1)):
+        with pytest.raises(ValidationError):
+            orc.set_tenant_weight(name, weight)  # type: ignore[arg-type]
+    orc.set_tenant_weight("a", 2.5)
+    assert orc.tenant_weights() == {"a": 2.5}
+    orc.store.dispose()

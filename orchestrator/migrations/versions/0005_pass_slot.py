@@ -27,7 +27,7 @@ depends_on = None
 IN_FLIGHT = (
     "(SELECT count(*) FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state) CROSS JOIN LATERAL"
     " (SELECT 1 FROM orc_tasks t WHERE t.queue = q.name AND t.state = s.state"
-    " ORDER BY t.queue, t.state, t.priority_rank, t.ready_at LIMIT 1000000000) AS i)"
+    " ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000) AS i)"
 )
 
 SQL = r"""
@@ -169,35 +169,78 @@ BEGIN
 END
 $$;
 
--- READY -> QUEUED for at most p_room tasks of the queues p_queues, best first (priority, then
--- age): per queue in index order (queue, state, priority_rank, ready_at), then merged, never a
--- sort of the whole READY backlog. Each picked task is moved by primary key, one at a time: a
--- join of the picked rows was planned once, while the table was small, as a scan of it.
+-- READY -> QUEUED for at most p_room tasks of the queues p_queues, one at a time, each time the
+-- best head: of each tenant's READY tasks in each queue the first (priority, then age), then
+-- among those heads the highest class (with aging: one class up per p_aging seconds READY),
+-- then the tenant furthest below its share ((tasks in flight + 1) / weight, weights from
+-- orc_tenants, default 1), then the oldest. So free slots go to the highest class first and,
+-- within a class, are shared between the tenants with READY work by weight, however many runs
+-- or DAGs each tenant splits its work into. The tenants of a queue are found by a loose index
+-- scan over (queue, state, tenant, ...); each pick is moved by primary key.
 CREATE OR REPLACE FUNCTION orc_admit_from(p_queues text[], p_room int, p_aging float8)
 RETURNS TABLE (run_id text, key text, attempt int, task_name text, args json, kwargs json, queue text,
                soft_time_limit float8, time_limit float8, priority_rank int, ready_at timestamptz)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    loads jsonb;
     pick record;
+    skipped text[] := '{}';
+    taken int := 0;
+    n int;
 BEGIN
-    FOR pick IN
-        SELECT x.run_id, x.key
-        FROM unnest(p_queues) AS q(name)
+    WHILE taken < p_room LOOP
+        WITH RECURSIVE tq(queue, tenant) AS (
+            SELECT q.name::text, (SELECT t.tenant::text FROM orc_tasks t WHERE t.queue = q.name AND t.state = 'READY'
+                                  ORDER BY t.queue, t.state, t.tenant LIMIT 1)
+            FROM unnest(p_queues) AS q(name)
+            UNION ALL
+            SELECT tq.queue, (SELECT t.tenant::text FROM orc_tasks t WHERE t.queue = tq.queue AND t.state = 'READY'
+                                 AND t.tenant > tq.tenant ORDER BY t.queue, t.state, t.tenant LIMIT 1)
+            FROM tq WHERE tq.tenant IS NOT NULL
+        )
+        SELECT h.run_id, h.key, h.tenant, min(h.tenant) OVER () <> max(h.tenant) OVER () AS contested INTO pick
+        FROM tq
         CROSS JOIN LATERAL (
-            SELECT p.run_id, p.key, p.priority_rank, p.ready_at FROM orc_tasks p
-            WHERE p.queue = q.name AND p.state = 'READY'
+            SELECT p.run_id, p.key, p.tenant, p.priority_rank, p.ready_at FROM orc_tasks p
+            WHERE p.queue = tq.queue AND p.state = 'READY' AND p.tenant = tq.tenant
+              AND NOT ((p.run_id || '/' || p.key) = ANY (skipped))
             ORDER BY p.priority_rank, p.ready_at
-            LIMIT p_room
-            FOR UPDATE SKIP LOCKED
-        ) x
-        -- aging: one class higher per p_aging seconds READY (0: off)
+            LIMIT 1
+        ) AS h
+        LEFT JOIN orc_tenants w ON w.name = h.tenant
+        WHERE tq.tenant IS NOT NULL
         ORDER BY CASE WHEN p_aging > 0
-                      THEN greatest(x.priority_rank - floor(extract(epoch FROM now() - x.ready_at) / p_aging)::int, 0)
-                      ELSE x.priority_rank END,
-                 x.ready_at
-        LIMIT p_room
-    LOOP
+                      THEN greatest(h.priority_rank - floor(extract(epoch FROM now() - h.ready_at) / p_aging)::int, 0)
+                      ELSE h.priority_rank END,
+                 (coalesce((loads ->> h.tenant)::float8, 0) + 1) / coalesce(w.weight, 1.0),
+                 h.ready_at
+        LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        IF pick.contested AND loads IS NULL THEN
+            -- tenants compete for the slot: count each one's tasks in flight on these queues
+            -- (only then: a single tenant's heads need no share), and pick again
+            SELECT coalesce(jsonb_object_agg(f.tenant, f.n), '{}'::jsonb) INTO loads
+            FROM (
+                SELECT i.tenant, count(*) AS n
+                FROM unnest(p_queues) AS q(name)
+                CROSS JOIN LATERAL unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
+                CROSS JOIN LATERAL (
+                    SELECT t.tenant FROM orc_tasks t WHERE t.queue = q.name AND t.state = s.state
+                    ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000
+                ) AS i
+                GROUP BY i.tenant
+            ) AS f;
+            CONTINUE;
+        END IF;
+        -- a task a concurrent admission holds is skipped (that tenant's next one is looked at)
+        PERFORM 1 FROM orc_tasks t
+        WHERE t.run_id = pick.run_id AND t.key = pick.key AND coalesce(t.state, '') = 'READY'
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            skipped := skipped || (pick.run_id || '/' || pick.key);
+            CONTINUE;
+        END IF;
         RETURN QUERY
         WITH moved AS (
             UPDATE orc_tasks t SET state = 'QUEUED', dispatched_at = now()
@@ -210,6 +253,16 @@ BEGIN
             FROM moved
         )
         SELECT * FROM moved;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        IF n = 0 THEN
+            skipped := skipped || (pick.run_id || '/' || pick.key);
+            CONTINUE;
+        END IF;
+        taken := taken + 1;
+        IF loads IS NOT NULL THEN
+            loads := jsonb_set(loads, ARRAY[pick.tenant::text],
+                               to_jsonb(coalesce((loads ->> pick.tenant)::int, 0) + 1), true);
+        END IF;
     END LOOP;
 END
 $$;
@@ -368,12 +421,25 @@ def upgrade() -> None:
         sa.Column("parked_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("evidence", sa.JSON, nullable=True),
     )
+    # tenants' weights in the fair share of admission (orchestrator tenant set NAME --weight W)
+    op.create_table(
+        "orc_tenants",
+        sa.Column("name", sa.String(64), primary_key=True),
+        sa.Column("weight", sa.Float, nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    # admission finds each tenant's first READY task of a queue in index order
+    op.drop_index("ix_orc_tasks_queue_state", "orc_tasks")
+    op.create_index("ix_orc_tasks_queue_state", "orc_tasks", ["queue", "state", "tenant", "priority_rank", "ready_at"])
     if op.get_bind().dialect.name != "postgresql":
         return
     op.execute(SQL)
 
 
 def downgrade() -> None:
+    op.drop_index("ix_orc_tasks_queue_state", "orc_tasks")
+    op.create_index("ix_orc_tasks_queue_state", "orc_tasks", ["queue", "state", "priority_rank", "ready_at"])
+    op.drop_table("orc_tenants")
     op.drop_table("orc_deliveries")
     op.drop_table("orc_secrets")
     if op.get_bind().dialect.name != "postgresql":
