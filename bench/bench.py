@@ -530,6 +530,98 @@ class Bench:
         s = self.results["latency"]
         log(f"parent->child over {s['n']} edges: p50 {s['p50_ms']:.2f} ms, p99 {s['p99_ms']:.2f} ms")
 
+    # -------------------------------------------------------------- 5. fairness and priority
+
+    def _share(self, since_id: int, until_id: int) -> dict[str, int]:
+        """Admissions (READY -> QUEUED) per tenant between two event ids."""
+        import sqlalchemy as sa
+
+        with self.orchestrator().store.engine.connect() as conn:
+            found = conn.execute(
+                sa.text(
+                    "select t.tenant, count(*) from orc_task_events e"
+                    " join orc_tasks t on t.run_id = e.run_id and t.key = e.key"
+                    " where e.id > :a and e.id <= :b and e.to_state = 'QUEUED' and e.accepted group by t.tenant"
+                ),
+                {"a": since_id, "b": until_id},
+            ).all()
+        return {str(k): int(n) for k, n in found}
+
+    def _last_event_id(self, run_id: str | None = None, to_state: str | None = None) -> int:
+        import sqlalchemy as sa
+
+        q = "select coalesce(max(id), 0) from orc_task_events where true"
+        params: dict[str, Any] = {}
+        if run_id:
+            q += " and run_id = :r"
+            params["r"] = run_id
+        if to_state:
+            q += " and to_state = :s"
+            params["s"] = to_state
+        with self.orchestrator().store.engine.connect() as conn:
+            return int(conn.execute(sa.text(q), params).scalar_one())
+
+    def _tenant_run(self, tenant: str, n: int, name: str, priority: str = "default") -> Any:
+        from orchestrator.dag import DAG
+
+        dag = DAG(name, tenant=tenant, priority=priority)
+        for i in range(n):
+            dag.task(f"t{i:05d}", NOOP)
+        return dag
+
+    def bench_fairness(self) -> None:
+        """Tenant A's backlog of --fairness-tasks low no-ops, then tenant B's 20-task run one
+        second later: B's completion against B alone on the idle worker, and the A:B share of the
+        admissions while both had READY work, for equal weights and for weights 3:1; and a high
+        task submitted behind A's low backlog: submit -> start."""
+        n = self.args.fairness_tasks
+        if n <= 0:
+            return
+        orc = self.orchestrator()
+        orc.set_tenant_weight("bench-a", 1)
+        orc.set_tenant_weight("bench-b", 1)
+        t0 = time.perf_counter()
+        alone = orc.submit(self._tenant_run("bench-b", 20, "b-alone"))
+        alone.wait(self.args.timeout, poll=0.005)
+        b_alone = time.perf_counter() - t0
+        backlog = orc.submit(self._tenant_run("bench-a", n, "a-backlog", priority="low"))
+        time.sleep(1.0)
+        figures: dict[str, Any] = {"backlog": n, "b_alone_s": b_alone}
+        for label, weights in (("equal", (1, 1)), ("3:1", (3, 1))):
+            orc.set_tenant_weight("bench-a", weights[0])
+            orc.set_tenant_weight("bench-b", weights[1])
+            since = self._last_event_id()
+            t0 = time.perf_counter()
+            b = orc.submit(self._tenant_run("bench-b", 20, f"b-{label}", priority="low"))
+            b.wait(self.args.timeout, poll=0.005)
+            elapsed = time.perf_counter() - t0
+            until = self._last_event_id(b.id, "QUEUED")
+            share = self._share(since, until)
+            ratio = share.get("bench-a", 0) / max(share.get("bench-b", 0), 1)
+            figures[label] = {"b_s": elapsed, "b_vs_alone": elapsed / b_alone, "share": share, "a_to_b": ratio}
+            log(
+                f"fairness {label}: B's 20 tasks in {elapsed:.3f}s ({elapsed / b_alone:.2f}x alone),"
+                f" admissions A:B {share.get('bench-a', 0)}:{share.get('bench-b', 0)} = {ratio:.2f}"
+            )
+        t0 = time.perf_counter()
+        high = orc.submit(self._tenant_run("bench-b", 1, "high-behind-low", priority="high"))
+        import sqlalchemy as sa
+
+        while True:
+            with orc.store.engine.connect() as conn:
+                started = conn.execute(
+                    sa.text("select started_at is not null from orc_tasks where run_id = :r"), {"r": high.id}
+                ).scalar_one()
+            if started:
+                break
+            if time.perf_counter() - t0 > self.args.timeout:
+                raise BenchError("the high task never started")
+            time.sleep(0.002)
+        figures["high_start_s"] = time.perf_counter() - t0
+        log(f"a high task behind {n} low ones started {figures['high_start_s'] * 1000:.0f} ms after its submit")
+        orc.cancel(backlog.id)
+        self.results["fairness"] = figures
+
     # -------------------------------------------------------------- 3. submit
 
     def submit_dag(self, n: int, name: str) -> Any:
@@ -824,6 +916,35 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                 "",
             )
         )
+    fair = results.get("fairness")
+    if fair:
+        for label, target in (("equal", 1.0), ("3:1", 3.0)):
+            f = fair[label]
+            rows.append(
+                (
+                    f"fairness, weights {label}: A:B admissions while both READY",
+                    f"{f['a_to_b']:.2f}",
+                    f"{target:.0f} +-10%",
+                    verdict(abs(f["a_to_b"] - target) <= 0.1 * target),
+                )
+            )
+            # the completion target is for equal weights; at 3:1 B has a quarter of the slots
+            rows.append(
+                (
+                    f"  B's 20 tasks behind A's {fair['backlog']} / B alone",
+                    f"{f['b_vs_alone']:.2f}x",
+                    "<= 3x" if label == "equal" else "(info)",
+                    verdict(f["b_vs_alone"] <= 3.0) if label == "equal" else "",
+                )
+            )
+        rows.append(
+            (
+                f"high task behind {fair['backlog']} low: submit -> start",
+                f"{fair['high_start_s'] * 1000:.0f} ms",
+                "",
+                "",
+            )
+        )
     probe = results.get("planner_probe")
     if probe and "stale_ms" in probe:
         rows.append(
@@ -898,6 +1019,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--raw-tasks", type=int, default=2000, help="plain Celery no-op tasks, default 2000")
     p.add_argument("--fanout", type=int, default=2000, help="middle tasks of the fan-out DAG, default 2000")
     p.add_argument("--chain", type=int, default=500, help="tasks of the chain DAG, default 500")
+    p.add_argument(
+        "--fairness-tasks",
+        type=int,
+        default=3000,
+        help="tenant A's low backlog in the fairness scenario, default 3000 (0 skips it)",
+    )
     p.add_argument("--submit-nodes", type=int, default=10_000, help="nodes of the submit DAG, default 10000")
     p.add_argument("--submit-repeat", type=int, default=3, help="timed submits (median reported), default 3")
     p.add_argument("--profile-submit", action="store_true", help="also print a cProfile of one submit")
@@ -1030,6 +1157,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.bench_fanout()
             bench.bench_chain()
             bench.bench_latency()
+            bench.bench_fairness()
             worker.stop()  # not needed for the canvas and submit phases
             if not args.no_canvas:
                 bench.bench_canvas(canvas_worker)
