@@ -153,4 +153,7 @@ tenants = sa.Table(
     sa.Column("name", sa.String(64), primary_key=True),
     sa.Column("weight", sa.Float, nullable=False),
     sa.Column("updated_at", TS, nullable=False),
+    #: when admission last gave this tenant a slot another tenant also wanted: between tenants
+    #: equally far below their share, the one served longest ago goes next (round robin)
+    sa.Column("last_admitted_at", TS, nullable=True),
 )

@@ -25,13 +25,14 @@ worker registering, the reconciler's pass. SQLite (one writer at a time) always 
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import schema as s
-from ..dbtime import aged_rank, db_after, db_now
+from ..dbtime import aged_rank, aware, db_after, db_now
 from ..models import DISPATCHER, Dispatch
 from ..states import TaskState
 from . import rows
@@ -41,6 +42,9 @@ from .ledger import Ledger
 T = TaskState
 t_tasks, t_workers, t_tenants = s.tasks, s.workers, s.tenants
 
+
+#: "never admitted" sorts first among tenants equally far below their share
+_NEVER = dt.datetime.min.replace(tzinfo=dt.UTC)
 
 _ORC_ADMIT = sa.text("SELECT * FROM orc_admit(:window, :ttl, :depth, :wait, :aging)")
 
@@ -87,13 +91,18 @@ class Admission:
             ).all()
         }
         total = sum(inflight.values())
-        weights = {name: float(w) for name, w in conn.execute(sa.select(t_tenants.c.name, t_tenants.c.weight)).all()}
+        weights = {
+            name: (float(w), last)
+            for name, w, last in conn.execute(
+                sa.select(t_tenants.c.name, t_tenants.c.weight, t_tenants.c.last_admitted_at)
+            ).all()
+        }
         admitted: list[Any] = []
         for queues, capacity in groups.items():
             room = min(capacity * self.depth - sum(inflight.get(q, 0) for q in queues), window - total)
             if room <= 0:
                 continue
-            moved = self._admit_from(conn, sorted(queues), room, weights)
+            moved = self._admit_from(conn, sorted(queues), room, weights)  # refreshed in place
             for r in moved:
                 inflight[r.queue] = inflight.get(r.queue, 0) + 1
             total += len(moved)
@@ -102,7 +111,9 @@ class Admission:
         admitted.sort(key=lambda r: (r.priority_rank, r.ready_at))
         return [rows.dispatch(r._mapping) for r in admitted]
 
-    def _admit_from(self, conn: Connection, queues: list[str], room: int, weights: dict[str, float]) -> list[Any]:
+    def _admit_from(
+        self, conn: Connection, queues: list[str], room: int, tenants: dict[str, tuple[float, Any]]
+    ) -> list[Any]:
         """Up to ``room`` READY tasks of ``queues`` -> QUEUED, one at a time, each the best head:
         of each tenant's READY tasks in each queue the first (priority, then age); among the
         heads the highest class (with aging), then the tenant furthest below its weighted share
@@ -141,9 +152,12 @@ class Admission:
                         heads.append(head)
             if not heads:
                 break
-            best = min(
-                heads, key=lambda h: (h.rank, (loads.get(h.tenant, 0) + 1) / weights.get(h.tenant, 1.0), h.ready_at)
-            )
+
+            def order(h: Any) -> tuple[Any, ...]:
+                weight, last = tenants.get(h.tenant, (1.0, None))
+                return (h.rank, (loads.get(h.tenant, 0) + 1) / weight, aware(last) or _NEVER, aware(h.ready_at))
+
+            best = min(heads, key=order)
             rows_ = self.ledger.move_many(
                 conn,
                 (c.run_id == best.run_id, c.key == best.key),
@@ -155,6 +169,20 @@ class Admission:
             )
             moved.extend(rows_)
             loads[best.tenant] = loads.get(best.tenant, 0) + 1
+            if len({h.tenant for h in heads}) > 1:
+                # a contested pick: round robin between tenants equally far below their share
+                stamp = dt.datetime.now(dt.UTC) + dt.timedelta(microseconds=len(moved))
+                weight, _ = tenants.get(best.tenant, (1.0, None))
+                updated = conn.execute(
+                    t_tenants.update().where(t_tenants.c.name == best.tenant).values(last_admitted_at=stamp)
+                )
+                if updated.rowcount == 0:
+                    conn.execute(
+                        t_tenants.insert().values(
+                            name=best.tenant, weight=1.0, updated_at=db_now(), last_admitted_at=stamp
+                        )
+                    )
+                tenants[best.tenant] = (weight, stamp)
         return moved
 
     def capacity(self, conn: Connection) -> dict[frozenset[str], int]:

@@ -42,17 +42,34 @@ class Database:
         connection: ``attempts`` times, and for as long as ``retry_seconds`` allows (backoff up
         to 1 s). ``fn`` must be safe to re-run: every write in it is a CAS, so a retry after an
         ambiguous commit is refused, never applied twice."""
+
+        def once() -> R:
+            with self.engine.begin() as conn:
+                return fn(conn)
+
+        return self.retrying(once, attempts=attempts)
+
+    def read(self, fn: Callable[[Connection], R]) -> R:
+        """Run the read-only ``fn`` on a connection, retried like :meth:`transaction` (a read
+        rides out a database restart within ``retry_seconds``)."""
+
+        def once() -> R:
+            with self.engine.connect() as conn:
+                return fn(conn)
+
+        return self.retrying(once)
+
+    def retrying(self, once: Callable[[], R], *, attempts: int = 5) -> R:
         deadline = time.monotonic() + self.retry_seconds
         i = 0
         while True:
             try:
-                with self.engine.begin() as conn:
-                    return fn(conn)
+                return once()
             except sa.exc.DBAPIError as exc:
                 i += 1
                 if not retryable(exc) or (i >= attempts and time.monotonic() >= deadline):
                     raise
-                log.warning("retrying transaction after %s", type(exc.orig).__name__)
+                log.warning("database unreachable or busy (%s); retrying", type(exc.orig).__name__)
                 time.sleep(min(0.01 * (2 ** min(i, 10)), 1.0) * (1 + random.random()))
 
     def create_schema(self) -> None:
@@ -66,9 +83,9 @@ class Database:
         from .. import migrate
 
         where = self.engine.url.render_as_string(hide_password=True)
-        if not sa.inspect(self.engine).has_table(s.runs.name):
+        if not self.read(lambda conn: sa.inspect(conn).has_table(s.runs.name)):
             raise SchemaMissingError(f"the database {where} has no orchestrator schema: run `orchestrator db upgrade`")
-        at, head = migrate.current(self.engine), migrate.head()
+        at, head = self.retrying(lambda: migrate.current(self.engine)), migrate.head()
         if at != head:
             raise SchemaMissingError(
                 f"the database {where} is at schema revision {at}, this code needs {head}:"

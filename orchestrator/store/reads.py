@@ -39,17 +39,22 @@ class Reads:
         self.db = db
 
     def get_run(self, run_id: str) -> RunView:
-        """The run with per-state task counts; raise :class:`RunNotFound`."""
-        with self.db.engine.connect() as conn:
+        """The run with per-state task counts; raise :class:`RunNotFound`. Like every read here,
+        it rides out a database restart within the store's ``retry_seconds``."""
+
+        def read(conn: Any) -> tuple[Any, dict[str, int]]:
             row = conn.execute(sa.select(t_runs).where(t_runs.c.id == run_id)).first()
-            if row is None:
-                raise RunNotFound(f"no run with id {run_id!r}")
-            counts = self._counts(conn, [run_id]).get(run_id, {})
+            return row, (self._counts(conn, [run_id]).get(run_id, {}) if row is not None else {})
+
+        row, counts = self.db.read(read)
+        if row is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
         return rows.run_view(row, counts)
 
     def run_state(self, run_id: str) -> RunState:
-        with self.db.engine.connect() as conn:
-            state = conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id)).scalar_one_or_none()
+        state = self.db.read(
+            lambda conn: conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id)).scalar_one_or_none()
+        )
         if state is None:
             raise RunNotFound(f"no run with id {run_id!r}")
         return RunState(state)
@@ -59,9 +64,12 @@ class Reads:
         q = sa.select(t_runs).order_by(t_runs.c.created_at.desc()).limit(limit)
         if tenant:
             q = q.where(t_runs.c.tenant == tenant)
-        with self.db.engine.connect() as conn:
+
+        def read(conn: Any) -> tuple[Any, dict[str, dict[str, int]]]:
             found = conn.execute(q).all()
-            counts = self._counts(conn, [r.id for r in found])
+            return found, self._counts(conn, [r.id for r in found])
+
+        found, counts = self.db.read(read)
         return [rows.run_view(r, counts.get(r.id, {})) for r in found]
 
     @staticmethod
@@ -78,24 +86,20 @@ class Reads:
         return out
 
     def get_tasks(self, run_id: str) -> list[TaskView]:
-        with self.db.engine.connect() as conn:
-            found = conn.execute(
-                sa.select(t_tasks).where(t_tasks.c.run_id == run_id).order_by(t_tasks.c.started_at, t_tasks.c.key)
-            ).all()
-        return [rows.task_view(r) for r in found]
+        q = sa.select(t_tasks).where(t_tasks.c.run_id == run_id).order_by(t_tasks.c.started_at, t_tasks.c.key)
+        return [rows.task_view(r) for r in self.db.read(lambda conn: conn.execute(q).all())]
 
     def get_task(self, run_id: str, key: str) -> TaskView:
-        with self.db.engine.connect() as conn:
-            row = conn.execute(sa.select(t_tasks).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)).first()
+        q = sa.select(t_tasks).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
+        row = self.db.read(lambda conn: conn.execute(q).first())
         if row is None:
             raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
         return rows.task_view(row)
 
     def events(self, run_id: str) -> list[EventView]:
         """The run's ledger, oldest first: task events and the run's own (``key`` None)."""
-        with self.db.engine.connect() as conn:
-            found = conn.execute(sa.select(t_events).where(t_events.c.run_id == run_id).order_by(t_events.c.id)).all()
-        return [rows.event_view(r) for r in found]
+        q = sa.select(t_events).where(t_events.c.run_id == run_id).order_by(t_events.c.id)
+        return [rows.event_view(r) for r in self.db.read(lambda conn: conn.execute(q).all())]
 
     def explain_input(self, run_id: str, *, worker_ttl: float, depth: int) -> ExplainInput:
         """What ``explain`` needs about a run, read in one connection (raise :class:`RunNotFound`)."""

@@ -1,6 +1,7 @@
 """Short database outages delay work, never decide it: a private Postgres is restarted mid-run
 (every session dropped, the port refused for a while) under a real worker, with the default
-``max_attempts=1`` and results being committed; the run still SUCCEEDS, each task once."""
+``max_attempts=1`` and results being committed; the run still SUCCEEDS, each task once, and
+``RunHandle.wait`` and ``orchestrator status`` wait the outage out."""
 
 from __future__ import annotations
 
@@ -55,8 +56,14 @@ def test_a_database_restart_mid_run_delays_but_loses_nothing(cluster: Cluster, p
     waiter = threading.Thread(target=wait)
     waiter.start()
     started = time.monotonic()
-    private_pg.restart(down_for=3.0)
+    restart = threading.Thread(target=private_pg.restart, kwargs={"down_for": 3.0})
+    restart.start()
+    time.sleep(1.0)  # the server is down: the command line waits it out too
+    status = cluster.cli("status", run.id)
+    restart.join(60)
     waiter.join(150)
+    assert status.returncode == 0 and f"run {run.id}" in status.stdout, status.stderr
+    assert "database unreachable or busy" in status.stderr  # it said it was waiting
     assert "error" not in waited, waited
     view = waited["view"]
     assert view.state is RunState.SUCCEEDED, (view, worker.tail())  # type: ignore[attr-defined]

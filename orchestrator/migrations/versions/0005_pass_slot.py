@@ -173,7 +173,8 @@ $$;
 -- best head: of each tenant's READY tasks in each queue the first (priority, then age), then
 -- among those heads the highest class (with aging: one class up per p_aging seconds READY),
 -- then the tenant furthest below its share ((tasks in flight + 1) / weight, weights from
--- orc_tenants, default 1), then the oldest. So free slots go to the highest class first and,
+-- orc_tenants, default 1), then the tenant served longest ago (round robin: a contested pick
+-- stamps orc_tenants.last_admitted_at), then the oldest. So free slots go to the highest class first and,
 -- within a class, are shared between the tenants with READY work by weight, however many runs
 -- or DAGs each tenant splits its work into. The tenants of a queue are found by a loose index
 -- scan over (queue, state, tenant, ...); each pick is moved by primary key.
@@ -214,6 +215,7 @@ BEGIN
                       THEN greatest(h.priority_rank - floor(extract(epoch FROM now() - h.ready_at) / p_aging)::int, 0)
                       ELSE h.priority_rank END,
                  (coalesce((loads ->> h.tenant)::float8, 0) + 1) / coalesce(w.weight, 1.0),
+                 w.last_admitted_at NULLS FIRST,
                  h.ready_at
         LIMIT 1;
         EXIT WHEN NOT FOUND;
@@ -262,6 +264,13 @@ BEGIN
         IF loads IS NOT NULL THEN
             loads := jsonb_set(loads, ARRAY[pick.tenant::text],
                                to_jsonb(coalesce((loads ->> pick.tenant)::int, 0) + 1), true);
+        END IF;
+        IF pick.contested THEN
+            -- round robin between tenants equally far below their share (clock_timestamp():
+            -- several picks of one call must differ)
+            INSERT INTO orc_tenants (name, weight, updated_at, last_admitted_at)
+            VALUES (pick.tenant, 1, now(), clock_timestamp())
+            ON CONFLICT (name) DO UPDATE SET last_admitted_at = excluded.last_admitted_at;
         END IF;
     END LOOP;
 END
@@ -427,6 +436,7 @@ def upgrade() -> None:
         sa.Column("name", sa.String(64), primary_key=True),
         sa.Column("weight", sa.Float, nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("last_admitted_at", sa.DateTime(timezone=True), nullable=True),
     )
     # admission finds each tenant's first READY task of a queue in index order
     op.drop_index("ix_orc_tasks_queue_state", "orc_tasks")
