@@ -281,22 +281,29 @@ def tenant() -> None:
 
 @tenant.command("set")
 @click.argument("name")
-@click.option(
-    "--weight", type=float, required=True, help="Share of the free slots, relative to the others (default 1)."
-)
-def tenant_set(name: str, weight: float) -> None:
-    """Set a tenant's weight in the fair share of admission: within a priority class, free
-    slots go to the tenant with the fewest tasks in flight per unit of weight (weights 3 and 1:
-    three slots to one while both have READY work)."""
-    _ready_store().set_tenant_weight(name, weight)
-    click.echo(f"tenant {name}: weight {weight:g}")
+@click.option("--weight", type=float, default=None, help="Share of the free slots relative to others (default 1).")
+@click.option("--max-running", type=int, default=None, help="Most tasks QUEUED or RUNNING at once, all queues.")
+@click.option("--no-max-running", is_flag=True, help="Remove the tenant's limit.")
+def tenant_set(name: str, weight: float | None, max_running: int | None, no_max_running: bool) -> None:
+    """Set a tenant's weight in the fair share of admission (within a priority class, free
+    slots go to the tenant with the fewest tasks in flight per unit of weight: weights 3 and 1
+    give three slots to one while both have READY work) and/or its limit of tasks in flight."""
+    orc = _ready_store()
+    if weight is None and max_running is None and not no_max_running:
+        raise click.UsageError("give --weight, --max-running or --no-max-running")
+    if weight is not None:
+        orc.set_tenant_weight(name, weight)
+    if max_running is not None or no_max_running:
+        orc.set_tenant_limit(name, None if no_max_running else max_running)
+    weight_now, limit_now = orc.tenant_settings().get(name, (1.0, None))
+    click.echo(f"tenant {name}: weight {weight_now:g}, max running {limit_now if limit_now else 'unlimited'}")
 
 
 @tenant.command("list")
 def tenant_list() -> None:
-    """Tenants with a weight set (every other tenant weighs 1)."""
-    for name, weight in sorted(_ready_store().tenant_weights().items()):
-        click.echo(f"{name}  weight {weight:g}")
+    """Tenants with settings (every other tenant weighs 1 and has no limit)."""
+    for name, (weight, limit) in sorted(_ready_store().tenant_settings().items()):
+        click.echo(f"{name}  weight {weight:g}  max running {limit if limit else 'unlimited'}")
 
 
 @main.command()

@@ -345,6 +345,27 @@ class Orchestrator:
             raise ValidationError(f"this orchestrator acts as tenant {self.tenant!r}; it cannot weigh tenant {name!r}")
         self.store.tenants.set_weight(name, float(weight))
 
+    def set_tenant_limit(self, name: str, max_running: int | None) -> None:
+        """The most tasks of tenant ``name`` QUEUED or RUNNING at once across every queue
+        (``None``: no limit), enforced at admission and counted from the task rows, so a slot
+        is free again as soon as its task ends, its lease expires or its run is cancelled.
+        Raises :class:`ValidationError` for a bad name or a limit that is not 1 to 1,000,000."""
+        if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
+            raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
+        if max_running is not None and (
+            isinstance(max_running, bool) or not isinstance(max_running, int) or not 1 <= max_running <= 1_000_000
+        ):
+            raise ValidationError(f"max_running {max_running!r} must be an integer from 1 to 1000000")
+        if self.tenant is not None and name != self.tenant:
+            raise ValidationError(f"this orchestrator acts as tenant {self.tenant!r}; it cannot limit tenant {name!r}")
+        self.store.tenants.set_max_running(name, max_running)
+        # a raised limit frees slots: fill them now
+        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+
+    def tenant_settings(self) -> dict[str, tuple[float, int | None]]:
+        """``{tenant: (weight, max_running)}`` of the tenants configured so far."""
+        return self.store.tenants.settings()
+
     def tenant_weights(self) -> dict[str, float]:
         """The weights set so far (a tenant not listed weighs 1)."""
         return self.store.tenants.weights()

@@ -6,13 +6,13 @@ READY tasks) into one :class:`Explanation` per task. Each reason has a ``kind`` 
 switch on and a ``detail`` for people; ``orchestrator explain RUN_ID [KEY] [--json]`` prints them.
 
 Reason kinds: ``waiting_on_parents`` (with the parents not finished and their states),
-``trigger_rule`` (what the counters say so far), ``parent_dead_letter``, ``ready_behind``
-(READY tasks admission takes first: of higher priority, or older, in any queue the workers of
-its queue also consume), ``window_full`` (the live workers
-of its queue have every slot in use), ``no_worker`` (no live worker consumes its queue),
-``queued`` (published, waiting for a worker to take the message), ``running``, ``retry_at``
-(RETRYING until ``not_before``), ``dead_letter`` (parked, waiting for a person),
-``finished`` (terminal), ``run_cancelled``.
+``trigger_rule`` (what the counters say so far), ``parent_dead_letter``, ``tenant_limit`` (the
+run's tenant has its most tasks in flight), ``ready_behind`` (READY tasks admission takes first:
+of higher priority, or older, in any queue the workers of its queue also consume),
+``window_full`` (the live workers of its queue have every slot in use), ``no_worker`` (no live
+worker consumes its queue), ``queued`` (published, waiting for a worker to take the message),
+``running``, ``retry_at`` (RETRYING until ``not_before``), ``dead_letter`` (parked, waiting for
+a person), ``finished`` (terminal), ``run_cancelled``.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ class ExplainInput:
     in_flight: dict[str, int]
     depth: int
     now: dt.datetime
+    #: the run's tenant's limit of tasks in flight and how many it has, if it has a limit
+    tenant_limit: tuple[str, int, int] | None = None
 
 
 def explain(data: ExplainInput, key: str | None = None) -> list[Explanation]:
@@ -157,6 +159,16 @@ def _ready(t: Any, data: ExplainInput) -> list[Reason]:
     if not groups:
         return [_no_worker(t.queue)]
     reasons = []
+    if data.tenant_limit is not None and data.tenant_limit[2] >= data.tenant_limit[1]:
+        tenant, limit, running = data.tenant_limit
+        reasons.append(
+            Reason(
+                "tenant_limit",
+                f"tenant {tenant} has {running} task(s) in flight, its limit (orchestrator tenant set"
+                f" {tenant} --max-running {limit})",
+                {"tenant": tenant, "max_running": limit, "in_flight": running},
+            )
+        )
     ahead = data.ahead.get(t.key, 0)
     if ahead:
         reasons.append(

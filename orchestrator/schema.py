@@ -156,4 +156,6 @@ tenants = sa.Table(
     #: when admission last gave this tenant a slot another tenant also wanted: between tenants
     #: equally far below their share, the one served longest ago goes next (round robin)
     sa.Column("last_admitted_at", TS, nullable=True),
+    #: most tasks of this tenant QUEUED or RUNNING at once, across every queue (null: no limit)
+    sa.Column("max_running", sa.Integer, nullable=True),
 )

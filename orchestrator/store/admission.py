@@ -97,12 +97,14 @@ class Admission:
                 sa.select(t_tenants.c.name, t_tenants.c.weight, t_tenants.c.last_admitted_at)
             ).all()
         }
+        # tenants with a limit: their tasks in flight across every queue, from the task rows
+        limits = self.tenant_limits(conn)
         admitted: list[Any] = []
         for queues, capacity in groups.items():
             room = min(capacity * self.depth - sum(inflight.get(q, 0) for q in queues), window - total)
             if room <= 0:
                 continue
-            moved = self._admit_from(conn, sorted(queues), room, weights)  # refreshed in place
+            moved = self._admit_from(conn, sorted(queues), room, weights, limits)  # refreshed in place
             for r in moved:
                 inflight[r.queue] = inflight.get(r.queue, 0) + 1
             total += len(moved)
@@ -111,8 +113,31 @@ class Admission:
         admitted.sort(key=lambda r: (r.priority_rank, r.ready_at))
         return [rows.dispatch(r._mapping) for r in admitted]
 
+    def tenant_limits(self, conn: Connection) -> dict[str, list[int]]:
+        """``{tenant: [max_running, in flight]}`` for the tenants with a limit."""
+        limited = dict(
+            conn.execute(
+                sa.select(t_tenants.c.name, t_tenants.c.max_running).where(t_tenants.c.max_running.is_not(None))
+            ).all()
+        )
+        if not limited:
+            return {}
+        counts: dict[str, int] = dict(
+            conn.execute(
+                sa.select(t_tasks.c.tenant, sa.func.count())
+                .where(t_tasks.c.tenant.in_(list(limited)), t_tasks.c.state.in_([T.QUEUED.value, T.RUNNING.value]))
+                .group_by(t_tasks.c.tenant)
+            ).all()
+        )
+        return {name: [int(limit), int(counts.get(name, 0))] for name, limit in limited.items()}
+
     def _admit_from(
-        self, conn: Connection, queues: list[str], room: int, tenants: dict[str, tuple[float, Any]]
+        self,
+        conn: Connection,
+        queues: list[str],
+        room: int,
+        tenants: dict[str, tuple[float, Any]],
+        limits: dict[str, list[int]],
     ) -> list[Any]:
         """Up to ``room`` READY tasks of ``queues`` -> QUEUED, one at a time, each the best head:
         of each tenant's READY tasks in each queue the first (priority, then age); among the
@@ -148,7 +173,8 @@ class Admission:
                         .order_by(c.priority_rank, c.ready_at)
                         .limit(1)
                     ).first()  # fmt: skip
-                    if head is not None:
+                    at_limit = tenant in limits and limits[tenant][1] >= limits[tenant][0]
+                    if head is not None and not at_limit:
                         heads.append(head)
             if not heads:
                 break
@@ -169,6 +195,8 @@ class Admission:
             )
             moved.extend(rows_)
             loads[best.tenant] = loads.get(best.tenant, 0) + 1
+            if best.tenant in limits:
+                limits[best.tenant][1] += 1
             if len({h.tenant for h in heads}) > 1:
                 # a contested pick: round robin between tenants equally far below their share
                 stamp = dt.datetime.now(dt.UTC) + dt.timedelta(microseconds=len(moved))

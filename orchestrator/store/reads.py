@@ -105,9 +105,19 @@ class Reads:
         """What ``explain`` needs about a run, read in one connection (raise :class:`RunNotFound`)."""
         c = t_tasks.c
         with self.db.engine.connect() as conn:
-            run_state = conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id)).scalar_one_or_none()
-            if run_state is None:
+            found_run = conn.execute(sa.select(t_runs.c.state, t_runs.c.tenant).where(t_runs.c.id == run_id)).first()
+            if found_run is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
+            run_state, tenant = found_run
+            limit = conn.execute(
+                sa.select(s.tenants.c.max_running).where(s.tenants.c.name == tenant)
+            ).scalar_one_or_none()
+            tenant_limit = None
+            if limit is not None:
+                running = conn.execute(
+                    sa.select(sa.func.count()).where(c.tenant == tenant, c.state.in_(["QUEUED", "RUNNING"]))
+                ).scalar_one()
+                tenant_limit = (str(tenant), int(limit), int(running))
             tasks = conn.execute(
                 sa.select(
                     c.key, c.state, c.attempt, c.max_attempts, c.trigger_rule, c.n_upstream, c.n_done,
@@ -156,7 +166,7 @@ class Reads:
             import datetime as dt
 
             now = dt.datetime.fromisoformat(now)
-        return ExplainInput(run_state, tasks, edges, workers, ahead, in_flight, depth, now)
+        return ExplainInput(run_state, tasks, edges, workers, ahead, in_flight, depth, now, tenant_limit)
 
     # ------------------------------------------------------------------ diagnostics
 

@@ -28,6 +28,26 @@ class Tenants:
 
         self.db.transaction(tx)
 
+    def set_max_running(self, name: str, max_running: int | None) -> None:
+        """Insert or update a tenant's limit of tasks in flight (``None``: no limit)."""
+
+        def tx(conn: sa.Connection) -> None:
+            updated = conn.execute(
+                t_tenants.update().where(t_tenants.c.name == name).values(max_running=max_running, updated_at=db_now())
+            )
+            if updated.rowcount == 0:
+                conn.execute(
+                    t_tenants.insert().values(name=name, weight=1.0, max_running=max_running, updated_at=db_now())
+                )
+
+        self.db.transaction(tx)
+
+    def settings(self) -> dict[str, tuple[float, int | None]]:
+        """``{tenant: (weight, max_running)}`` of the tenants with a row."""
+        with self.db.engine.connect() as conn:
+            found = conn.execute(sa.select(t_tenants.c.name, t_tenants.c.weight, t_tenants.c.max_running)).all()
+        return {n: (float(w), m) for n, w, m in found}
+
     def weights(self) -> dict[str, float]:
         with self.db.engine.connect() as conn:
             return {n: float(w) for n, w in conn.execute(sa.select(t_tenants.c.name, t_tenants.c.weight)).all()}

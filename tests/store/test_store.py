@@ -605,3 +605,40 @@ def test_tenant_weights_are_validated(tmp_path: Path) -> None:
     orc.set_tenant_weight("a", 2.5)
     assert orc.tenant_weights() == {"a": 2.5}
     orc.store.dispose()
+
+
+def test_a_tenant_limit_holds_at_admission_and_frees_with_its_tasks(store: Store) -> None:
+    """orchestrator tenant set t --max-running 2: never more than 2 of its tasks QUEUED or
+    RUNNING across every queue, counted from the rows; a slot frees when a task ends or its run
+    is cancelled; explain says why the rest waits."""
+    from orchestrator.explain import explain
+
+    store.tenants.set_max_running("capped", 2)
+    dag = DAG("capped", tenant="capped")
+    for i in range(6):
+        dag.task(f"k{i}", "t")
+    run_id = submit(store, dag)
+    first = store.admission.admit_ready(100)
+    assert len(first) == 2  # capacity 10,000, but the tenant's limit is 2
+    reasons = {
+        e.key: [r.kind for r in e.reasons] for e in explain(store.reads.explain_input(run_id, worker_ttl=30, depth=1))
+    }
+    waiting = [k for k, kinds in reasons.items() if "tenant_limit" in kinds]
+    assert len(waiting) == 4
+    # another tenant is not held back
+    other = DAG("free", tenant="free")
+    other.task("f", "t")
+    submit(store, other)
+    assert [d.key for d in store.admission.admit_ready(100)] == ["f"]
+    # one finishes: exactly one more of the capped tenant's
+    d = first[0]
+    assert store.attempts.claim(d.run_id, d.key, d.attempt, "w:1", 30, "t") is not None
+    assert len(store.attempts.succeed(d.run_id, d.key, d.attempt, None, 1000).dispatches) == 1
+    assert len(store.admission.admit_ready(100)) == 0
+    # the run is cancelled: its slots are free at once
+    store.operator.cancel_run(run_id, operator("test"))
+    more = DAG("capped-2", tenant="capped")
+    for i in range(3):
+        more.task(f"m{i}", "t")
+    submit(store, more)
+    assert len(store.admission.admit_ready(100)) == 2

@@ -185,11 +185,23 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     loads jsonb;
+    running jsonb;
     pick record;
     skipped text[] := '{}';
     taken int := 0;
     n int;
 BEGIN
+    -- tenants with a limit (orchestrator tenant set NAME --max-running N): their tasks in flight
+    -- across every queue, counted from the task rows (a slot frees with its task, its lease or
+    -- its run's cancel: nothing to leak)
+    SELECT jsonb_object_agg(w.name, (
+        SELECT count(*) FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM orc_tasks t WHERE t.state = s.state AND t.tenant = w.name
+            ORDER BY t.state, t.priority_rank, t.ready_at LIMIT 1000000000
+        ) AS i))
+    INTO running
+    FROM orc_tenants w WHERE w.max_running IS NOT NULL;
     WHILE taken < p_room LOOP
         WITH RECURSIVE tq(queue, tenant) AS (
             SELECT q.name::text, (SELECT t.tenant::text FROM orc_tasks t WHERE t.queue = q.name AND t.state = 'READY'
@@ -211,6 +223,7 @@ BEGIN
         ) AS h
         LEFT JOIN orc_tenants w ON w.name = h.tenant
         WHERE tq.tenant IS NOT NULL
+          AND (w.max_running IS NULL OR coalesce((running ->> h.tenant)::int, 0) < w.max_running)
         ORDER BY CASE WHEN p_aging > 0
                       THEN greatest(h.priority_rank - floor(extract(epoch FROM now() - h.ready_at) / p_aging)::int, 0)
                       ELSE h.priority_rank END,
@@ -264,6 +277,10 @@ BEGIN
         IF loads IS NOT NULL THEN
             loads := jsonb_set(loads, ARRAY[pick.tenant::text],
                                to_jsonb(coalesce((loads ->> pick.tenant)::int, 0) + 1), true);
+        END IF;
+        IF running ? pick.tenant THEN
+            running := jsonb_set(running, ARRAY[pick.tenant::text],
+                                 to_jsonb((running ->> pick.tenant)::int + 1));
         END IF;
         IF pick.contested THEN
             -- round robin between tenants equally far below their share (clock_timestamp():
@@ -437,6 +454,7 @@ def upgrade() -> None:
         sa.Column("weight", sa.Float, nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("last_admitted_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("max_running", sa.Integer, nullable=True),
     )
     # admission finds each tenant's first READY task of a queue in index order
     op.drop_index("ix_orc_tasks_queue_state", "orc_tasks")
