@@ -86,14 +86,44 @@ def demo(timeout: float) -> None:
 def worker(ctx: click.Context) -> None:
     """Start a Celery worker of the project's app; options go to `celery worker`.
 
-    Without -Q it consumes every queue the orchestrator routes to by default. Beside its pool
-    the worker's main process keeps its capacity registered and runs the reconciler service
-    (one worker on duty at a time across the deployment; ORCHESTRATOR_WORKER_RECONCILER=0 to
-    turn it off), so a deployment of workers alone retries and recovers.
+    Without -Q it consumes every queue the orchestrator routes to by default. `--tenant NAME`
+    (this command's own option) consumes only that tenant's dedicated queues
+    (orchestrator.tenant.NAME.high/default/low: see `orchestrator tenant set NAME --dedicated`).
+    Beside its pool the worker's main process keeps its capacity registered and runs the
+    reconciler service (one worker on duty at a time across the deployment;
+    ORCHESTRATOR_WORKER_RECONCILER=0 to turn it off), so a deployment of workers alone retries
+    and recovers.
     """
     from .celery_app import get_app
 
-    get_app().worker_main(argv=["worker", *ctx.args])
+    get_app().worker_main(argv=["worker", *worker_argv(list(ctx.args))])
+
+
+def worker_argv(args: list[str]) -> list[str]:
+    """``celery worker`` options from ``orchestrator worker``'s: ``--tenant NAME`` (or
+    ``--tenant=NAME``) becomes ``-Q`` with that tenant's dedicated queues."""
+    from .dag import TENANT_RE
+    from .errors import ValidationError
+    from .routing import QUEUE_PREFIX, Priority
+
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--tenant" or arg.startswith("--tenant="):
+            if arg == "--tenant":
+                if i + 1 >= len(args):
+                    raise ValidationError("--tenant needs a tenant name")
+                name, i = args[i + 1], i + 2
+            else:
+                name, i = arg.split("=", 1)[1], i + 1
+            if not TENANT_RE.fullmatch(name):
+                raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
+            out += ["-Q", ",".join(f"{QUEUE_PREFIX}.tenant.{name}.{p.value}" for p in Priority)]
+            continue
+        out.append(arg)
+        i += 1
+    return out
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
@@ -284,26 +314,37 @@ def tenant() -> None:
 @click.option("--weight", type=float, default=None, help="Share of the free slots relative to others (default 1).")
 @click.option("--max-running", type=int, default=None, help="Most tasks QUEUED or RUNNING at once, all queues.")
 @click.option("--no-max-running", is_flag=True, help="Remove the tenant's limit.")
-def tenant_set(name: str, weight: float | None, max_running: int | None, no_max_running: bool) -> None:
+@click.option(
+    "--dedicated/--shared",
+    default=None,
+    help="Its own queues (served by `orchestrator worker --tenant NAME`), or the shared ones.",
+)
+def tenant_set(
+    name: str, weight: float | None, max_running: int | None, no_max_running: bool, dedicated: bool | None
+) -> None:
     """Set a tenant's weight in the fair share of admission (within a priority class, free
     slots go to the tenant with the fewest tasks in flight per unit of weight: weights 3 and 1
     give three slots to one while both have READY work) and/or its limit of tasks in flight."""
     orc = _ready_store()
-    if weight is None and max_running is None and not no_max_running:
-        raise click.UsageError("give --weight, --max-running or --no-max-running")
+    if weight is None and max_running is None and not no_max_running and dedicated is None:
+        raise click.UsageError("give --weight, --max-running, --no-max-running, --dedicated or --shared")
+    if dedicated is not None:
+        orc.set_tenant_dedicated(name, dedicated)
     if weight is not None:
         orc.set_tenant_weight(name, weight)
     if max_running is not None or no_max_running:
         orc.set_tenant_limit(name, None if no_max_running else max_running)
-    weight_now, limit_now = orc.tenant_settings().get(name, (1.0, None))
-    click.echo(f"tenant {name}: weight {weight_now:g}, max running {limit_now if limit_now else 'unlimited'}")
+    weight_now, limit_now, dedicated_now = orc.tenant_settings().get(name, (1.0, None, False))
+    queues = "dedicated queues" if dedicated_now else "shared queues"
+    click.echo(f"tenant {name}: weight {weight_now:g}, max running {limit_now or 'unlimited'}, {queues}")
 
 
 @tenant.command("list")
 def tenant_list() -> None:
     """Tenants with settings (every other tenant weighs 1 and has no limit)."""
-    for name, (weight, limit) in sorted(_ready_store().tenant_settings().items()):
-        click.echo(f"{name}  weight {weight:g}  max running {limit if limit else 'unlimited'}")
+    for name, (weight, limit, dedicated) in sorted(_ready_store().tenant_settings().items()):
+        queues = "dedicated" if dedicated else "shared"
+        click.echo(f"{name}  weight {weight:g}  max running {limit or 'unlimited'}  queues {queues}")
 
 
 @main.command()

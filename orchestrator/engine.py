@@ -172,10 +172,10 @@ class Orchestrator:
             problem = text_problem(logical_date, MAX_LOGICAL_DATE_CHARS) or _iso_problem(logical_date)
             if problem:
                 raise ValidationError(f"logical_date {problem}", dag=dag.name)
-        queues = {
-            n.key: route(dag.tenant, dag.priority_of(n), n.queue, self.settings.dedicated_tenants)
-            for n in dag.nodes.values()
-        }
+        dedicated = set(self.settings.dedicated_tenants)
+        if dag.tenant not in dedicated and dag.tenant in self.store.tenants.dedicated():
+            dedicated.add(dag.tenant)
+        queues = {n.key: route(dag.tenant, dag.priority_of(n), n.queue, dedicated) for n in dag.nodes.values()}
         wants = {name: self.registry.wants_upstream(name) for name in {n.task for n in dag.nodes.values()}}
         run_id, created = self.store.submission.create_run(
             dag,
@@ -362,8 +362,19 @@ class Orchestrator:
         # a raised limit frees slots: fill them now
         self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
 
-    def tenant_settings(self) -> dict[str, tuple[float, int | None]]:
-        """``{tenant: (weight, max_running)}`` of the tenants configured so far."""
+    def set_tenant_dedicated(self, name: str, dedicated: bool = True) -> None:
+        """Give tenant ``name`` its own queues (``orchestrator.tenant.<name>.<priority>``) from
+        its next submit on, served by workers started with ``orchestrator worker --tenant
+        <name>``; ``dedicated=False`` sends its new runs back to the shared queues. Tenants in
+        ``ORCHESTRATOR_DEDICATED_TENANTS`` are dedicated too."""
+        if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
+            raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
+        if self.tenant is not None and name != self.tenant:
+            raise ValidationError(f"this orchestrator acts as tenant {self.tenant!r}; it cannot change tenant {name!r}")
+        self.store.tenants.set_dedicated(name, bool(dedicated))
+
+    def tenant_settings(self) -> dict[str, tuple[float, int | None, bool]]:
+        """``{tenant: (weight, max_running, dedicated)}`` of the tenants configured so far."""
         return self.store.tenants.settings()
 
     def tenant_weights(self) -> dict[str, float]:

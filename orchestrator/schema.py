@@ -158,4 +158,7 @@ tenants = sa.Table(
     sa.Column("last_admitted_at", TS, nullable=True),
     #: most tasks of this tenant QUEUED or RUNNING at once, across every queue (null: no limit)
     sa.Column("max_running", sa.Integer, nullable=True),
+    #: the tenant's tasks go to its own queues (orchestrator.tenant.<name>.<priority>), served by
+    #: workers started with `orchestrator worker --tenant <name>`
+    sa.Column("dedicated", sa.Boolean, nullable=False, server_default=sa.false()),
 )

@@ -42,11 +42,34 @@ class Tenants:
 
         self.db.transaction(tx)
 
-    def settings(self) -> dict[str, tuple[float, int | None]]:
-        """``{tenant: (weight, max_running)}`` of the tenants with a row."""
+    def set_dedicated(self, name: str, dedicated: bool) -> None:
+        """Whether the tenant's tasks go to its own queues (from its next submit on)."""
+
+        def tx(conn: sa.Connection) -> None:
+            updated = conn.execute(
+                t_tenants.update().where(t_tenants.c.name == name).values(dedicated=dedicated, updated_at=db_now())
+            )
+            if updated.rowcount == 0:
+                conn.execute(t_tenants.insert().values(name=name, weight=1.0, dedicated=dedicated, updated_at=db_now()))
+
+        self.db.transaction(tx)
+
+    def dedicated(self) -> set[str]:
+        """The tenants with dedicated queues (``tenant set --dedicated``)."""
+        found = self.db.read(
+            lambda conn: (
+                conn.execute(sa.select(t_tenants.c.name).where(t_tenants.c.dedicated.is_(True))).scalars().all()
+            )
+        )
+        return set(found)
+
+    def settings(self) -> dict[str, tuple[float, int | None, bool]]:
+        """``{tenant: (weight, max_running, dedicated)}`` of the tenants with a row."""
         with self.db.engine.connect() as conn:
-            found = conn.execute(sa.select(t_tenants.c.name, t_tenants.c.weight, t_tenants.c.max_running)).all()
-        return {n: (float(w), m) for n, w, m in found}
+            found = conn.execute(
+                sa.select(t_tenants.c.name, t_tenants.c.weight, t_tenants.c.max_running, t_tenants.c.dedicated)
+            ).all()
+        return {n: (float(w), m, bool(d)) for n, w, m, d in found}
 
     def weights(self) -> dict[str, float]:
         with self.db.engine.connect() as conn:

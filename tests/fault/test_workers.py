@@ -42,6 +42,8 @@ def test_pool_child_killed_mid_task(cluster: Cluster) -> None:
     victim = cluster.wait_task(run.id, "victim", lambda t: t.state is T.RUNNING, 30, "victim running")
     pid = worker_pid(victim)
     assert pid != w1.pid and os.getpgid(pid) == w1.pid, "the worker column names a pool child of w1"
+    # the body itself has started (RUNNING is committed by the claim, a moment before the body)
+    cluster.wait_for(lambda: cluster.effects(run.id)[("victim", 1)] == 1, 10, "the victim's body started")
 
     # When the pool child running it is SIGKILLed
     os.kill(pid, signal.SIGKILL)

@@ -455,6 +455,7 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("last_admitted_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("max_running", sa.Integer, nullable=True),
+        sa.Column("dedicated", sa.Boolean, nullable=False, server_default=sa.false()),
     )
     # admission finds each tenant's first READY task of a queue in index order
     op.drop_index("ix_orc_tasks_queue_state", "orc_tasks")
