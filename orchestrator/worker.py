@@ -199,7 +199,10 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             log.exception("claim of %s failed; left to the reconciler", token.task_id)
             raise Ignore() from None
         if claim is None:
+            # a duplicate, a stale attempt or an unknown task: counted here, in the ledger only
+            # when the task exists (a rejected event)
             log.info("claim of %s refused; duplicate or stale message dropped", token.task_id)
+            count_drop("claim refused")
             raise Ignore()
         crash_point("after_claim_commit")
         kwargs = dict(claim.kwargs)
