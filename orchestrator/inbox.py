@@ -24,7 +24,6 @@ fencing headers and their signature (``orchestrator.worker``).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
 import threading
@@ -68,17 +67,17 @@ def problem(message: Any) -> str | None:
     if message.content_type != "application/json":
         return f"content type: {_short(message.content_type)} (only application/json is accepted)"
     raw = message.body
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8", "surrogatepass")
-    if not isinstance(raw, (bytes, bytearray, memoryview)):
+    if not isinstance(raw, (str, bytes, bytearray, memoryview)):
         return "body: not bytes"
     if len(raw) > MAX_BODY_BYTES:
         return f"body: {len(raw)} bytes, over {MAX_BODY_BYTES}"
     try:
-        body = json.loads(bytes(raw))
+        # kombu caches the decoded body on the message: Celery's request reads that, not a
+        # second decode
+        body = message.decode()
     except RecursionError:
         return "body: nested too deep to decode"
-    except ValueError as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, the body is unusable
         return f"body: not JSON ({_short(str(exc))})"
     return _body_problem(body)
 
