@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
-import sqlalchemy as sa
-
 from .alerts import raise_alert
 from .config import Settings
 from .crashpoints import crash_point
@@ -32,7 +30,6 @@ from .registry import CeleryRegistry, TaskRegistry
 from .routing import queue_tenant, route
 from .states import RunState, TaskState
 from .store import Store
-from .store.database import retryable
 
 log = logging.getLogger(__name__)
 
@@ -464,10 +461,10 @@ class RunHandle:
             try:
                 if self.state.terminal:  # one row by primary key per poll; the counts once, at the end
                     return self.status()
-            except sa.exc.DBAPIError as exc:
-                if not retryable(exc):
+            except Exception as exc:
+                if not self.orchestrator.store.db.transient(exc):
                     raise
-                log.warning("waiting for run %s: the database is unreachable (%s); still waiting", self.id, exc.orig)
+                log.warning("waiting for run %s: the database is unreachable (%s); still waiting", self.id, exc)
             if deadline is not None and time.monotonic() >= deadline:
                 raise RunTimeout(f"run {self.id} still running after {timeout}s")
             time.sleep(poll)

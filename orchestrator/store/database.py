@@ -59,6 +59,11 @@ class Database:
 
         return self.retrying(once)
 
+    @staticmethod
+    def transient(exc: BaseException) -> bool:
+        """Whether ``exc`` is a database error that a retry may get past (an outage, a restart)."""
+        return isinstance(exc, sa.exc.DBAPIError) and retryable(exc)
+
     def retrying(self, once: Callable[[], R], *, attempts: int = 5) -> R:
         deadline = time.monotonic() + self.retry_seconds
         i = 0
