@@ -104,7 +104,7 @@ def worker_argv(args: list[str]) -> list[str]:
     ``--tenant=NAME``) becomes ``-Q`` with that tenant's dedicated queues."""
     from .dag import TENANT_RE
     from .errors import ValidationError
-    from .routing import QUEUE_PREFIX, Priority
+    from .routing import tenant_queues
 
     out: list[str] = []
     i = 0
@@ -119,7 +119,7 @@ def worker_argv(args: list[str]) -> list[str]:
                 name, i = arg.split("=", 1)[1], i + 1
             if not TENANT_RE.fullmatch(name):
                 raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
-            out += ["-Q", ",".join(f"{QUEUE_PREFIX}.tenant.{name}.{p.value}" for p in Priority)]
+            out += ["-Q", ",".join(tenant_queues(name))]
             continue
         out.append(arg)
         i += 1

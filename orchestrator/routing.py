@@ -40,8 +40,13 @@ def route(
     if queue:
         return queue
     if tenant in set(dedicated_tenants):
-        return f"{QUEUE_PREFIX}.tenant.{tenant}.{priority.value}"
+        return tenant_queues(tenant)[list(Priority).index(priority)]
     return f"{QUEUE_PREFIX}.{priority.value}"
+
+
+def tenant_queues(tenant: str) -> list[str]:
+    """A dedicated tenant's queues, one per priority class: ``orchestrator.tenant.<tenant>.<p>``."""
+    return [f"{QUEUE_PREFIX}.tenant.{tenant}.{p.value}" for p in Priority]
 
 
 def queue_tenant(queue: str) -> str | None:
@@ -57,5 +62,5 @@ def default_queues(dedicated_tenants: Iterable[str] = ()) -> list[str]:
     """Every queue that :func:`route` can choose without an explicit node queue."""
     queues = [f"{QUEUE_PREFIX}.{p.value}" for p in Priority]
     for tenant in dedicated_tenants:
-        queues.extend(f"{QUEUE_PREFIX}.tenant.{tenant}.{p.value}" for p in Priority)
+        queues.extend(tenant_queues(tenant))
     return queues
