@@ -329,8 +329,7 @@ class Orchestrator:
         """A tenant's weight in the fair share of admission (default 1): within a priority class,
         free slots go to the tenant with the fewest tasks in flight per unit of weight. Raises
         :class:`ValidationError` for a bad name or a weight that is not a number in (0, 1000]."""
-        if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
-            raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
+        self._own_tenant(name)
         if (
             isinstance(weight, bool)
             or not isinstance(weight, (int, float))
@@ -338,24 +337,19 @@ class Orchestrator:
             or not 0 < weight <= 1000
         ):
             raise ValidationError(f"weight {weight!r} must be a number above 0 and at most 1000")
-        if self.tenant is not None and name != self.tenant:
-            raise ValidationError(f"this orchestrator acts as tenant {self.tenant!r}; it cannot weigh tenant {name!r}")
-        self.store.tenants.set_weight(name, float(weight))
+        self.store.tenants.update(name, weight=float(weight))
 
     def set_tenant_limit(self, name: str, max_running: int | None) -> None:
         """The most tasks of tenant ``name`` QUEUED or RUNNING at once across every queue
         (``None``: no limit), enforced at admission and counted from the task rows, so a slot
         is free again as soon as its task ends, its lease expires or its run is cancelled.
         Raises :class:`ValidationError` for a bad name or a limit that is not 1 to 1,000,000."""
-        if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
-            raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
+        self._own_tenant(name)
         if max_running is not None and (
             isinstance(max_running, bool) or not isinstance(max_running, int) or not 1 <= max_running <= 1_000_000
         ):
             raise ValidationError(f"max_running {max_running!r} must be an integer from 1 to 1000000")
-        if self.tenant is not None and name != self.tenant:
-            raise ValidationError(f"this orchestrator acts as tenant {self.tenant!r}; it cannot limit tenant {name!r}")
-        self.store.tenants.set_max_running(name, max_running)
+        self.store.tenants.update(name, max_running=max_running)
         # a raised limit frees slots: fill them now
         self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
 
@@ -364,19 +358,20 @@ class Orchestrator:
         its next submit on, served by workers started with ``orchestrator worker --tenant
         <name>``; ``dedicated=False`` sends its new runs back to the shared queues. Tenants in
         ``ORCHESTRATOR_DEDICATED_TENANTS`` are dedicated too."""
+        self._own_tenant(name)
+        self.store.tenants.update(name, dedicated=bool(dedicated))
+
+    def _own_tenant(self, name: str) -> None:
+        """Refuse (:class:`ValidationError`) a malformed tenant name, or another tenant's
+        settings from an orchestrator bound to a tenant."""
         if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
             raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
         if self.tenant is not None and name != self.tenant:
             raise ValidationError(f"this orchestrator acts as tenant {self.tenant!r}; it cannot change tenant {name!r}")
-        self.store.tenants.set_dedicated(name, bool(dedicated))
 
     def tenant_settings(self) -> dict[str, tuple[float, int | None, bool]]:
         """``{tenant: (weight, max_running, dedicated)}`` of the tenants configured so far."""
         return self.store.tenants.settings()
-
-    def tenant_weights(self) -> dict[str, float]:
-        """The weights set so far (a tenant not listed weighs 1)."""
-        return self.store.tenants.weights()
 
     def explain(self, run_id: str, key: str | None = None) -> list[Explanation]:
         """Why each task of the run (or only ``key``) is where it is: see :mod:`orchestrator.explain`.

@@ -1,7 +1,10 @@
-"""Tenants' settings: the weight of each in the fair share of admission (``orc_tenants``; a
-tenant without a row weighs 1)."""
+"""Tenants' settings (``orc_tenants``): the weight of each in the fair share of admission, its
+limit of tasks in flight, whether it has dedicated queues. A tenant without a row weighs 1, has
+no limit and shares the priority queues."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -16,61 +19,23 @@ class Tenants:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def set_weight(self, name: str, weight: float) -> None:
-        """Insert or update a tenant's weight (the caller validated both)."""
+    def update(self, name: str, **values: Any) -> None:
+        """Set some of a tenant's settings (the caller validated them), making its row if needed."""
 
         def tx(conn: sa.Connection) -> None:
-            updated = conn.execute(
-                t_tenants.update().where(t_tenants.c.name == name).values(weight=weight, updated_at=db_now())
-            )
-            if updated.rowcount == 0:
-                conn.execute(t_tenants.insert().values(name=name, weight=weight, updated_at=db_now()))
-
-        self.db.transaction(tx)
-
-    def set_max_running(self, name: str, max_running: int | None) -> None:
-        """Insert or update a tenant's limit of tasks in flight (``None``: no limit)."""
-
-        def tx(conn: sa.Connection) -> None:
-            updated = conn.execute(
-                t_tenants.update().where(t_tenants.c.name == name).values(max_running=max_running, updated_at=db_now())
-            )
-            if updated.rowcount == 0:
-                conn.execute(
-                    t_tenants.insert().values(name=name, weight=1.0, max_running=max_running, updated_at=db_now())
-                )
-
-        self.db.transaction(tx)
-
-    def set_dedicated(self, name: str, dedicated: bool) -> None:
-        """Whether the tenant's tasks go to its own queues (from its next submit on)."""
-
-        def tx(conn: sa.Connection) -> None:
-            updated = conn.execute(
-                t_tenants.update().where(t_tenants.c.name == name).values(dedicated=dedicated, updated_at=db_now())
-            )
-            if updated.rowcount == 0:
-                conn.execute(t_tenants.insert().values(name=name, weight=1.0, dedicated=dedicated, updated_at=db_now()))
+            changed = {**values, "updated_at": db_now()}
+            if conn.execute(t_tenants.update().where(t_tenants.c.name == name).values(**changed)).rowcount == 0:
+                conn.execute(t_tenants.insert().values({"name": name, "weight": 1.0, **changed}))
 
         self.db.transaction(tx)
 
     def dedicated(self) -> set[str]:
         """The tenants with dedicated queues (``tenant set --dedicated``)."""
-        found = self.db.read(
-            lambda conn: (
-                conn.execute(sa.select(t_tenants.c.name).where(t_tenants.c.dedicated.is_(True))).scalars().all()
-            )
-        )
-        return set(found)
+        query = sa.select(t_tenants.c.name).where(t_tenants.c.dedicated.is_(True))
+        return set(self.db.read(lambda conn: conn.execute(query).scalars().all()))
 
     def settings(self) -> dict[str, tuple[float, int | None, bool]]:
         """``{tenant: (weight, max_running, dedicated)}`` of the tenants with a row."""
-        with self.db.engine.connect() as conn:
-            found = conn.execute(
-                sa.select(t_tenants.c.name, t_tenants.c.weight, t_tenants.c.max_running, t_tenants.c.dedicated)
-            ).all()
+        query = sa.select(t_tenants.c.name, t_tenants.c.weight, t_tenants.c.max_running, t_tenants.c.dedicated)
+        found = self.db.read(lambda conn: conn.execute(query).all())
         return {n: (float(w), m, bool(d)) for n, w, m, d in found}
-
-    def weights(self) -> dict[str, float]:
-        with self.db.engine.connect() as conn:
-            return {n: float(w) for n, w in conn.execute(sa.select(t_tenants.c.name, t_tenants.c.weight)).all()}

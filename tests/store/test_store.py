@@ -559,8 +559,8 @@ def test_free_slots_are_shared_between_tenants_by_weight(
     slots go A:B in proportion to their weights, whatever A's head start."""
     store.workers.unregister("test-worker")
     store.workers.register("w", default_queues(), 4)  # a window of 4 at depth 1
-    store.tenants.set_weight("a", weights[0])
-    store.tenants.set_weight("b", weights[1])
+    store.tenants.update("a", weight=weights[0])
+    store.tenants.update("b", weight=weights[1])
     big = DAG("big", tenant="a")
     for i in range(60):
         big.task(f"x{i:02d}", "t")
@@ -603,7 +603,7 @@ def test_tenant_weights_are_validated(tmp_path: Path) -> None:
         with pytest.raises(ValidationError):
             orc.set_tenant_weight(name, weight)  # type: ignore[arg-type]
     orc.set_tenant_weight("a", 2.5)
-    assert orc.tenant_weights() == {"a": 2.5}
+    assert orc.tenant_settings() == {"a": (2.5, None, False)}
     orc.store.dispose()
 
 
@@ -613,7 +613,7 @@ def test_a_tenant_limit_holds_at_admission_and_frees_with_its_tasks(store: Store
     is cancelled; explain says why the rest waits."""
     from orchestrator.explain import explain
 
-    store.tenants.set_max_running("capped", 2)
+    store.tenants.update("capped", max_running=2)
     dag = DAG("capped", tenant="capped")
     for i in range(6):
         dag.task(f"k{i}", "t")
