@@ -75,7 +75,7 @@ class Database:
                 if not retryable(exc) or (i >= attempts and time.monotonic() >= deadline):
                     raise
                 log.warning("database unreachable or busy (%s); retrying", type(exc.orig).__name__)
-                time.sleep(min(0.01 * (2 ** min(i, 10)), 1.0) * (1 + random.random()))
+                backoff_sleep(i)
 
     def create_schema(self) -> None:
         """Create the tables directly (tests); production and the embedded default use Alembic."""
@@ -99,6 +99,11 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def backoff_sleep(i: int) -> None:
+    """Sleep before retry ``i`` (1, 2, ...): exponential from 20 ms, at most 1 s, with jitter."""
+    time.sleep(min(0.01 * (2 ** min(i, 10)), 1.0) * (1 + random.random()))
 
 
 #: SQLSTATEs worth a retry: deadlock, serialization failure, the server shutting down, starting

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import threading
 import time
 from typing import Any
@@ -22,6 +21,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Json
 from sqlalchemy.engine import Engine
+
+from .database import backoff_sleep
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class HotPath:
                 if i >= self.attempts and time.monotonic() >= deadline:
                     raise
                 log.warning("retrying %s after %s", query.split("(")[0], type(exc).__name__)
-                time.sleep(min(0.01 * (2 ** min(i, 10)), 1.0) * (1 + random.random()))
+                backoff_sleep(i)
 
     def claim(
         self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float, task_name: str
