@@ -209,7 +209,7 @@ class DAG:
         if problem:
             raise ValidationError(f"name: {problem}", dag=_label(dag))
         if not isinstance(self.tenant, str) or not TENANT_RE.fullmatch(self.tenant):
-            raise ValidationError(f"tenant {_short(self.tenant)} must be 1-64 letters, digits, '_' or '-'", dag=dag)
+            raise ValidationError(f"tenant {short(self.tenant)} must be 1-64 letters, digits, '_' or '-'", dag=dag)
         if not self.nodes:
             raise ValidationError("the DAG has no nodes", dag=dag)
         if len(self.nodes) > limits.max_nodes:
@@ -257,11 +257,11 @@ def _validate_node(
         return ValidationError(message, dag=d, node=k)
 
     if not isinstance(k, str) or not KEY_RE.fullmatch(k):
-        label = k if isinstance(k, str) and not text_problem(k, 300) else _short(k)
-        raise ValidationError(f"node key {_short(k)} must be 1-200 letters, digits, '_' or '-'", dag=d, node=label)
+        label = k if isinstance(k, str) and not text_problem(k, 300) else short(k)
+        raise ValidationError(f"node key {short(k)} must be 1-200 letters, digits, '_' or '-'", dag=d, node=label)
     if known is None or node.task not in known:
         if not isinstance(node.task, str) or not TASK_NAME_RE.fullmatch(node.task):
-            raise fail(f"task {_short(node.task)} is not a valid Celery task name")
+            raise fail(f"task {short(node.task)} is not a valid Celery task name")
         if node.task.startswith("celery."):
             raise UnknownTaskError(f"task {node.task!r} is internal to Celery", dag=d, node=k)
         if is_registered is not None and not is_registered(node.task):
@@ -289,7 +289,7 @@ def _validate_node(
     if not isinstance(node.trigger_rule, TriggerRule):
         raise fail(f"unknown trigger rule {node.trigger_rule!r}")
     if isinstance(node.max_attempts, bool) or not isinstance(node.max_attempts, int):
-        raise fail(f"max_attempts must be an integer, not {_short(node.max_attempts)}")
+        raise fail(f"max_attempts must be an integer, not {short(node.max_attempts)}")
     if not 1 <= node.max_attempts <= MAX_ATTEMPTS:
         raise fail(f"max_attempts must be 1 to {MAX_ATTEMPTS}, not {node.max_attempts}")
     b = node.backoff
@@ -302,15 +302,15 @@ def _validate_node(
     for name in ("soft_time_limit", "time_limit"):
         value = getattr(node, name)
         if value is not None and (not _positive(value) or value < MIN_TIME_LIMIT):
-            raise fail(f"{name} must be a number of seconds of at least {MIN_TIME_LIMIT:g}, not {_short(value)}")
+            raise fail(f"{name} must be a number of seconds of at least {MIN_TIME_LIMIT:g}, not {short(value)}")
     if node.soft_time_limit is not None and node.time_limit is not None and node.soft_time_limit >= node.time_limit:
         raise fail("soft_time_limit must be below time_limit")
     for name in ("retry_on", "no_retry_on"):
         for item in getattr(node, name):
             if not isinstance(item, str) or not TASK_NAME_RE.fullmatch(item):
-                raise fail(f"{name} must list exception class names, not {_short(item)}")
+                raise fail(f"{name} must list exception class names, not {short(item)}")
     if node.queue is not None and (not isinstance(node.queue, str) or not QUEUE_RE.fullmatch(node.queue)):
-        raise fail(f"queue {_short(node.queue)} is not a valid queue name")
+        raise fail(f"queue {short(node.queue)} is not a valid queue name")
 
 
 def _exception_names(values: Any, what: str, dag: str, key: str) -> tuple[str, ...]:
@@ -324,12 +324,13 @@ def _exception_names(values: Any, what: str, dag: str, key: str) -> tuple[str, .
             names.append(f"{v.__module__}.{v.__qualname__}")
         else:
             raise ValidationError(
-                f"{what} must list exception classes or class names, not {_short(v)}", dag=dag, node=key
+                f"{what} must list exception classes or class names, not {short(v)}", dag=dag, node=key
             )
     return tuple(names)
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about bad input."""
     try:
         text = repr(value)
     except Exception:  # noqa: BLE001 - the type is evidence enough
@@ -339,7 +340,7 @@ def _short(value: Any, limit: int = 60) -> str:
 
 def _label(value: Any) -> str:
     """A DAG name fit for an error message, whatever it is."""
-    return value if isinstance(value, str) and not text_problem(value, MAX_NAME_CHARS) else _short(value)
+    return value if isinstance(value, str) and not text_problem(value, MAX_NAME_CHARS) else short(value)
 
 
 def text_problem(value: Any, max_chars: int) -> str | None:
@@ -425,7 +426,7 @@ def check_json(value: Any, what: str, *, dag: str | None = None, node: str | Non
         if isinstance(item, dict):
             for k, v in item.items():
                 if not isinstance(k, str):
-                    raise ValidationError(f"{where} has the non-string key {_short(k)}", dag=dag, node=node)
+                    raise ValidationError(f"{where} has the non-string key {short(k)}", dag=dag, node=node)
                 _check_string(k, f"{where} key", dag, node)
                 stack.append((v, f"{where}.{k}", depth + 1))
             continue
@@ -552,7 +553,7 @@ def dag_from_spec(spec: Any) -> DAG:
             if field_name in raw and not (
                 isinstance(raw[field_name], types) and not _bool_as_number(raw[field_name], types)
             ):
-                raise SpecError(f"'{field_name}' must be {what}, not {_short(raw[field_name])}", dag=name, node=key)
+                raise SpecError(f"'{field_name}' must be {what}, not {short(raw[field_name])}", dag=name, node=key)
         upstream = raw.get("upstream", [])
         if not all(isinstance(u, str) for u in upstream):
             raise SpecError("'upstream' must be a list of node keys", dag=name, node=key)
@@ -641,10 +642,10 @@ class _SpecLoader(yaml.SafeLoader):
                 seen.add(key)
             except TypeError:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"the mapping key {_short(key)} is not a string", key_node.start_mark
+                    None, None, f"the mapping key {short(key)} is not a string", key_node.start_mark
                 ) from None
             if duplicate:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {_short(key)}", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {short(key)}", key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
 
@@ -660,7 +661,7 @@ def parse_spec(text: str, *, fmt: str) -> Any:
     except RecursionError:
         raise SpecError(f"cannot parse {fmt.upper()}: nested too deep") from None
     except (ValueError, yaml.YAMLError) as exc:
-        raise SpecError(f"cannot parse {fmt.upper()}: {_short(str(exc), 300)}") from None
+        raise SpecError(f"cannot parse {fmt.upper()}: {short(str(exc), 300)}") from None
 
 
 def load_spec(path: str | Path) -> DAG:

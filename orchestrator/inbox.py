@@ -33,6 +33,7 @@ from typing import Any
 from celery.worker.consumer.consumer import Consumer
 from kombu.entity import Exchange, Queue
 
+from .dag import short
 from .process import current_orchestrator
 from .protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE
 from .routing import PARKED_QUEUE
@@ -65,7 +66,7 @@ def problem(message: Any) -> str | None:
     if found:
         return found
     if message.content_type != "application/json":
-        return f"content type: {_short(message.content_type)} (only application/json is accepted)"
+        return f"content type: {short(message.content_type, 80)} (only application/json is accepted)"
     raw = message.body
     if not isinstance(raw, (str, bytes, bytearray, memoryview)):
         return "body: not bytes"
@@ -78,62 +79,62 @@ def problem(message: Any) -> str | None:
     except RecursionError:
         return "body: nested too deep to decode"
     except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, the body is unusable
-        return f"body: not JSON ({_short(str(exc))})"
+        return f"body: not JSON ({short(str(exc), 80)})"
     return _body_problem(body)
 
 
 def _headers_problem(headers: dict[str, Any]) -> str | None:
     task = headers.get("task")
     if not isinstance(task, str) or not task or len(task) > MAX_HEADER_CHARS:
-        return f"task header: {_short(task)} (a task name is a non-empty string)"
+        return f"task header: {short(task, 80)} (a task name is a non-empty string)"
     ident = headers.get("id")
     if not isinstance(ident, str) or not ident or len(ident) > MAX_HEADER_CHARS:
-        return f"id header: {_short(ident)} (a task id is a non-empty string)"
+        return f"id header: {short(ident, 80)} (a task id is a non-empty string)"
     for name in _STRING_HEADERS:
         value = headers.get(name)
         if value is not None and (not isinstance(value, str) or len(value) > 64 * MAX_HEADER_CHARS):
-            return f"{name} header: {_short(value)} (a string or null)"
+            return f"{name} header: {short(value, 80)} (a string or null)"
     limits = headers.get("timelimit")
     if limits is not None:
         if not isinstance(limits, (list, tuple)) or len(limits) != 2:
-            return f"timelimit header: {_short(limits)} (a pair of [soft, hard] seconds)"
+            return f"timelimit header: {short(limits, 80)} (a pair of [soft, hard] seconds)"
         for value in limits:
             if value is not None and not _seconds(value):
-                return f"timelimit header: {_short(limits)} (seconds between 0.001 and {MAX_TIME_LIMIT}, or null)"
+                return f"timelimit header: {short(limits, 80)} (seconds between 0.001 and {MAX_TIME_LIMIT}, or null)"
     retries = headers.get("retries")
     if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
-        return f"retries header: {_short(retries)} (a count)"
+        return f"retries header: {short(retries, 80)} (a count)"
     for name in ("eta", "expires"):
         value = headers.get(name)
         if value is not None and not _instant(value):
-            return f"{name} header: {_short(value)} (an ISO-8601 time or null)"
+            return f"{name} header: {short(value, 80)} (an ISO-8601 time or null)"
     fencing = [headers.get(h) for h in (HEADER_RUN, HEADER_KEY, HEADER_ATTEMPT, HEADER_SIGNATURE)]
     if any(v is not None for v in fencing):
         run_id, key, attempt, signature = fencing
         if not all(isinstance(v, str) and 0 < len(v) <= MAX_HEADER_CHARS for v in (run_id, key, signature)):
-            return f"fencing headers: run {_short(run_id)}, key {_short(key)}, signature {_short(signature)}"
+            return f"fencing headers: run {short(run_id, 80)}, key {short(key, 80)}, signature {short(signature, 80)}"
         if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt < 2**31:
-            return f"fencing headers: attempt {_short(attempt)} (a positive integer)"
+            return f"fencing headers: attempt {short(attempt, 80)} (a positive integer)"
     return None
 
 
 def _body_problem(body: Any) -> str | None:
     if not isinstance(body, list) or len(body) != 3:
-        return f"body: {_short(body)} (a protocol-2 body is [args, kwargs, embed])"
+        return f"body: {short(body, 80)} (a protocol-2 body is [args, kwargs, embed])"
     args, kwargs, embed = body
     if not isinstance(args, list):
-        return f"body: args {_short(args)} (a list)"
+        return f"body: args {short(args, 80)} (a list)"
     if not isinstance(kwargs, dict):
-        return f"body: kwargs {_short(kwargs)} (an object)"
+        return f"body: kwargs {short(kwargs, 80)} (an object)"
     if embed is not None and not isinstance(embed, dict):
-        return f"body: embed {_short(embed)} (an object or null)"
+        return f"body: embed {short(embed, 80)} (an object or null)"
     for name in ("callbacks", "errbacks", "chain"):
         value = (embed or {}).get(name)
         if value is not None and not isinstance(value, list):
-            return f"body: {name} {_short(value)} (a list or null)"
+            return f"body: {name} {short(value, 80)} (a list or null)"
     chord = (embed or {}).get("chord")
     if chord is not None and not isinstance(chord, dict):
-        return f"body: chord {_short(chord)} (an object or null)"
+        return f"body: chord {short(chord, 80)} (an object or null)"
     depth = _depth(body)
     if depth > MAX_BODY_DEPTH:
         return f"body: nested {depth} deep, over {MAX_BODY_DEPTH}"
@@ -175,22 +176,14 @@ def _instant(value: Any) -> bool:
     return True
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - a repr that fails is itself the evidence
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def drop(message: Any, reason: str, connection_errors: tuple[type[BaseException], ...] = ()) -> None:
     """Acknowledge ``message`` (never redelivered), log why, count it."""
     headers = message.headers if isinstance(message.headers, dict) else {}
     log.error(
         "dropping message %s (task %s) from %s: %s",
-        _short(headers.get("id"), 60),
-        _short(headers.get("task"), 60),
-        _short((message.delivery_info or {}).get("routing_key"), 60),
+        short(headers.get("id"), 60),
+        short(headers.get("task"), 60),
+        short((message.delivery_info or {}).get("routing_key"), 60),
         reason,
     )
     count_drop(reason.split(":", 1)[0])
@@ -222,7 +215,7 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
             except Exception as exc:
                 log.exception("handling a message failed")
                 return drop(
-                    message, f"handling failed: {type(exc).__name__}: {_short(str(exc), 200)}", connection_errors
+                    message, f"handling failed: {type(exc).__name__}: {short(str(exc), 200)}", connection_errors
                 )
 
         return on_task_received
@@ -242,7 +235,7 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
         reason = f"delivered {deliveries} times, over ORCHESTRATOR_MAX_REDELIVERIES={limit}"
         evidence = {
             "reason": reason,
-            "headers": {k: _short(v, 200) for k, v in headers.items()},
+            "headers": {k: short(v, 200) for k, v in headers.items()},
             "body_head": bytes(message.body[:512]).decode("utf-8", "replace"),
             "routing_key": (message.delivery_info or {}).get("routing_key"),
         }
