@@ -91,7 +91,8 @@ class Admission:
             ).all()
         }
         total = sum(inflight.values())
-        weights = {
+        # each tenant's (weight, last contested admission); the picks below update it
+        tenants = {
             name: (float(w), last)
             for name, w, last in conn.execute(
                 sa.select(t_tenants.c.name, t_tenants.c.weight, t_tenants.c.last_admitted_at)
@@ -104,7 +105,7 @@ class Admission:
             room = min(capacity * self.depth - sum(inflight.get(q, 0) for q in queues), window - total)
             if room <= 0:
                 continue
-            moved = self._admit_from(conn, sorted(queues), room, weights, limits)  # refreshed in place
+            moved = self._admit_from(conn, sorted(queues), room, tenants, limits)
             for r in moved:
                 inflight[r.queue] = inflight.get(r.queue, 0) + 1
             total += len(moved)
