@@ -27,6 +27,8 @@ KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,200}")
 TENANT_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 QUEUE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 TASK_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,254}")
+#: pool names and rate limit keys
+LIMIT_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 #: the bounds of every number and size a DAG may carry (the spec's schema; see README)
 MAX_ATTEMPTS = 1000
@@ -45,6 +47,10 @@ MAX_IDEMPOTENCY_KEY_CHARS = 200
 MAX_LOGICAL_DATE_CHARS = 64
 #: spec files larger than this are refused unread (bytes)
 MAX_SPEC_BYTES = 16 * 1024 * 1024
+#: slots one node may ask of its pool, and a pool's slots (``orchestrator pool set``)
+MAX_POOL_SLOTS = 100_000
+#: tasks of one run QUEUED or RUNNING at once (``max_active_tasks``)
+MAX_ACTIVE_TASKS = 1_000_000
 #: Keyword under which a task that declares it receives its parents' results.
 UPSTREAM_KWARG = "upstream"
 
@@ -78,6 +84,12 @@ class Node:
     retry_on: tuple[str, ...] = ()
     #: exception class names that fail the task at once
     no_retry_on: tuple[str, ...] = ()
+    #: the named pool whose slots the task holds while QUEUED or RUNNING (``orchestrator pool set``)
+    pool: str | None = None
+    #: how many of the pool's slots it holds
+    pool_slots: int = 1
+    #: the deployment-wide token bucket each attempt takes a token of (``orchestrator limit set``)
+    rate_limit: str | None = None
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -103,6 +115,12 @@ class Node:
             spec["retry_on"] = list(self.retry_on)
         if self.no_retry_on:
             spec["no_retry_on"] = list(self.no_retry_on)
+        if self.pool is not None:
+            spec["pool"] = self.pool
+            if self.pool_slots != 1:
+                spec["pool_slots"] = self.pool_slots
+        if self.rate_limit is not None:
+            spec["rate_limit"] = self.rate_limit
         return spec
 
 
@@ -110,7 +128,8 @@ class DAG:
     """A named graph of :class:`Node` objects for one tenant.
 
     ``priority`` is the default priority class of the nodes; ``params`` are free JSON
-    parameters stored with the run.
+    parameters stored with the run; ``max_active_tasks`` bounds the tasks of one run QUEUED or
+    RUNNING at once (admission holds the rest READY).
     """
 
     def __init__(
@@ -120,9 +139,11 @@ class DAG:
         tenant: str = "default",
         priority: Priority | str = Priority.DEFAULT,
         params: Mapping[str, Any] | None = None,
+        max_active_tasks: int | None = None,
     ) -> None:
         self.name = name
         self.tenant = tenant
+        self.max_active_tasks = max_active_tasks
         self.priority = _enum(Priority, priority, "priority", dag=_label(name))
         if params is not None and not isinstance(params, Mapping):
             raise ValidationError(f"params must be a mapping, not {type(params).__name__}", dag=_label(name))
@@ -146,11 +167,16 @@ class DAG:
         queue: str | None = None,
         retry_on: Iterable[str | type[BaseException]] = (),
         no_retry_on: Iterable[str | type[BaseException]] = (),
+        pool: str | None = None,
+        pool_slots: int = 1,
+        rate_limit: str | None = None,
     ) -> Node:
         """Add a node and return it (pass it in another node's ``upstream``).
 
         ``task`` is a Celery signature (``extract.s(day=...)``), a Celery task object or a
         registered task name. Arguments of a signature are merged with ``args``/``kwargs``.
+        ``pool`` (with ``pool_slots``) and ``rate_limit`` name a pool and a rate limit that
+        must exist when the DAG is submitted (``orchestrator pool set``, ``limit set``).
 
         Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest
         of the checks run in :meth:`validate`.
@@ -187,6 +213,9 @@ class DAG:
             queue=queue,
             retry_on=_exception_names(retry_on, "retry_on", self.name, key),
             no_retry_on=_exception_names(no_retry_on, "no_retry_on", self.name, key),
+            pool=pool,
+            pool_slots=pool_slots,
+            rate_limit=rate_limit,
         )
         self.nodes[key] = node
         return node
@@ -217,6 +246,11 @@ class DAG:
                 f"{len(self.nodes)} nodes exceed the limit of {limits.max_nodes} (ORCHESTRATOR_MAX_NODES)",
                 dag=dag,
             )
+        mat = self.max_active_tasks
+        if mat is not None and (isinstance(mat, bool) or not isinstance(mat, int) or not 1 <= mat <= MAX_ACTIVE_TASKS):
+            raise ValidationError(
+                f"max_active_tasks must be an integer from 1 to {MAX_ACTIVE_TASKS}, not {short(mat)}", dag=dag
+            )
         check_json(self.params, "params", dag=dag)
         if _json_size(self.params) > limits.max_params_bytes:
             raise ValidationError(f"params exceed {limits.max_params_bytes} bytes of JSON", dag=dag)
@@ -234,12 +268,15 @@ class DAG:
             "tenant": self.tenant,
             "priority": self.priority.value,
             "params": self.params,
+            **({} if self.max_active_tasks is None else {"max_active_tasks": self.max_active_tasks}),
             "nodes": [n.to_spec() for n in self.nodes.values()],
         }
 
     def with_tenant(self, tenant: str) -> DAG:
         """A copy of this DAG for another tenant."""
-        other = DAG(self.name, tenant=tenant, priority=self.priority, params=self.params)
+        other = DAG(
+            self.name, tenant=tenant, priority=self.priority, params=self.params, max_active_tasks=self.max_active_tasks
+        )
         other.nodes = {k: replace(n) for k, n in self.nodes.items()}
         return other
 
@@ -311,6 +348,15 @@ def _validate_node(
                 raise fail(f"{name} must list exception class names, not {short(item)}")
     if node.queue is not None and (not isinstance(node.queue, str) or not QUEUE_RE.fullmatch(node.queue)):
         raise fail(f"queue {short(node.queue)} is not a valid queue name")
+    for name in ("pool", "rate_limit"):
+        value = getattr(node, name)
+        if value is not None and (not isinstance(value, str) or not LIMIT_NAME_RE.fullmatch(value)):
+            raise fail(f"{name} {short(value)} must be 1-64 letters, digits, '_', '.', ':' or '-'")
+    slots = node.pool_slots
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_POOL_SLOTS:
+        raise fail(f"pool_slots must be an integer from 1 to {MAX_POOL_SLOTS}, not {short(slots)}")
+    if slots != 1 and node.pool is None:
+        raise fail("pool_slots needs a pool")
 
 
 def _exception_names(values: Any, what: str, dag: str, key: str) -> tuple[str, ...]:
@@ -503,8 +549,11 @@ NODE_FIELDS = {
     "time_limit",
     "priority",
     "queue",
+    "pool",
+    "pool_slots",
+    "rate_limit",
 }
-DAG_FIELDS = {"name", "tenant", "priority", "params", "nodes"}
+DAG_FIELDS = {"name", "tenant", "priority", "params", "max_active_tasks", "nodes"}
 
 
 def dag_from_spec(spec: Any) -> DAG:
@@ -529,11 +578,15 @@ def dag_from_spec(spec: Any) -> DAG:
     for field_name in ("tenant", "priority"):
         if field_name in spec and not isinstance(spec[field_name], str):
             raise SpecError(f"'{field_name}' must be a string", dag=name)
+    mat = spec.get("max_active_tasks")
+    if mat is not None and (isinstance(mat, bool) or not isinstance(mat, int)):
+        raise SpecError(f"'max_active_tasks' must be an integer, not {short(mat)}", dag=name)
     dag = DAG(
         name,
         tenant=spec.get("tenant", "default"),
         priority=spec.get("priority", "default"),
         params=params,
+        max_active_tasks=mat,
     )
     nodes = spec.get("nodes")
     if not isinstance(nodes, list):
@@ -572,6 +625,9 @@ def dag_from_spec(spec: Any) -> DAG:
             queue=raw.get("queue"),
             retry_on=_name_list(raw.get("retry_on"), "retry_on", name, key),
             no_retry_on=_name_list(raw.get("no_retry_on"), "no_retry_on", name, key),
+            pool=raw.get("pool"),
+            pool_slots=raw.get("pool_slots", 1),
+            rate_limit=raw.get("rate_limit"),
         )
     return dag
 
@@ -592,6 +648,9 @@ _SPEC_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
     ("queue", (str, type(None)), "a queue name"),
     ("retry_on", (list, type(None)), "a list of exception class names"),
     ("no_retry_on", (list, type(None)), "a list of exception class names"),
+    ("pool", (str, type(None)), "a pool name"),
+    ("pool_slots", (int,), "an integer"),
+    ("rate_limit", (str, type(None)), "a rate limit key"),
 )
 
 

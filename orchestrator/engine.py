@@ -22,7 +22,7 @@ from .crashpoints import crash_point
 from .dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, TENANT_RE, text_problem
 from .errors import ConfigurationError, ConflictError, RunNotFound, RunTimeout, TaskNotFound, ValidationError
 from .explain import Explanation, explain
-from .models import WORKER, Actor, Claim, EventView, Outcome, RunView, TaskView, operator
+from .models import WORKER, Actor, Claim, EventView, Outcome, Pool, RateLimit, RunView, TaskView, operator
 from .protocol import FencingToken
 from .publisher import CeleryPublisher, Publisher
 from .reconciler import Reconciler
@@ -161,6 +161,7 @@ class Orchestrator:
                     node=node.key,
                 )
         self._check_time_limits(dag)
+        self.store.limits.check_dag(dag)
         if idempotency_key is not None:
             problem = text_problem(idempotency_key, MAX_IDEMPOTENCY_KEY_CHARS)
             if problem:
@@ -368,6 +369,62 @@ class Orchestrator:
             raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
         if self.tenant is not None and name != self.tenant:
             raise ValidationError(f"this orchestrator acts as tenant {self.tenant!r}; it cannot change tenant {name!r}")
+
+    # ------------------------------------------------------------------ pools and limits
+
+    def set_pool(self, name: str, slots: int, description: str | None = None) -> None:
+        """Define or resize the named pool (like an Airflow pool): tasks that name it
+        (``pool=``) hold ``pool_slots`` of its slots each while QUEUED or RUNNING, counted from
+        the task rows at admission. Deployment-wide: an orchestrator bound to a tenant cannot
+        change it. Raises :class:`ValidationError` for a bad name or slot count."""
+        self._deployment_wide("pools")
+        self.store.limits.set_pool(name, slots, description)
+        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+
+    def remove_pool(self, name: str) -> bool:
+        """Remove a pool; tasks that still name it wait (``explain`` says so) until it is set again."""
+        self._deployment_wide("pools")
+        return self.store.limits.remove_pool(name)
+
+    def pools(self) -> list[Pool]:
+        return self.store.limits.pools()
+
+    def set_rate_limit(self, key: str, rate: str | float, burst: int | None = None) -> RateLimit:
+        """Define or change a deployment-wide token bucket: ``rate`` like ``"10/s"``, ``"600/m"``
+        (or tokens per second), ``burst`` its size (default one second's worth, at least 1).
+        Tasks that name it (``rate_limit=``) take one token each when admitted, on every
+        worker together (Celery's own ``rate_limit`` is per worker process)."""
+        self._deployment_wide("rate limits")
+        limit = self.store.limits.set_rate_limit(key, rate, burst)
+        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+        return limit
+
+    def remove_rate_limit(self, key: str) -> bool:
+        """Remove a rate limit; tasks that still name it wait until it is set again."""
+        self._deployment_wide("rate limits")
+        return self.store.limits.remove_rate_limit(key)
+
+    def rate_limits(self) -> list[RateLimit]:
+        return self.store.limits.rate_limits()
+
+    def set_dag_limit(self, dag_name: str, max_running: int | None, *, tenant: str | None = None) -> None:
+        """The most tasks QUEUED or RUNNING at once across every run of one tenant's DAG
+        (``None``: no limit); ``tenant`` defaults to the bound tenant, else ``default``. (A
+        single run's limit is the DAG's ``max_active_tasks``.)"""
+        name = tenant or self.tenant or "default"
+        self._own_tenant(name)
+        self.store.limits.set_dag_limit(name, dag_name, max_running)
+        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+
+    def dag_limits(self) -> dict[tuple[str, str], int]:
+        """``{(tenant, DAG name): max_running}`` (the bound tenant's only, when bound)."""
+        return self.store.limits.dag_limits(self.tenant)
+
+    def _deployment_wide(self, what: str) -> None:
+        if self.tenant is not None:
+            raise ValidationError(
+                f"{what} are deployment-wide: this orchestrator acts as tenant {self.tenant!r} and cannot change them"
+            )
 
     def tenant_settings(self) -> dict[str, tuple[float, int | None, bool]]:
         """``{tenant: (weight, max_running, dedicated)}`` of the tenants configured so far."""

@@ -46,6 +46,11 @@ class UnknownTaskError(ValidationError):
     """A node names a task that is not registered in the Celery app."""
 
 
+class UnknownLimitError(ValidationError):
+    """A node names a pool or a rate limit that does not exist (``orchestrator pool set``,
+    ``orchestrator limit set``)."""
+
+
 class SpecError(ValidationError):
     """A DAG spec file (YAML/JSON) cannot be read or has the wrong shape."""
 

@@ -7,7 +7,11 @@ switch on and a ``detail`` for people; ``orchestrator explain RUN_ID [KEY] [--js
 
 Reason kinds: ``waiting_on_parents`` (with the parents not finished and their states),
 ``trigger_rule`` (what the counters say so far), ``parent_dead_letter``, ``tenant_limit`` (the
-run's tenant has its most tasks in flight), ``ready_behind`` (READY tasks admission takes first:
+run's tenant has its most tasks in flight, held by which runs), ``run_limit`` (the run has its
+``max_active_tasks`` in flight), ``dag_limit`` (its DAG has its most tasks in flight across runs,
+held by which runs), ``pool_full`` (the task's pool has fewer free slots than it asks, held by
+which tasks), ``pool_missing``, ``rate_limit`` (no token; when the next one comes),
+``rate_limit_missing``, ``ready_behind`` (READY tasks admission takes first:
 of higher priority, or older, in any queue the workers of its queue also consume),
 ``window_full`` (the live workers of its queue have every slot in use), ``no_worker`` (no live
 worker consumes its queue), ``queued`` (published, waiting for a worker to take the message),
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .models import RateLimit
 from .states import TERMINAL, TaskState
 
 T = TaskState
@@ -48,6 +53,20 @@ class Explanation:
 
 
 @dataclass(frozen=True)
+class LimitUse:
+    """A concurrency limit and what holds it now."""
+
+    limit: int
+    in_flight: int
+    #: who holds it: run id -> tasks in flight (tenant and DAG limits), or ``run/key`` -> slots (pools)
+    holders: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def free(self) -> int:
+        return self.limit - self.in_flight
+
+
+@dataclass(frozen=True)
 class ExplainInput:
     run_state: str
     #: the run's task rows (``key``, ``state``, ``attempt``, ``max_attempts``, ``trigger_rule``,
@@ -64,8 +83,17 @@ class ExplainInput:
     in_flight: dict[str, int]
     depth: int
     now: dt.datetime
-    #: the run's tenant's limit of tasks in flight and how many it has, if it has a limit
-    tenant_limit: tuple[str, int, int] | None = None
+    tenant: str = "default"
+    dag: str = ""
+    #: the limits that apply to the run's tasks, where set: the tenant's, the run's own
+    #: (max_active_tasks), the DAG's across runs
+    tenant_limit: LimitUse | None = None
+    run_limit: LimitUse | None = None
+    dag_limit: LimitUse | None = None
+    #: the pools the run's READY tasks name (None: the pool does not exist)
+    pools: dict[str, LimitUse | None] = field(default_factory=dict)
+    #: the rate limits the run's READY tasks name (None: it does not exist)
+    rates: dict[str, RateLimit | None] = field(default_factory=dict)
 
 
 def explain(data: ExplainInput, key: str | None = None) -> list[Explanation]:
@@ -158,17 +186,9 @@ def _ready(t: Any, data: ExplainInput) -> list[Reason]:
     groups = _consumers(t.queue, data)
     if not groups:
         return [_no_worker(t.queue)]
-    reasons = []
-    if data.tenant_limit is not None and data.tenant_limit[2] >= data.tenant_limit[1]:
-        tenant, limit, running = data.tenant_limit
-        reasons.append(
-            Reason(
-                "tenant_limit",
-                f"tenant {tenant} has {running} task(s) in flight, its limit (orchestrator tenant set"
-                f" {tenant} --max-running {limit})",
-                {"tenant": tenant, "max_running": limit, "in_flight": running},
-            )
-        )
+    reasons = _limits(t, data)
+    if reasons:  # held by a limit: what else is READY or in flight does not matter until it frees
+        return reasons
     ahead = data.ahead.get(t.key, 0)
     if ahead:
         reasons.append(
@@ -198,6 +218,92 @@ def _ready(t: Any, data: ExplainInput) -> list[Reason]:
     if not reasons:
         reasons.append(Reason("ready", "READY: the next admission (a completion or the reconciler's pass) takes it"))
     return reasons
+
+
+def _limits(t: Any, data: ExplainInput) -> list[Reason]:
+    """The limits holding back the READY task ``t`` (admission's ``limits.held``, in words)."""
+    reasons = []
+    for kind, use, what, setting in (
+        (
+            "tenant_limit",
+            data.tenant_limit,
+            f"tenant {data.tenant}",
+            f"orchestrator tenant set {data.tenant} --max-running",
+        ),
+        ("run_limit", data.run_limit, "the run", "the DAG's max_active_tasks"),
+        (
+            "dag_limit",
+            data.dag_limit,
+            f"DAG {data.dag}",
+            f"orchestrator --tenant {data.tenant} dag set {data.dag} --max-running",
+        ),
+    ):
+        if use is not None and use.free <= 0:
+            held = _holders(use.holders, "run")
+            reasons.append(
+                Reason(
+                    kind,
+                    f"{what} has {use.in_flight} task(s) in flight, its limit ({setting} {use.limit}){held}",
+                    {"limit": use.limit, "in_flight": use.in_flight, "held_by": dict(use.holders)},
+                )
+            )
+    pool = getattr(t, "pool", None)
+    if pool is not None:
+        use = data.pools.get(pool)
+        if use is None:
+            reasons.append(
+                Reason(
+                    "pool_missing",
+                    f"pool {pool} does not exist: orchestrator pool set {pool} --slots N",
+                    {"pool": pool},
+                )
+            )
+        elif use.free < t.pool_slots:
+            reasons.append(
+                Reason(
+                    "pool_full",
+                    f"pool {pool} has {max(use.free, 0)} of {use.limit} slot(s) free, the task needs"
+                    f" {t.pool_slots}{_holders(use.holders, 'task')}",
+                    {
+                        "pool": pool,
+                        "slots": use.limit,
+                        "used": use.in_flight,
+                        "needs": t.pool_slots,
+                        "held_by": dict(use.holders),
+                    },
+                )
+            )
+    key = getattr(t, "rate_limit", None)
+    if key is not None:
+        rate = data.rates.get(key)
+        if rate is None:
+            reasons.append(
+                Reason(
+                    "rate_limit_missing",
+                    f"rate limit {key} does not exist: orchestrator limit set {key} --rate 10/s",
+                    {"rate_limit": key},
+                )
+            )
+        elif rate.tokens < 1:
+            at = data.now + dt.timedelta(seconds=rate.next_token_in())
+            reasons.append(
+                Reason(
+                    "rate_limit",
+                    f"rate limit {key} ({rate.rate_text}, burst {rate.burst}) has no token;"
+                    f" the next at {at.isoformat()}",
+                    {"rate_limit": key, "rate": rate.rate, "burst": rate.burst, "next_token_at": at.isoformat()},
+                )
+            )
+    return reasons
+
+
+def _holders(holders: dict[str, int], what: str) -> str:
+    if not holders:
+        return ""
+    top = sorted(holders.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = ", ".join(f"{name} ({n})" for name, n in top[:5])
+    more = f" and {len(top) - 5} more" if len(top) > 5 else ""
+    return f"; held by {what} {shown}{more}"
 
 
 def _consumers(queue: str, data: ExplainInput) -> list[tuple[frozenset[str], int]]:

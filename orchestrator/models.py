@@ -195,3 +195,38 @@ class EventView:
 
 def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value else None
+
+
+def format_rate(per_second: float) -> str:
+    for unit, seconds in (("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        n = per_second * seconds
+        if n >= 1 and abs(n - round(n)) < 1e-9:
+            return f"{round(n)}/{unit}"
+    return f"{per_second:g}/s"
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    slots: int
+    #: slots held now by tasks QUEUED or RUNNING
+    used: int
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    key: str
+    #: tokens per second
+    rate: float
+    burst: int
+    #: tokens in the bucket now
+    tokens: float
+
+    @property
+    def rate_text(self) -> str:
+        return format_rate(self.rate)
+
+    def next_token_in(self) -> float:
+        """Seconds until the bucket holds a whole token (0 when it does)."""
+        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate

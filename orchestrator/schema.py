@@ -23,6 +23,8 @@ runs = sa.Table(
     sa.Column("task_count", sa.Integer, nullable=False),
     #: tasks not yet terminal; the run ends when it reaches 0
     sa.Column("open_tasks", sa.Integer, nullable=False),
+    #: most tasks of this run QUEUED or RUNNING at once (the DAG's max_active_tasks; null: no limit)
+    sa.Column("max_active_tasks", sa.Integer, nullable=True),
     sa.Column("created_at", TS, nullable=False),
     sa.Column("finished_at", TS, nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
@@ -75,6 +77,11 @@ tasks = sa.Table(
     sa.Column("fingerprint_streak", sa.Integer, nullable=False, server_default="0"),
     #: consecutive attempts that lost their lease without an exception (crash loop detection)
     sa.Column("lease_losses", sa.Integer, nullable=False, server_default="0"),
+    #: the pool (``orc_pools``) whose slots the task holds while QUEUED or RUNNING, and how many
+    sa.Column("pool", sa.String(64), nullable=True),
+    sa.Column("pool_slots", sa.Integer, nullable=False, server_default="1"),
+    #: the rate limit (``orc_rate_limits``) each admission of the task takes a token of
+    sa.Column("rate_limit", sa.String(64), nullable=True),
 )
 #: admission: each tenant's first READY task of a queue, and the tasks in flight per queue
 sa.Index(
@@ -161,4 +168,40 @@ tenants = sa.Table(
     #: the tenant's tasks go to its own queues (orchestrator.tenant.<name>.<priority>), served by
     #: workers started with `orchestrator worker --tenant <name>`
     sa.Column("dedicated", sa.Boolean, nullable=False, server_default=sa.false()),
+)
+
+pools = sa.Table(
+    "orc_pools",
+    metadata,
+    #: a named pool of slots (``orchestrator pool set NAME --slots N``): the tasks that name it hold
+    #: ``pool_slots`` each while QUEUED or RUNNING, counted from the task rows at admission
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("slots", sa.Integer, nullable=False),
+    sa.Column("description", sa.Text, nullable=True),
+    sa.Column("updated_at", TS, nullable=False),
+)
+
+rate_limits = sa.Table(
+    "orc_rate_limits",
+    metadata,
+    #: a token bucket for the whole deployment (``orchestrator limit set KEY --rate 10/s``): each
+    #: admission of a task naming it takes a token; ``rate`` tokens per second refill it up to ``burst``
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("rate", sa.Float, nullable=False),
+    sa.Column("burst", sa.Integer, nullable=False),
+    #: tokens left at ``refilled_at`` (the refill since then is computed when a token is taken)
+    sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("refilled_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+)
+
+dag_limits = sa.Table(
+    "orc_dag_limits",
+    metadata,
+    #: most tasks QUEUED or RUNNING at once across every run of one tenant's DAG
+    #: (``orchestrator --tenant T dag set NAME --max-running N``)
+    sa.Column("tenant", sa.String(64), primary_key=True),
+    sa.Column("dag_name", sa.String(200), primary_key=True),
+    sa.Column("max_running", sa.Integer, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
 )

@@ -15,11 +15,12 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``reads``                 runs, tasks and the ledger as domain values; diagnostics
 ``workers``               the worker registry (capacity of live workers)
 ``deliveries``            redelivered broker messages counted, parked ones with evidence
-``tenants``               tenants' weights in the fair share of admission
+``tenants``               tenants' weights in the fair share of admission, their limits
+``limits``                pools, rate limits (token buckets), per-DAG limits
 ``rows``                  rows -> domain values (the only place)
 ``backend``               the Postgres / SQLite seam (the only place that tells them apart;
                           on Postgres settlement and admission are the server functions of
-                          migrations 0004 and 0005)
+                          migrations 0004 to 0006)
 ========================  ==============================================================
 
 Times come from the database (``dbtime``). :class:`Store` wires the roles together.
@@ -41,6 +42,7 @@ from .backend import make_engine
 from .database import Database, new_run_id
 from .deliveries import Deliveries
 from .ledger import Ledger
+from .limits import Limits
 from .operator import OperatorActions
 from .reads import Reads
 from .recovery import Recovery
@@ -84,6 +86,7 @@ class Store:
         self.workers = WorkerRegistry(self.db, worker_ttl=worker_ttl)
         self.deliveries = Deliveries(self.db)
         self.tenants = Tenants(self.db)
+        self.limits = Limits(self.db)
 
     @property
     def engine(self) -> Engine:

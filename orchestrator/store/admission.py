@@ -35,12 +35,17 @@ from .. import schema as s
 from ..dbtime import aged_rank, aware, db_after, db_now
 from ..models import DISPATCHER, Dispatch
 from ..states import TaskState
-from . import rows
+from . import limits, rows
 from .database import Database
 from .ledger import Ledger
 
 T = TaskState
 t_tasks, t_workers, t_tenants = s.tasks, s.workers, s.tenants
+
+
+def held_name(why: str, head: Any) -> str:
+    """What ``why`` sets aside for the rest of an admission pass: the head's tenant, run, pool or rate limit."""
+    return str({"tenant": head.tenant, "run": head.run_id, "pool": head.pool, "rate": head.rate_limit}[why])
 
 
 #: "never admitted" sorts first among tenants equally far below their share
@@ -91,21 +96,19 @@ class Admission:
             ).all()
         }
         total = sum(inflight.values())
-        # each tenant's (weight, last contested admission); the picks below update it
+        # each tenant's (weight, last contested admission, max_running); the picks below update it
         tenants = {
-            name: (float(w), last)
-            for name, w, last in conn.execute(
-                sa.select(t_tenants.c.name, t_tenants.c.weight, t_tenants.c.last_admitted_at)
+            name: (float(w), last, limit)
+            for name, w, last, limit in conn.execute(
+                sa.select(t_tenants.c.name, t_tenants.c.weight, t_tenants.c.last_admitted_at, t_tenants.c.max_running)
             ).all()
         }
-        # tenants with a limit: their tasks in flight across every queue, from the task rows
-        limits = self.tenant_limits(conn)
         admitted: list[Any] = []
         for queues, capacity in groups.items():
             room = min(capacity * self.depth - sum(inflight.get(q, 0) for q in queues), window - total)
             if room <= 0:
                 continue
-            moved = self._admit_from(conn, sorted(queues), room, tenants, limits)
+            moved = self._admit_from(conn, sorted(queues), room, tenants)
             for r in moved:
                 inflight[r.queue] = inflight.get(r.queue, 0) + 1
             total += len(moved)
@@ -114,37 +117,21 @@ class Admission:
         admitted.sort(key=lambda r: (r.priority_rank, r.ready_at))
         return [rows.dispatch(r._mapping) for r in admitted]
 
-    def tenant_limits(self, conn: Connection) -> dict[str, list[int]]:
-        """``{tenant: [max_running, in flight]}`` for the tenants with a limit."""
-        limited = dict(
-            conn.execute(
-                sa.select(t_tenants.c.name, t_tenants.c.max_running).where(t_tenants.c.max_running.is_not(None))
-            ).all()
-        )
-        if not limited:
-            return {}
-        counts: dict[str, int] = dict(
-            conn.execute(
-                sa.select(t_tasks.c.tenant, sa.func.count())
-                .where(t_tasks.c.tenant.in_(list(limited)), t_tasks.c.state.in_([T.QUEUED.value, T.RUNNING.value]))
-                .group_by(t_tasks.c.tenant)
-            ).all()
-        )
-        return {name: [int(limit), int(counts.get(name, 0))] for name, limit in limited.items()}
-
     def _admit_from(
         self,
         conn: Connection,
         queues: list[str],
         room: int,
-        tenants: dict[str, tuple[float, Any]],
-        limits: dict[str, list[int]],
+        tenants: dict[str, tuple[float, Any, int | None]],
     ) -> list[Any]:
         """Up to ``room`` READY tasks of ``queues`` -> QUEUED, one at a time, each the best head:
         of each tenant's READY tasks in each queue the first (priority, then age); among the
         heads the highest class (with aging), then the tenant furthest below its weighted share
-        of the tasks in flight on these queues, then the oldest (``orc_admit_from`` on Postgres)."""
+        of the tasks in flight on these queues, then the oldest (``orc_admit_from`` on Postgres).
+        A pick that a limit holds back (``limits.held``) is set aside with its run, tenant,
+        pool or rate limit, and the next best head is looked at."""
         c = t_tasks.c
+        held: dict[str, set[str]] = {"tenant": set(), "run": set(), "pool": set(), "rate": set(), "slots": set()}
         loads: dict[str, int] = {
             tenant: int(n)
             for tenant, n in conn.execute(
@@ -165,26 +152,37 @@ class Admission:
                     tenant = conn.execute(q).scalar()
                     if tenant is None:
                         break
+                    if tenant in held["tenant"]:
+                        continue
                     head = conn.execute(
                         sa.select(
-                            c.run_id, c.key, c.tenant, c.ready_at,
+                            c.run_id, c.key, c.tenant, c.ready_at, c.pool, c.pool_slots, c.rate_limit,
                             aged_rank(c.priority_rank, c.ready_at, self.aging).label("rank"),
                         )
-                        .where(c.queue == queue, c.state == T.READY.value, c.tenant == tenant)
+                        .where(
+                            c.queue == queue, c.state == T.READY.value, c.tenant == tenant,
+                            c.run_id.not_in(held["run"]),
+                            (c.run_id + "/" + c.key).not_in(held["slots"]),
+                            sa.or_(c.pool.is_(None), c.pool.not_in(held["pool"])),
+                            sa.or_(c.rate_limit.is_(None), c.rate_limit.not_in(held["rate"])),
+                        )
                         .order_by(c.priority_rank, c.ready_at)
                         .limit(1)
                     ).first()  # fmt: skip
-                    at_limit = tenant in limits and limits[tenant][1] >= limits[tenant][0]
-                    if head is not None and not at_limit:
+                    if head is not None:
                         heads.append(head)
             if not heads:
                 break
 
             def order(h: Any) -> tuple[Any, ...]:
-                weight, last = tenants.get(h.tenant, (1.0, None))
+                weight, last, _ = tenants.get(h.tenant, (1.0, None, None))
                 return (h.rank, (loads.get(h.tenant, 0) + 1) / weight, aware(last) or _NEVER, aware(h.ready_at))
 
             best = min(heads, key=order)
+            why = limits.held(conn, best, tenants.get(best.tenant, (1.0, None, None))[2])
+            if why is not None:
+                held[why].add(f"{best.run_id}/{best.key}" if why == "slots" else held_name(why, best))
+                continue
             rows_ = self.ledger.move_many(
                 conn,
                 (c.run_id == best.run_id, c.key == best.key),
@@ -195,13 +193,13 @@ class Admission:
                 returning=rows.DISPATCH_COLUMNS,
             )
             moved.extend(rows_)
+            if rows_ and best.rate_limit is not None:
+                limits.take_token(conn, best.rate_limit)
             loads[best.tenant] = loads.get(best.tenant, 0) + 1
-            if best.tenant in limits:
-                limits[best.tenant][1] += 1
             if len({h.tenant for h in heads}) > 1:
                 # a contested pick: round robin between tenants equally far below their share
                 stamp = dt.datetime.now(dt.UTC) + dt.timedelta(microseconds=len(moved))
-                weight, _ = tenants.get(best.tenant, (1.0, None))
+                weight, _, limit = tenants.get(best.tenant, (1.0, None, None))
                 updated = conn.execute(
                     t_tenants.update().where(t_tenants.c.name == best.tenant).values(last_admitted_at=stamp)
                 )
@@ -211,7 +209,7 @@ class Admission:
                             name=best.tenant, weight=1.0, updated_at=db_now(), last_admitted_at=stamp
                         )
                     )
-                tenants[best.tenant] = (weight, stamp)
+                tenants[best.tenant] = (weight, stamp, limit)
         return moved
 
     def capacity(self, conn: Connection) -> dict[frozenset[str], int]:

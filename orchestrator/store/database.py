@@ -7,7 +7,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -58,6 +58,19 @@ class Database:
                 return fn(conn)
 
         return self.retrying(once)
+
+    def upsert(
+        self, table: sa.Table, key: dict[str, Any], values: dict[str, Any], defaults: dict[str, Any] | None = None
+    ) -> None:
+        """Set ``values`` on the row of ``table`` whose primary key is ``key``, making it (with
+        ``defaults`` for the columns ``values`` leaves out) if there is none."""
+
+        def tx(conn: Connection) -> None:
+            where = [table.c[k] == v for k, v in key.items()]
+            if conn.execute(table.update().where(*where).values(**values)).rowcount == 0:
+                conn.execute(table.insert().values({**(defaults or {}), **key, **values}))
+
+        self.transaction(tx)
 
     @staticmethod
     def transient(exc: BaseException) -> bool:

@@ -3,20 +3,23 @@ checker and the chaos soak inspect."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from .. import schema as s
 from ..dbtime import db_after, db_now
 from ..errors import RunNotFound, TaskNotFound
-from ..explain import ExplainInput
-from ..models import EventView, RunView, TaskView
+from ..explain import ExplainInput, LimitUse
+from ..models import EventView, RateLimit, RunView, TaskView
 from ..states import RunState
 from . import rows
 from .database import Database
+from .limits import bucket
 from .probes import probe_effects
 
 t_tasks, t_runs, t_edges, t_events, t_workers = s.tasks, s.runs, s.edges, s.events, s.workers
@@ -105,24 +108,19 @@ class Reads:
         """What ``explain`` needs about a run, read in one connection (raise :class:`RunNotFound`)."""
         c = t_tasks.c
         with self.db.engine.connect() as conn:
-            found_run = conn.execute(sa.select(t_runs.c.state, t_runs.c.tenant).where(t_runs.c.id == run_id)).first()
+            found_run = conn.execute(
+                sa.select(t_runs.c.state, t_runs.c.tenant, t_runs.c.dag_name, t_runs.c.max_active_tasks).where(
+                    t_runs.c.id == run_id
+                )
+            ).first()
             if found_run is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
-            run_state, tenant = found_run
-            limit = conn.execute(
-                sa.select(s.tenants.c.max_running).where(s.tenants.c.name == tenant)
-            ).scalar_one_or_none()
-            tenant_limit = None
-            if limit is not None:
-                running = conn.execute(
-                    sa.select(sa.func.count()).where(c.tenant == tenant, c.state.in_(["QUEUED", "RUNNING"]))
-                ).scalar_one()
-                tenant_limit = (str(tenant), int(limit), int(running))
+            run_state, tenant, dag_name, max_active = found_run
             tasks = conn.execute(
                 sa.select(
                     c.key, c.state, c.attempt, c.max_attempts, c.trigger_rule, c.n_upstream, c.n_done,
                     c.n_succeeded, c.n_failed, c.n_skipped, c.queue, c.priority, c.not_before,
-                    c.dispatched_at, c.worker, c.lease_expires_at,
+                    c.dispatched_at, c.worker, c.lease_expires_at, c.pool, c.pool_slots, c.rate_limit,
                 )
                 .where(c.run_id == run_id)
                 .order_by(c.key)
@@ -162,11 +160,14 @@ class Reads:
                 ).all()
             }
             now = conn.execute(sa.select(db_now())).scalar_one()
-        if isinstance(now, str):  # SQLite's db_now() is text
-            import datetime as dt
-
-            now = dt.datetime.fromisoformat(now)
-        return ExplainInput(run_state, tasks, edges, workers, ahead, in_flight, depth, now, tenant_limit)
+            if isinstance(now, str):  # SQLite's db_now() is text
+                now = dt.datetime.fromisoformat(now)
+            ready = [t for t in tasks if t.state == "READY"]
+            limits = _limit_uses(conn, run_id, str(tenant), str(dag_name), max_active, ready, now) if ready else {}
+        return ExplainInput(
+            run_state, tasks, edges, workers, ahead, in_flight, depth, now, tenant=str(tenant), dag=str(dag_name),
+            **limits,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ diagnostics
 
@@ -241,3 +242,57 @@ class Reads:
                     .limit(limit)
                 ).all()
             )
+
+
+def _limit_uses(
+    conn: Connection, run_id: str, tenant: str, dag: str, max_active: int | None, ready: Sequence[Any], now: Any
+) -> dict[str, Any]:
+    """The limits that apply to a run's READY tasks and who holds them: from the tasks in flight
+    of the whole deployment (bounded by the workers' window), as admission counts them."""
+    c = t_tasks.c
+    flying = conn.execute(
+        sa.select(c.run_id, c.key, c.tenant, c.pool, c.pool_slots, t_runs.c.dag_name)
+        .join(t_runs, t_runs.c.id == c.run_id)
+        .where(c.state.in_(["QUEUED", "RUNNING"]))
+    ).all()
+
+    def use(limit: int, rows: Sequence[Any]) -> LimitUse:
+        holders: dict[str, int] = {}
+        for r in rows:
+            holders[r.run_id] = holders.get(r.run_id, 0) + 1
+        return LimitUse(int(limit), len(rows), holders)
+
+    out: dict[str, Any] = {}
+    tenant_max = conn.execute(sa.select(s.tenants.c.max_running).where(s.tenants.c.name == tenant)).scalar()
+    if tenant_max is not None:
+        out["tenant_limit"] = use(tenant_max, [r for r in flying if r.tenant == tenant])
+    if max_active is not None:
+        out["run_limit"] = use(max_active, [r for r in flying if r.run_id == run_id])
+    dag_max = conn.execute(
+        sa.select(s.dag_limits.c.max_running).where(s.dag_limits.c.tenant == tenant, s.dag_limits.c.dag_name == dag)
+    ).scalar()
+    if dag_max is not None:
+        out["dag_limit"] = use(dag_max, [r for r in flying if r.tenant == tenant and r.dag_name == dag])
+    pool_names = sorted({t.pool for t in ready if t.pool is not None})
+    if pool_names:
+        slots = dict(
+            conn.execute(sa.select(s.pools.c.name, s.pools.c.slots).where(s.pools.c.name.in_(pool_names))).all()
+        )
+        pools: dict[str, LimitUse | None] = {}
+        for name in pool_names:
+            if name not in slots:
+                pools[name] = None
+                continue
+            holders = {f"{r.run_id}/{r.key}": int(r.pool_slots) for r in flying if r.pool == name}
+            pools[name] = LimitUse(int(slots[name]), sum(holders.values()), holders)
+        out["pools"] = pools
+    keys = sorted({t.rate_limit for t in ready if t.rate_limit is not None})
+    if keys:
+        found = {r.key: r for r in conn.execute(sa.select(s.rate_limits).where(s.rate_limits.c.key.in_(keys))).all()}
+        out["rates"] = {
+            k: RateLimit(k, float(found[k].rate), int(found[k].burst), bucket(found[k], dt.datetime.now(dt.UTC)))
+            if k in found
+            else None
+            for k in keys
+        }
+    return out

@@ -72,6 +72,7 @@ class Submission:
                     dag_snapshot=dag.to_spec(),
                     task_count=len(dag.nodes),
                     open_tasks=len(dag.nodes),
+                    max_active_tasks=dag.max_active_tasks,
                     created_at=now,
                 )
             )
@@ -138,6 +139,9 @@ def _task_rows(
             "children": children.get(node.key),
             "retry_on": list(node.retry_on) or None,
             "no_retry_on": list(node.no_retry_on) or None,
+            "pool": node.pool,
+            "pool_slots": node.pool_slots,
+            "rate_limit": node.rate_limit,
         }
 
 

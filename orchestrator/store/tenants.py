@@ -22,12 +22,7 @@ class Tenants:
     def update(self, name: str, **values: Any) -> None:
         """Set some of a tenant's settings (the caller validated them), making its row if needed."""
 
-        def tx(conn: sa.Connection) -> None:
-            changed = {**values, "updated_at": db_now()}
-            if conn.execute(t_tenants.update().where(t_tenants.c.name == name).values(**changed)).rowcount == 0:
-                conn.execute(t_tenants.insert().values({"name": name, "weight": 1.0, **changed}))
-
-        self.db.transaction(tx)
+        self.db.upsert(t_tenants, {"name": name}, {**values, "updated_at": db_now()}, defaults={"weight": 1.0})
 
     def dedicated(self) -> set[str]:
         """The tenants with dedicated queues (``tenant set --dedicated``)."""

@@ -642,3 +642,164 @@ def test_a_tenant_limit_holds_at_admission_and_frees_with_its_tasks(store: Store
         more.task(f"m{i}", "t")
     submit(store, more)
     assert len(store.admission.admit_ready(100)) == 2
+
+
+def _start(store: Store, dispatches: Any) -> None:
+    for d in dispatches:
+        assert store.attempts.claim(d.run_id, d.key, d.attempt, "w:1", 30, "t") is not None
+
+
+def _reasons(store: Store, run_id: str) -> dict[str, dict[str, Any]]:
+    from orchestrator.explain import explain
+
+    found = explain(store.reads.explain_input(run_id, worker_ttl=30, depth=1))
+    return {e.key: {r.kind: r.to_json() for r in e.reasons} for e in found}
+
+
+def test_a_pool_holds_its_slots_counted_from_the_rows(store: Store) -> None:
+    """orchestrator pool set warehouse --slots 3: tasks naming it hold pool_slots each while
+    QUEUED or RUNNING; a task that needs more than is free waits while smaller ones go; a slot
+    frees when its task ends or its run is cancelled; explain names the holders."""
+    store.limits.set_pool("warehouse", 3)
+    dag = DAG("loads")
+    dag.task("big", "t", pool="warehouse", pool_slots=2)
+    for i in range(5):
+        dag.task(f"s{i}", "t", pool="warehouse")
+    dag.task("free", "t")  # no pool: never held back by it
+    run_id = submit(store, dag)
+    first = store.admission.admit_ready(100)
+    assert sorted(d.key for d in first) == ["big", "free", "s0"]  # 2 + 1 slots of 3
+    _start(store, first)
+    why = _reasons(store, run_id)
+    assert why["s1"]["pool_full"]["held_by"] == {f"{run_id}/big": 2, f"{run_id}/s0": 1}
+    assert "pool warehouse has 0 of 3 slot(s) free" in why["s1"]["pool_full"]["detail"]
+    # the big task ends: its two slots go to two small ones
+    big = next(d for d in first if d.key == "big")
+    assert sorted(d.key for d in store.attempts.succeed(run_id, "big", big.attempt, None, 1000).dispatches) == [
+        "s1",
+        "s2",
+    ]
+    assert [p.used for p in store.limits.pools()] == [3]
+    # the run is cancelled: every slot is free at once, for another run's task
+    store.operator.cancel_run(run_id, OP)
+    assert [p.used for p in store.limits.pools()] == [0]
+    other = DAG("other")
+    other.task("x", "t", pool="warehouse", pool_slots=3)
+    submit(store, other)
+    assert [d.key for d in store.admission.admit_ready(100)] == ["x"]
+
+
+def test_a_missing_pool_or_rate_limit_holds_its_tasks_and_says_so(store: Store) -> None:
+    dag = DAG("orphans")
+    dag.task("p", "t", pool="gone")
+    dag.task("r", "t", rate_limit="gone-too")
+    dag.task("ok", "t")
+    run_id = submit(store, dag)  # the store takes it; the engine refuses it (test_limits)
+    assert [d.key for d in store.admission.admit_ready(100)] == ["ok"]
+    why = _reasons(store, run_id)
+    assert set(why["p"]) == {"pool_missing"} and set(why["r"]) == {"rate_limit_missing"}
+    store.limits.set_pool("gone", 1)
+    store.limits.set_rate_limit("gone-too", "1/s")
+    assert sorted(d.key for d in store.admission.admit_ready(100)) == ["p", "r"]
+
+
+def test_max_active_tasks_bounds_one_run_and_a_dag_limit_all_its_runs(store: Store) -> None:
+    capped = DAG("capped", max_active_tasks=2)
+    for i in range(5):
+        capped.task(f"c{i}", "t")
+    run_id = submit(store, capped)
+    first = store.admission.admit_ready(100)
+    assert len(first) == 2
+    why = _reasons(store, run_id)
+    assert why["c2"]["run_limit"]["in_flight"] == 2 and why["c2"]["run_limit"]["limit"] == 2
+    # another run of the same DAG is not held by this run's own limit
+    again = submit(store, capped)
+    assert len(store.admission.admit_ready(100)) == 2
+    # a DAG limit across runs: 4 in flight already, limit 5 -> one more in all
+    store.limits.set_dag_limit("default", "capped", 5)
+    third = submit(store, capped)
+    assert len(store.admission.admit_ready(100)) == 1
+    why = _reasons(store, third)
+    held = [k for k, kinds in why.items() if "dag_limit" in kinds]
+    assert len(held) == 4 and why[held[0]]["dag_limit"]["held_by"] == {run_id: 2, again: 2, third: 1}
+    # one of the first run's tasks ends: its slot goes to that run (its own limit allows one)
+    d = first[0]
+    _start(store, [d])
+    nxt = store.attempts.succeed(d.run_id, d.key, d.attempt, None, 1000).dispatches
+    assert [x.run_id for x in nxt] == [run_id]
+    store.limits.set_dag_limit("default", "capped", None)
+    assert len(store.admission.admit_ready(100)) == 1  # third run: 1 in flight -> 2
+    assert store.limits.dag_limits() == {}
+
+
+def test_a_rate_limit_is_a_token_bucket_for_the_whole_deployment(store: Store) -> None:
+    limit = store.limits.set_rate_limit("stripe-api", "2/s", burst=3)
+    assert (limit.rate, limit.burst) == (2.0, 3)
+    dag = DAG("calls")
+    for i in range(10):
+        dag.task(f"k{i}", "t", rate_limit="stripe-api")
+    run_id = submit(store, dag)
+    assert len(store.admission.admit_ready(100)) == 3  # the burst
+    assert store.admission.admit_ready(100) == []
+    why = _reasons(store, run_id)
+    waiting = [r for r in why.values() if "rate_limit" in r]
+    assert len(waiting) == 7 and waiting[0]["rate_limit"]["next_token_at"]
+    time.sleep(1.1)  # 2 tokens per second
+    assert len(store.admission.admit_ready(100)) == 2
+    assert store.limits.rate_limits()[0].tokens < 1
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda st: st.limits.set_pool("bad name", 1), "pool 'bad name' must be"),
+        (lambda st: st.limits.set_pool("p", 0), "slots must be an integer from 1"),
+        (lambda st: st.limits.set_rate_limit("k", "10 per second"), "rate '10 per second' must look like 10/s"),
+        (lambda st: st.limits.set_rate_limit("k", "0/s"), "must be above 0"),
+        (lambda st: st.limits.set_rate_limit("k", "1/s", burst=0), "burst must be an integer from 1"),
+        (lambda st: st.limits.set_dag_limit("default", "d", 0), "max running must be an integer from 1"),
+    ],
+)
+def test_bad_limit_settings_are_refused_and_write_nothing(store: Store, call: Any, message: str) -> None:
+    from orchestrator import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        call(store)
+    assert store.limits.pools() == [] and store.limits.rate_limits() == [] and store.limits.dag_limits() == {}
+
+
+def test_concurrent_hand_offs_never_overfill_a_pool(store: Store) -> None:
+    """Completions pass their slots on without the admission lock; a pick with a limit takes
+    it, so 8 completions at once cannot put a 2-slot pool over 2."""
+    store.workers.unregister("test-worker")
+    store.workers.register("w", default_queues(), 8)
+    store.limits.set_pool("tight", 2)
+    dag = DAG("race")
+    for i in range(8):
+        dag.task(f"free{i}", "t")
+    for i in range(20):
+        dag.task(f"p{i:02d}", "t", pool="tight")
+    run_id = submit(store, dag)
+    first = store.admission.admit_ready(100)
+    _start(store, first)
+    errors: list[BaseException] = []
+
+    def finish(d: Any) -> None:
+        try:
+            store.attempts.succeed(d.run_id, d.key, d.attempt, None, 1000)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=finish, args=(d,)) for d in first if d.key.startswith("free")]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    with store.engine.connect() as conn:
+        held = conn.execute(
+            sa.select(sa.func.count()).where(
+                s.tasks.c.run_id == run_id, s.tasks.c.pool == "tight", s.tasks.c.state.in_(["QUEUED", "RUNNING"])
+            )
+        ).scalar_one()
+    assert held == 2
