@@ -27,6 +27,7 @@ from .errors import (
     SchemaMissingError,
     SpecError,
     TaskNotFound,
+    UnknownLimitError,
     UnknownTaskError,
     ValidationError,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "TaskNotFound",
     "TaskState",
     "TriggerRule",
+    "UnknownLimitError",
     "UnknownTaskError",
     "ValidationError",
     "default",

@@ -18,6 +18,8 @@ from kombu.entity import Exchange, Queue
 from . import worker as _worker_signals  # noqa: F401 - connects the worker's signal handlers
 from .config import Settings
 from .errors import ConfigurationError
+from .protocol import MAX_MESSAGE_PRIORITY
+from .publisher import broker_has_priorities
 from .routing import default_queues
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,10 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
         task_default_queue=queues[1],
         task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q) for q in queues],
         task_create_missing_queues=True,
+        # RabbitMQ: priority queues, so a message's priority class orders what waits in a queue
+        # (publisher.CeleryPublisher sets it); an existing queue declared without it must be
+        # deleted once (RabbitMQ refuses to redeclare a queue with other arguments)
+        task_queue_max_priority=MAX_MESSAGE_PRIORITY if broker_has_priorities(settings.broker_url) else None,
         # beat is for schedules; the reconciler runs beside the workers' pools, not as a task
         beat_schedule={},
         beat_schedule_filename=os.path.join(settings.data_dir, "celerybeat-schedule"),

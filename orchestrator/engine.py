@@ -315,12 +315,15 @@ class Orchestrator:
 
     def cancel(self, run_id: str, *, by: str | None = None) -> int:
         """Cancel a run: its open tasks become CANCELLED and the attempts in flight are revoked
-        with terminate (their late results are then rejected). Returns how many were revoked.
+        with terminate (their late results are then rejected); the worker slots, pool slots and
+        limits they held go to other READY work at once. Returns how many were revoked.
         Raises :class:`RunNotFound`, or :class:`ConflictError` when the run is already final."""
         self.visible(run_id)
         in_flight, conflict = self.store.operator.cancel_run(run_id, operator(by or os_user()))
         if conflict is not None:
             raise ConflictError(conflict)
+        if in_flight:  # their slots first: the revoke is best effort, the rows are already final
+            self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
         self.publisher.revoke(in_flight)
         return len(in_flight)
 

@@ -41,6 +41,8 @@ class Dispatch:
     queue: str
     soft_time_limit: float | None
     time_limit: float | None
+    #: the priority class's rank (0 high, 1 default, 2 low): the message priority on RabbitMQ
+    priority_rank: int = 1
 
     @property
     def token(self) -> FencingToken:

@@ -88,13 +88,29 @@ def send_options(
     soft_time_limit: float | None,
     time_limit: float | None,
     signature: str,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """The ``send_task`` keyword options of one attempt's message (arguments excluded);
-    ``signature`` is :func:`sign` of the token for the message's task name."""
-    return {
+    ``signature`` is :func:`sign` of the token for the message's task name; ``priority`` the
+    message priority (RabbitMQ only: :func:`message_priority`)."""
+    options = {
         "queue": queue,
         "task_id": token.task_id,
         "headers": {**token.headers(), HEADER_SIGNATURE: signature},
         "soft_time_limit": soft_time_limit,
         "time_limit": time_limit,
     }
+    if priority is not None:
+        options["priority"] = priority
+    return options
+
+
+#: the highest message priority of the queues on RabbitMQ (``x-max-priority``)
+MAX_MESSAGE_PRIORITY = 9
+
+
+def message_priority(rank: int) -> int:
+    """RabbitMQ's message priority (higher first) for a priority class's rank (0 high, 1 default,
+    2 low): 9, 5, 1. Admission already sends the higher classes first; the broker's priority
+    only orders what waits in one queue."""
+    return max(MAX_MESSAGE_PRIORITY - 4 * rank, 1)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from .crashpoints import crash_point
 from .models import Dispatch
-from .protocol import send_options, sign
+from .protocol import message_priority, send_options, sign
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +67,14 @@ class CeleryPublisher:
     """Publishes through a Celery app's producer pool (``send_task`` by registered name).
 
     ``signing_key`` returns the deployment's key (read from the database once, by the store):
-    each message's fencing headers carry their signature (:func:`orchestrator.protocol.sign`)."""
+    each message's fencing headers carry their signature (:func:`orchestrator.protocol.sign`).
+    On RabbitMQ each message also carries its priority class as a message priority (on Redis,
+    kombu would turn a priority into separate lists: admission's order is enough there)."""
 
     def __init__(self, app: Any, signing_key: Callable[[], bytes]) -> None:
         self.app = app
         self.signing_key = signing_key
+        self.priorities = broker_has_priorities(str(app.conf.broker_url or ""))
 
     def publish(self, dispatches: Sequence[Dispatch]) -> int:
         batch = list(dispatches)
@@ -94,6 +97,7 @@ class CeleryPublisher:
                             soft_time_limit=d.soft_time_limit,
                             time_limit=d.time_limit,
                             signature=sign(key, d.task_name, d.token),
+                            priority=message_priority(d.priority_rank) if self.priorities else None,
                         ),
                     )
                     sent += 1
@@ -111,3 +115,8 @@ class CeleryPublisher:
             self.app.control.revoke(ids, terminate=True, signal="SIGTERM")
         except Exception:
             log.exception("revoking %d task(s) failed; their results will be rejected", len(ids))
+
+
+def broker_has_priorities(url: str) -> bool:
+    """Whether the broker carries message priorities natively (AMQP: RabbitMQ)."""
+    return url.split("://", 1)[0] in ("amqp", "amqps", "pyamqp")

@@ -5,6 +5,8 @@ A missing PostgreSQL or redis-server fails the tests (``pytest.fail``), it never
 
 from __future__ import annotations
 
+import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,3 +72,24 @@ def cluster(fault_db_url: str, redis_server: RedisServer, tmp_path: Path) -> Ite
         yield c
     finally:
         c.close()
+
+
+def _rabbitmqctl(*args: str) -> None:
+    done = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        pytest.fail(f"rabbitmqctl {' '.join(args)} failed: {done.stderr}{done.stdout}")
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str]:
+    """The broker URL of a test run against both: the suite's Redis, and a RabbitMQ vhost of its own."""
+    if request.param == "redis":
+        yield cluster.settings.broker_url
+        return
+    vhost = f"orc-test-{uuid.uuid4().hex[:8]}"
+    _rabbitmqctl("add_vhost", vhost)
+    try:
+        _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+    finally:
+        _rabbitmqctl("delete_vhost", vhost)  # its queues go with it

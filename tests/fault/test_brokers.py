@@ -4,10 +4,6 @@ The admission order decides the run order, whatever the broker."""
 
 from __future__ import annotations
 
-import subprocess
-import uuid
-from collections.abc import Iterator
-
 import pytest
 import sqlalchemy as sa
 
@@ -15,26 +11,6 @@ from orchestrator import DAG, RunState
 from tests.fault.harness import Cluster, P
 
 pytestmark = pytest.mark.fault
-
-
-def _rabbitmqctl(*args: str) -> None:
-    done = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        pytest.fail(f"rabbitmqctl {' '.join(args)} failed: {done.stderr}{done.stdout}")
-
-
-@pytest.fixture(params=["redis", "rabbitmq"])
-def broker(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str]:
-    if request.param == "redis":
-        yield cluster.settings.broker_url
-        return
-    vhost = f"orc-test-{uuid.uuid4().hex[:8]}"
-    _rabbitmqctl("add_vhost", vhost)
-    try:
-        _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
-    finally:
-        _rabbitmqctl("delete_vhost", vhost)  # its queues go with it
 
 
 def _started_order(cluster: Cluster, run_ids: list[str]) -> list[tuple[str, str]]:
@@ -82,3 +58,43 @@ def test_priority_then_fair_share_decide_the_order(cluster: Cluster, broker: str
     assert sorted(middle) == ["default-1"] * 6 + ["default-2"] * 6
     first_half = middle[:6]
     assert 2 <= first_half.count("default-1") <= 4, middle
+
+
+def test_rabbitmq_queues_carry_the_priority_class(cluster: Cluster, broker: str) -> None:
+    """On RabbitMQ the queues are priority queues and each message carries its class (9 high,
+    5 default, 1 low); on Redis no priority is set (kombu would split a queue into lists)."""
+    import subprocess
+
+    from kombu import Connection, Exchange, Queue
+
+    from orchestrator.protocol import message_priority
+
+    cluster.configure(ORCHESTRATOR_BROKER_URL=broker, ORCHESTRATOR_WORKER_RECONCILER="0")
+    w = cluster.worker("w1", concurrency=1)  # declares the queues
+    w.stop()
+    cluster.procs.remove(w)
+    cluster.store.workers.register("ghost@fault", ["orchestrator.high", "orchestrator.low"], 2)  # admits, never takes
+    dag = DAG("prio")
+    dag.task("h", P + "noop", priority="high")
+    dag.task("l", P + "noop", priority="low")
+    cluster.orc.submit(dag)
+    got: dict[str, int | None] = {}
+    with Connection(broker) as conn:
+        for queue in ("orchestrator.high", "orchestrator.low"):
+            args = {"x-max-priority": 9} if broker.startswith("amqp") else {}
+            declared = Queue(queue, Exchange(queue, type="direct"), routing_key=queue, queue_arguments=args)
+            message = conn.SimpleQueue(declared).get(timeout=10)
+            got[queue] = message.properties.get("priority")
+            message.ack()
+    if broker.startswith("amqp"):
+        assert got == {"orchestrator.high": message_priority(0), "orchestrator.low": message_priority(2)}
+        assert (message_priority(0), message_priority(1), message_priority(2)) == (9, 5, 1)
+        vhost = broker.rsplit("/", 1)[1]
+        listed = subprocess.run(
+            ["rabbitmqctl", "-q", "list_queues", "-p", vhost, "name", "arguments"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        lines = [line for line in listed.splitlines() if line.startswith("orchestrator.")]
+        assert lines and all("x-max-priority" in line and "9" in line for line in lines), listed
+    else:
+        assert set(got.values()) <= {None, 0}  # kombu reads "no priority" as 0 on Redis
