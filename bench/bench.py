@@ -16,7 +16,13 @@ In one run, against the same Redis database and the same ``celery worker`` subpr
    chain's edges;
 5. references and probes: a raw Celery chain (each link sends the next), and the cost of
    the worker's child-counter update in a new run before and after ANALYZE
-   (``--planner-probe``; the measured runs are not ANALYZEd unless ``--planner-stats`` says so).
+   (``--planner-probe``; the measured runs are not ANALYZEd unless ``--planner-stats`` says so);
+6. fairness and priority (``--fairness-tasks``): tenants' shares of the slots, a small
+   tenant's run behind a big backlog, a high task behind a low backlog;
+7. limits: the most tasks of a 2-slot pool running at once under 50 tasks (from the ledger);
+   with two fresh workers whose leases are ``--lease`` seconds, how soon a pool's slots are
+   used again after the worker holding them is killed with -9, and after a run holding one is
+   cancelled.
 
 The bench databases (their name must contain "bench") are dropped and re-created, and
 the bench Redis database is flushed, at the start of every run. See bench/README.md.
@@ -185,13 +191,15 @@ class Worker:
     logfile: Path
     proc: subprocess.Popen[bytes] | None = None
     app_module: str = "config.celery_app"
+    #: tells workers of one bench apart (their names are orc-bench-<app>-<pid><name>@host)
+    name: str = ""
 
     def start(self) -> None:
         cmd = [
             sys.executable, "-m", "celery", "-A", self.app_module, "worker",
             "-c", str(self.concurrency), "--pool", "prefork", "-Q", self.queues,
             "--without-gossip", "--without-mingle", "--loglevel", "WARNING",
-            "-n", f"orc-bench-{self.app_module.rsplit('.', 1)[-1]}-{os.getpid()}@%h",
+            "-n", f"orc-bench-{self.app_module.rsplit('.', 1)[-1]}-{os.getpid()}{self.name}@%h",
         ]  # fmt: skip
         out = self.logfile.open("wb")
         try:
@@ -212,6 +220,15 @@ class Worker:
             return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no worker log)"
+
+    def kill(self) -> None:
+        """kill -9 of the whole process group (main process and pool children)."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            log(f"worker {proc.pid} killed with SIGKILL")
 
     def stop(self, timeout: float = 20.0) -> None:
         """Warm shutdown (SIGTERM) of the whole process group, SIGKILL after ``timeout``."""
@@ -622,6 +639,166 @@ class Bench:
         orc.cancel(backlog.id)
         self.results["fairness"] = figures
 
+    # -------------------------------------------------------------- 6. limits
+
+    def _db_now(self) -> Any:
+        import sqlalchemy as sa
+
+        with self.orchestrator().store.engine.connect() as conn:
+            return conn.execute(sa.text("select clock_timestamp()")).scalar_one()
+
+    def _most_at_once(self, run_id: str, states: set[str]) -> int:
+        """The most tasks of the run in ``states`` at once, replaying its accepted transitions."""
+        import sqlalchemy as sa
+
+        with self.orchestrator().store.engine.connect() as conn:
+            found = conn.execute(
+                sa.text(
+                    "select from_state, to_state from orc_task_events where run_id = :r and key is not null"
+                    " and accepted order by at, id"
+                ),
+                {"r": run_id},
+            ).all()
+        now = most = 0
+        for src, dst in found:
+            now += (dst in states) - (src in states)
+            most = max(most, now)
+        return most
+
+    def _first_claim(self, run_id: str, after: Any, worker: str) -> Any:
+        import sqlalchemy as sa
+
+        with self.orchestrator().store.engine.connect() as conn:
+            return conn.execute(
+                sa.text(
+                    "select min(at) from orc_task_events where run_id = :r and to_state = 'RUNNING' and accepted"
+                    " and at > :t and reason like :w"
+                ),
+                {"r": run_id, "t": after, "w": f"claim by {worker}%"},
+            ).scalar()
+
+    def bench_pool(self) -> None:
+        """A pool of 2 slots under 50 no-op tasks on the bench worker: the most of its tasks
+        running (and QUEUED or RUNNING) at once, from the ledger (must be 2)."""
+        from orchestrator.dag import DAG
+
+        orc = self.orchestrator()
+        orc.set_pool("bench-pool", 2)
+        dag = DAG("pooled")
+        for i in range(50):
+            dag.task(f"p{i:02d}", NOOP, pool="bench-pool")
+        run, elapsed = self.run_dag(dag, analyze=False)
+        run_id = run.id
+        self.results["limits"] = {
+            "pool_tasks": 50,
+            "pool_slots": 2,
+            "pool_elapsed_s": elapsed,
+            "pool_most_running": self._most_at_once(run_id, {"RUNNING"}),
+            "pool_most_in_flight": self._most_at_once(run_id, {"QUEUED", "RUNNING"}),
+        }
+        log(f"pool of 2 under 50 tasks: at most {self.results['limits']['pool_most_running']} running at once")
+
+    def bench_slot_recovery(self, make_worker: Callable[[str], Worker]) -> None:
+        """Pool slots after a kill -9 and after a cancel, with two fresh workers whose leases are
+        --lease seconds: worker 1 holds both slots of a 2-slot pool and is killed with -9; the
+        seconds until worker 2 claims a pool task (target: lease + one tick). Then a run holding
+        the pool is cancelled: how soon its slot is admitted to, and claimed by, a waiting run."""
+        from orchestrator.dag import DAG
+
+        orc = self.orchestrator()
+        orc.set_pool("bench-held", 2)
+        first, second = make_worker("-held"), make_worker("-spare")
+        first.start()
+        try:
+            self._wait_workers(1)
+            dag = DAG("held")
+            for i in range(4):
+                dag.task(f"h{i}", "tasks.probes.sleep", kwargs={"seconds": 2 * self.args.lease}, pool="bench-held",
+                         max_attempts=3)  # fmt: skip
+            held = orc.submit(dag)
+            wait_until(lambda: self._running(held.id) == 2, self.args.timeout, "both pool slots running", first)
+            second.start()
+            self._wait_workers(2)
+            killed_at = self._db_now()
+            first.kill()
+            wait_until(
+                lambda: self._first_claim(held.id, killed_at, f"orc-bench-celery_app-{os.getpid()}-spare") is not None,
+                self.args.timeout, "the spare worker to claim a pool task", second,
+            )  # fmt: skip
+            back = self._first_claim(held.id, killed_at, f"orc-bench-celery_app-{os.getpid()}-spare") - killed_at
+            orc.cancel(held.id)
+            # a run holding the only slot of a pool, cancelled while another run waits for it
+            orc.set_pool("bench-one", 1)
+            holder = DAG("holder")
+            holder.task("long", "tasks.probes.sleep", kwargs={"seconds": 60.0}, pool="bench-one")
+            a = orc.submit(holder)
+            wait_until(lambda: self._running(a.id) == 1, self.args.timeout, "the holder running", second)
+            waiter = DAG("waiter")
+            waiter.task("next", NOOP, pool="bench-one")
+            b = orc.submit(waiter)
+            time.sleep(0.2)
+            orc.cancel(a.id)
+            b.wait(self.args.timeout, poll=0.002)
+            import sqlalchemy as sa
+
+            with orc.store.engine.connect() as conn:
+                cancelled = conn.execute(
+                    sa.text(
+                        "select at from orc_task_events where run_id = :r and key is null and to_state = 'CANCELLED'"
+                    ),
+                    {"r": a.id},
+                ).scalar_one()
+                queued, claimed = conn.execute(
+                    sa.text(
+                        "select min(at) filter (where to_state = 'QUEUED'), min(at) filter (where to_state = 'RUNNING')"
+                        " from orc_task_events where run_id = :r and accepted"
+                    ),
+                    {"r": b.id},
+                ).one()
+        finally:
+            first.stop()
+            second.stop()
+        self.results.setdefault("limits", {}).update(
+            {
+                "lease_s": self.args.lease,
+                "tick_s": 1.0,
+                "kill_slots_back_s": back.total_seconds(),
+                "cancel_admitted_ms": (queued - cancelled).total_seconds() * 1000,
+                "cancel_claimed_ms": (claimed - cancelled).total_seconds() * 1000,
+            }
+        )
+        log(
+            f"slots back {back.total_seconds():.2f}s after kill -9 (lease {self.args.lease:g}s);"
+            f" after a cancel: admitted {(queued - cancelled).total_seconds() * 1000:.0f} ms,"
+            f" claimed {(claimed - cancelled).total_seconds() * 1000:.0f} ms"
+        )
+
+    def _running(self, run_id: str) -> int:
+        import sqlalchemy as sa
+
+        with self.orchestrator().store.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text("select count(*) from orc_tasks where run_id = :r and state = 'RUNNING'"), {"r": run_id}
+                ).scalar_one()
+            )
+
+    def _wait_workers(self, n: int) -> None:
+        import sqlalchemy as sa
+
+        def live() -> bool:
+            with self.orchestrator().store.engine.connect() as conn:
+                found = conn.execute(
+                    sa.text("select count(*) from orc_workers where seen_at > now() - interval '3 seconds'")
+                ).scalar_one()
+            return int(found) >= n
+
+        deadline = time.monotonic() + self.args.timeout
+        while not live():
+            if time.monotonic() > deadline:
+                raise BenchError(f"{n} live workers never registered")
+            time.sleep(0.05)
+
     # -------------------------------------------------------------- 3. submit
 
     def submit_dag(self, n: int, name: str) -> Any:
@@ -916,6 +1093,34 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                 "",
             )
         )
+    lim = results.get("limits")
+    if lim:
+        rows.append(
+            (
+                f"pool of {lim['pool_slots']} under {lim['pool_tasks']} tasks: most running at once",
+                f"{lim['pool_most_running']} (in flight {lim['pool_most_in_flight']})",
+                f"{lim['pool_slots']}",
+                verdict(lim["pool_most_running"] == lim["pool_slots"] >= lim["pool_most_in_flight"]),
+            )
+        )
+        if "kill_slots_back_s" in lim:
+            target = lim["lease_s"] + lim["tick_s"]
+            rows.append(
+                (
+                    "pool slots after kill -9 of their worker: back in",
+                    f"{lim['kill_slots_back_s']:.2f} s",
+                    f"<= lease + tick = {target:g} s",
+                    verdict(lim["kill_slots_back_s"] <= target),
+                )
+            )
+            rows.append(
+                (
+                    "pool slot of a cancelled run: admitted / claimed after",
+                    f"{lim['cancel_admitted_ms']:.0f} / {lim['cancel_claimed_ms']:.0f} ms",
+                    "at once",
+                    "",
+                )
+            )
     fair = results.get("fairness")
     if fair:
         for label, target in (("equal", 1.0), ("3:1", 3.0)):
@@ -1050,6 +1255,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="time the child-counter update of one task of a new 1->N->1 run, before and\n"
         "after ANALYZE (in the submit database, rolled back; 0 skips it), default 2000",
     )
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=5.0,
+        help="lease seconds of the two workers of the slot-recovery scenario, default 5 (0 skips it)",
+    )
     p.add_argument("--json", action="store_true", help="also print the figures as one JSON object (last line)")
     args = p.parse_args(argv)
     for name in ("concurrency", "raw_tasks", "fanout", "chain", "submit_repeat"):
@@ -1158,7 +1369,18 @@ def main(argv: list[str] | None = None) -> int:
             bench.bench_chain()
             bench.bench_latency()
             bench.bench_fairness()
+            bench.bench_pool()
             worker.stop()  # not needed for the canvas and submit phases
+            if args.lease > 0:
+                bench.bench_slot_recovery(
+                    lambda name: Worker(
+                        env={**worker_env, "ORCHESTRATOR_LEASE_SECONDS": str(args.lease)},
+                        concurrency=2,
+                        queues=",".join(default_queues()),
+                        logfile=data_dir / f"worker{name}.log",
+                        name=name,
+                    )
+                )
             if not args.no_canvas:
                 bench.bench_canvas(canvas_worker)
             bench.bench_submit(submit_url)

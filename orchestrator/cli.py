@@ -475,7 +475,8 @@ def explain(run_id: str, key: str | None, as_json: bool, show_all: bool) -> None
     only KEY), the reasons: parents it waits on, its trigger rule so far, a parent parked in
     DEAD_LETTER, a limit used up (the tenant's, the run's max_active_tasks, the DAG's: held by
     which runs), its pool full (held by which tasks) or missing, its rate limit out of tokens
-    (the next at T) or missing, READY behind N tasks of higher or equal priority, every worker
+    (the next at T) or missing, other tenants further below their fair share going first,
+    READY behind N tasks of higher or equal priority, every worker
     slot in use, no live worker for its queue, waiting in the broker, a retry's backoff, the
     run cancelled."""
     found = _ready_store().explain(run_id, key)

@@ -11,7 +11,9 @@ run's tenant has its most tasks in flight, held by which runs), ``run_limit`` (t
 ``max_active_tasks`` in flight), ``dag_limit`` (its DAG has its most tasks in flight across runs,
 held by which runs), ``pool_full`` (the task's pool has fewer free slots than it asks, held by
 which tasks), ``pool_missing``, ``rate_limit`` (no token; when the next one comes),
-``rate_limit_missing``, ``ready_behind`` (READY tasks admission takes first:
+``rate_limit_missing``, ``tenant_share`` (other tenants with READY work for the same workers are
+further below their weighted share, so they go first; the run's tenant's slots by run),
+``ready_behind`` (READY tasks admission takes first:
 of higher priority, or older, in any queue the workers of its queue also consume),
 ``window_full`` (the live workers of its queue have every slot in use), ``no_worker`` (no live
 worker consumes its queue), ``queued`` (published, waiting for a worker to take the message),
@@ -94,6 +96,11 @@ class ExplainInput:
     pools: dict[str, LimitUse | None] = field(default_factory=dict)
     #: the rate limits the run's READY tasks name (None: it does not exist)
     rates: dict[str, RateLimit | None] = field(default_factory=dict)
+    #: per queue of the run's READY tasks, the fair share on the workers consuming it: tenant ->
+    #: (tasks in flight on those workers' queues, weight, has READY work there)
+    shares: dict[str, dict[str, tuple[int, float, bool]]] = field(default_factory=dict)
+    #: the run's tenant's tasks in flight per run (who uses its share)
+    tenant_runs: dict[str, int] = field(default_factory=dict)
 
 
 def explain(data: ExplainInput, key: str | None = None) -> list[Explanation]:
@@ -189,6 +196,9 @@ def _ready(t: Any, data: ExplainInput) -> list[Reason]:
     reasons = _limits(t, data)
     if reasons:  # held by a limit: what else is READY or in flight does not matter until it frees
         return reasons
+    share = _share(t, data)
+    if share is not None:
+        reasons.append(share)
     ahead = data.ahead.get(t.key, 0)
     if ahead:
         reasons.append(
@@ -295,6 +305,32 @@ def _limits(t: Any, data: ExplainInput) -> list[Reason]:
                 )
             )
     return reasons
+
+
+def _share(t: Any, data: ExplainInput) -> Reason | None:
+    """``tenant_share``: other tenants with READY work for the same workers are further below
+    their weighted share of the slots, so admission serves them first."""
+    tenants = data.shares.get(t.queue, {})
+    mine = tenants.get(data.tenant)
+    if mine is None:
+        return None
+    level = (mine[0] + 1) / mine[1]
+    first = {n: (f, w) for n, (f, w, ready) in tenants.items() if ready and n != data.tenant and (f + 1) / w < level}
+    if not first:
+        return None
+    shown = ", ".join(f"{n} ({f} at weight {w:g})" for n, (f, w) in sorted(first.items())[:5])
+    return Reason(
+        "tenant_share",
+        f"tenant {data.tenant} has {mine[0]} task(s) in flight on the workers of {t.queue} at weight {mine[1]:g};"
+        f" tenants further below their share go first: {shown}{_holders(data.tenant_runs, 'run')}",
+        {
+            "tenant": data.tenant,
+            "in_flight": mine[0],
+            "weight": mine[1],
+            "first": {n: {"in_flight": f, "weight": w} for n, (f, w) in first.items()},
+            "held_by": dict(data.tenant_runs),
+        },
+    )
 
 
 def _holders(holders: dict[str, int], what: str) -> str:

@@ -13,7 +13,10 @@ on the group's queues over its weight, and the tenant furthest below its share g
 within a tenant, older first. A task READY for ``aging`` seconds
 (``ORCHESTRATOR_PRIORITY_AGING_SECONDS``) counts one class higher, for twice as long two
 classes, so a low backlog is not starved by a stream of high work (``dbtime.aged_rank``; the
-same rule in ``orc_admit_from`` on Postgres).
+same rule in ``orc_admit_from`` on Postgres). The picked task is then checked against the
+limits that apply to it (its tenant's, its run's ``max_active_tasks``, its DAG's, its pool's
+slots, its rate limit's tokens: ``limits.py``); a held task is set aside with its tenant, run,
+pool or rate limit, and the next best one is taken.
 
 On Postgres a completion whose settlement made no task READY does not run this admission: the
 server function ``orc_succeed`` hands the slot its worker freed to the best READY task of that

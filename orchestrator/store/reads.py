@@ -164,6 +164,9 @@ class Reads:
                 now = dt.datetime.fromisoformat(now)
             ready = [t for t in tasks if t.state == "READY"]
             limits = _limit_uses(conn, run_id, str(tenant), str(dag_name), max_active, ready, now) if ready else {}
+            if ready:
+                scopes = {q: set().union(*(g for g in groups if q in g)) or {q} for q in {t.queue for t in ready}}
+                limits.update(_shares(conn, str(tenant), scopes))
         return ExplainInput(
             run_state, tasks, edges, workers, ahead, in_flight, depth, now, tenant=str(tenant), dag=str(dag_name),
             **limits,
@@ -296,3 +299,33 @@ def _limit_uses(
             for k in keys
         }
     return out
+
+
+def _shares(conn: Connection, tenant: str, scopes: dict[str, set[str]]) -> dict[str, Any]:
+    """Per queue, the tenants' tasks in flight on the queues of the workers consuming it, their
+    weights and whether they have READY work there; and ``tenant``'s tasks in flight by run."""
+    c = t_tasks.c
+    every = sorted(set().union(*scopes.values()))
+    flying = conn.execute(
+        sa.select(c.tenant, c.queue, c.run_id).where(c.state.in_(["QUEUED", "RUNNING"]), c.queue.in_(every))
+    ).all()
+    ready = set(
+        conn.execute(sa.select(c.tenant, c.queue).where(c.state == "READY", c.queue.in_(every)).distinct()).all()
+    )
+    weights = {n: float(w) for n, w in conn.execute(sa.select(s.tenants.c.name, s.tenants.c.weight)).all()}
+    shares: dict[str, dict[str, tuple[int, float, bool]]] = {}
+    for queue, scope in scopes.items():
+        names = {r.tenant for r in flying if r.queue in scope} | {n for n, q in ready if q in scope}
+        shares[queue] = {
+            n: (
+                sum(1 for r in flying if r.queue in scope and r.tenant == n),
+                weights.get(n, 1.0),
+                any(q in scope for m, q in ready if m == n),
+            )
+            for n in names
+        }
+    runs: dict[str, int] = {}
+    for r in flying:
+        if r.tenant == tenant:
+            runs[r.run_id] = runs.get(r.run_id, 0) + 1
+    return {"shares": shares, "tenant_runs": runs}

@@ -803,3 +803,21 @@ def test_concurrent_hand_offs_never_overfill_a_pool(store: Store) -> None:
             )
         ).scalar_one()
     assert held == 2
+
+
+def test_explain_says_when_other_tenants_are_further_below_their_share(store: Store) -> None:
+    store.workers.unregister("test-worker")
+    store.workers.register("w", default_queues(), 3)  # a window of 3 at depth 1
+    big = DAG("big", tenant="a")
+    for i in range(6):
+        big.task(f"x{i}", "t")
+    a_run = submit(store, big)
+    assert len(store.admission.admit_ready(100)) == 3  # a alone: the whole window
+    small = DAG("small", tenant="b")
+    small.task("y", "t")
+    submit(store, small)
+    why = _reasons(store, a_run)
+    waiting = [r["tenant_share"] for r in why.values() if "tenant_share" in r]
+    assert len(waiting) == 3
+    assert waiting[0]["in_flight"] == 3 and waiting[0]["first"] == {"b": {"in_flight": 0, "weight": 1.0}}
+    assert waiting[0]["held_by"] == {a_run: 3}

@@ -39,7 +39,8 @@ def orc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     path = tmp_path_factory.mktemp("fuzz") / "fuzz.db"
     settings_ = Settings.from_env({}, database_url=f"sqlite:///{path}")
     o = Orchestrator(settings_, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS))
-    o.store  # noqa: B018 - migrate once
+    o.set_pool("fuzz-pool", 2)  # migrates once, and a pool and a rate limit that exist
+    o.set_rate_limit("fuzz-rate", "100/s")
     yield o
     o.store.dispose()
 
@@ -108,6 +109,9 @@ _field_values = {
     "queue": _mostly(st.none(), st.one_of(_text, _anything, st.just("orchestrator.tenant.acme.high"))),
     "retry_on": _mostly(st.just(["ValueError"]), st.one_of(_anything, st.just([None]), st.just([ValueError]))),
     "no_retry_on": _mostly(st.just([]), st.one_of(_anything, st.just(["x\n"]))),
+    "pool": _mostly(st.sampled_from([None, "fuzz-pool"]), st.one_of(_text, _anything, st.just("no-such-pool"))),
+    "pool_slots": _mostly(st.sampled_from([1, 2]), st.one_of(_number, _anything)),
+    "rate_limit": _mostly(st.sampled_from([None, "fuzz-rate"]), st.one_of(_text, _anything, st.just("nope"))),
 }
 
 
@@ -131,6 +135,7 @@ def _api_call(draw: Any) -> dict[str, Any]:
         "name": draw(_mostly(st.just("fuzz"), st.one_of(_text, _anything))),
         "tenant": draw(_mostly(st.just("default"), st.one_of(_text, _anything))),
         "params": draw(_mostly(st.just({}), _anything)),
+        "max_active_tasks": draw(_mostly(st.sampled_from([None, 1, 5]), st.one_of(_number, _anything))),
         "nodes": nodes,
         "idempotency_key": draw(_mostly(st.none(), st.one_of(_text, _anything))),
         "logical_date": draw(_mostly(st.sampled_from([None, "2026-11-23"]), st.one_of(_text, _anything))),
@@ -138,7 +143,7 @@ def _api_call(draw: Any) -> dict[str, Any]:
 
 
 def _submit_api(orc: Orchestrator, call: dict[str, Any]) -> None:
-    dag = DAG(call["name"], tenant=call["tenant"], params=call["params"])
+    dag = DAG(call["name"], tenant=call["tenant"], params=call["params"], max_active_tasks=call["max_active_tasks"])
     for node in call["nodes"]:
         fields = {k: v for k, v in node.items() if k not in ("key", "task")}
         dag.task(node["key"], node["task"], **fields)
@@ -175,7 +180,13 @@ def _spec_property(orc: Orchestrator, tmp: Path, n: int) -> None:
     @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(_api_call(), st.sampled_from(["json", "yaml"]), st.integers(min_value=0, max_value=3))
     def prop(call: dict[str, Any], fmt: str, mangle: int) -> None:
-        spec: Any = {"name": call["name"], "tenant": call["tenant"], "params": call["params"], "nodes": call["nodes"]}
+        spec: Any = {
+            "name": call["name"],
+            "tenant": call["tenant"],
+            "params": call["params"],
+            "max_active_tasks": call["max_active_tasks"],
+            "nodes": call["nodes"],
+        }
         text = _render(spec, fmt)
         if text is None:
             return  # not representable in this format at all
