@@ -751,7 +751,7 @@ class Bench:
                 queued, claimed = conn.execute(
                     sa.text(
                         "select min(at) filter (where to_state = 'QUEUED'), min(at) filter (where to_state = 'RUNNING')"
-                        " from orc_task_events where run_id = :r and accepted"
+                        " from orc_task_events where run_id = :r and key is not null and accepted"
                     ),
                     {"r": b.id},
                 ).one()

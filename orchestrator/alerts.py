@@ -1,7 +1,9 @@
-"""Alerts for tasks parked in DEAD_LETTER: a log line, a Celery signal and an optional webhook.
+"""Alerts for tasks parked in DEAD_LETTER and for schedules that could not fire: a log line, a
+Celery signal and an optional webhook.
 
-Connect to :data:`task_dead_lettered` (``sender`` is the actor, keyword ``alert`` the payload)
-or set ``ORCHESTRATOR_ALERT_WEBHOOK`` to receive a JSON POST per alert.
+Connect to :data:`task_dead_lettered` or :data:`schedule_failed` (``sender`` is the actor,
+keyword ``alert`` the payload; a schedule's payload has ``"event": "schedule_failed"``) or set
+``ORCHESTRATOR_ALERT_WEBHOOK`` to receive a JSON POST per alert.
 """
 
 from __future__ import annotations
@@ -18,15 +20,20 @@ from . import redact
 log = logging.getLogger(__name__)
 
 task_dead_lettered = Signal(name="task_dead_lettered", providing_args={"alert"})
+schedule_failed = Signal(name="schedule_failed", providing_args={"alert"})
 
 
 def raise_alert(alert: dict[str, Any], *, webhook: str | None, actor: str, timeout: float = 5.0) -> None:
     """Deliver ``alert`` everywhere it is wanted; a failing receiver never fails the caller."""
-    log.error("task dead-lettered, needs attention: %s", json.dumps(alert, sort_keys=True))
+    scheduled = alert.get("event") == "schedule_failed"
+    what, signal = (
+        ("schedule could not fire", schedule_failed) if scheduled else ("task dead-lettered", task_dead_lettered)
+    )
+    log.error("%s, needs attention: %s", what, json.dumps(alert, sort_keys=True, default=str))
     try:
-        task_dead_lettered.send(sender=actor, alert=alert)
+        signal.send(sender=actor, alert=alert)
     except Exception:
-        log.exception("a task_dead_lettered receiver failed")
+        log.exception("a %s receiver failed", signal.name)
     if not webhook:
         return
     request = urllib.request.Request(

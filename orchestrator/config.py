@@ -71,6 +71,11 @@ class Settings:
     #: register the probe tasks that kill (``tasks.probes.crash``) or block (``hang``) their
     #: pool process: tests and the chaos soak only
     hazard_probes: bool = False
+    #: seconds between the scheduler's passes at most: a schedule added, changed or paused
+    #: through the CLI or API is seen by a running beat within this time
+    beat_interval: float = 5.0
+    #: seconds an instant may be late and still fire under ``--catchup none``
+    schedule_grace_seconds: float = 60.0
     max_nodes: int = 100_000
     max_node_bytes: int = 64 * 1024
     max_params_bytes: int = 256 * 1024

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .alerts import raise_alert
 from .config import Settings
@@ -30,6 +30,9 @@ from .registry import CeleryRegistry, TaskRegistry
 from .routing import queue_tenant, route
 from .states import RunState, TaskState
 from .store import Store
+
+if TYPE_CHECKING:
+    from .schedules import Schedules
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +135,46 @@ class Orchestrator:
         idempotency_key: str | None = None,
         tenant: str | None = None,
         logical_date: str | None = None,
+        schedule: str | None = None,
     ) -> RunHandle:
         """Validate ``dag``, store it as a run in one transaction, then admit and publish
         what live workers can take (a second transaction, after the run is committed).
 
         Idempotent on (DAG name, tenant, ``idempotency_key``): the same key returns the
-        handle of the run it created first. Raises :class:`ValidationError` (nothing is
-        written or published) for bad input.
+        handle of the run it created first; and on (``schedule``, ``logical_date``): the
+        scheduler's firings and backfills create one run per instant however often they try.
+        Raises :class:`ValidationError` (nothing is written or published) for bad input.
         """
+        dag = self.check(dag, tenant=tenant)
+        if idempotency_key is not None:
+            problem = text_problem(idempotency_key, MAX_IDEMPOTENCY_KEY_CHARS)
+            if problem:
+                raise ValidationError(f"idempotency key {problem}", dag=dag.name)
+        if logical_date is not None:
+            problem = text_problem(logical_date, MAX_LOGICAL_DATE_CHARS) or _iso_problem(logical_date)
+            if problem:
+                raise ValidationError(f"logical_date {problem}", dag=dag.name)
+        dedicated = set(self.settings.dedicated_tenants)
+        if dag.tenant not in dedicated and dag.tenant in self.store.tenants.dedicated():
+            dedicated.add(dag.tenant)
+        queues = {n.key: route(dag.tenant, dag.priority_of(n), n.queue, dedicated) for n in dag.nodes.values()}
+        wants = {name: self.registry.wants_upstream(name) for name in {n.task for n in dag.nodes.values()}}
+        run_id, created = self.store.submission.create_run(
+            dag,
+            queues=queues,
+            wants_upstream=wants.__getitem__,
+            idempotency_key=idempotency_key,
+            logical_date=logical_date,
+            schedule=schedule,
+        )
+        if created:
+            self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+        return RunHandle(self, run_id)
+
+    def check(self, dag: DAG, *, tenant: str | None = None) -> DAG:
+        """Everything :meth:`submit` checks before it writes: the DAG itself, its task names,
+        its queues, time limits, pools and rate limits, and the caller's tenant. Returns the DAG
+        as it would be submitted (for ``tenant``, when given); raises :class:`ValidationError`."""
         if self.tenant is not None:
             for asked in (tenant, dag.tenant):
                 if asked is not None and asked not in (self.tenant, "default"):
@@ -162,29 +197,7 @@ class Orchestrator:
                 )
         self._check_time_limits(dag)
         self.store.limits.check_dag(dag)
-        if idempotency_key is not None:
-            problem = text_problem(idempotency_key, MAX_IDEMPOTENCY_KEY_CHARS)
-            if problem:
-                raise ValidationError(f"idempotency key {problem}", dag=dag.name)
-        if logical_date is not None:
-            problem = text_problem(logical_date, MAX_LOGICAL_DATE_CHARS) or _iso_problem(logical_date)
-            if problem:
-                raise ValidationError(f"logical_date {problem}", dag=dag.name)
-        dedicated = set(self.settings.dedicated_tenants)
-        if dag.tenant not in dedicated and dag.tenant in self.store.tenants.dedicated():
-            dedicated.add(dag.tenant)
-        queues = {n.key: route(dag.tenant, dag.priority_of(n), n.queue, dedicated) for n in dag.nodes.values()}
-        wants = {name: self.registry.wants_upstream(name) for name in {n.task for n in dag.nodes.values()}}
-        run_id, created = self.store.submission.create_run(
-            dag,
-            queues=queues,
-            wants_upstream=wants.__getitem__,
-            idempotency_key=idempotency_key,
-            logical_date=logical_date,
-        )
-        if created:
-            self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-        return RunHandle(self, run_id)
+        return dag
 
     def _check_time_limits(self, dag: DAG) -> None:
         """Every hard limit at most ORCHESTRATOR_MAX_TIME_LIMIT; a soft limit below the hard
@@ -372,6 +385,14 @@ class Orchestrator:
             raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
         if self.tenant is not None and name != self.tenant:
             raise ValidationError(f"this orchestrator acts as tenant {self.tenant!r}; it cannot change tenant {name!r}")
+
+    @cached_property
+    def schedules(self) -> Schedules:
+        """The deployment's schedules (:mod:`orchestrator.schedules`): add, pause, trigger,
+        backfill, and the scheduler's pass that ``orchestrator beat`` runs."""
+        from .schedules import Schedules
+
+        return Schedules(self)
 
     # ------------------------------------------------------------------ pools and limits
 

@@ -27,9 +27,14 @@ runs = sa.Table(
     sa.Column("max_active_tasks", sa.Integer, nullable=True),
     sa.Column("created_at", TS, nullable=False),
     sa.Column("finished_at", TS, nullable=True),
+    #: the schedule that fired the run (``orc_schedules``), with ``logical_date`` its instant:
+    #: one run per (schedule, instant), however many beats or backfills try
+    sa.Column("schedule", sa.String(200), nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
+    sa.UniqueConstraint("schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
 )
 sa.Index("ix_orc_runs_created", runs.c.created_at)
+sa.Index("ix_orc_runs_schedule_state", runs.c.schedule, runs.c.state)
 
 tasks = sa.Table(
     "orc_tasks",
@@ -204,4 +209,56 @@ dag_limits = sa.Table(
     sa.Column("dag_name", sa.String(200), primary_key=True),
     sa.Column("max_running", sa.Integer, nullable=False),
     sa.Column("updated_at", TS, nullable=False),
+)
+
+schedules = sa.Table(
+    "orc_schedules",
+    metadata,
+    #: a schedule fires runs of a DAG at the instants of its cron expression (in its zone, with
+    #: its DST policy) or every ``every_seconds`` (``orchestrator schedule add``; orchestrator.schedules)
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("tenant", sa.String(64), nullable=False),
+    sa.Column("cron", sa.String(200), nullable=True),
+    sa.Column("every_seconds", sa.Float, nullable=True),
+    sa.Column("timezone", sa.String(64), nullable=False),
+    sa.Column("dst_gap", sa.String(8), nullable=False),
+    sa.Column("dst_fold", sa.String(8), nullable=False),
+    sa.Column("catchup", sa.String(8), nullable=False),
+    sa.Column("max_catchup", sa.Integer, nullable=False),
+    sa.Column("overlap", sa.String(16), nullable=False),
+    sa.Column("max_active_runs", sa.Integer, nullable=True),
+    #: what it runs: a spec snapshotted at add/apply (with its content hash), or a factory
+    #: ``module:function(logical_date, params) -> DAG``
+    sa.Column("spec", sa.JSON, nullable=True),
+    sa.Column("spec_hash", sa.String(64), nullable=True),
+    sa.Column("factory", sa.String(255), nullable=True),
+    sa.Column("params", sa.JSON, nullable=False),
+    sa.Column("paused", sa.Boolean, nullable=False),
+    #: the next instant to look at (UTC; due when the database clock passes it)
+    sa.Column("next_at", TS, nullable=False),
+    #: the last instant decided (fired or recorded as skipped)
+    sa.Column("last_at", TS, nullable=True),
+    #: overlap=buffer_one: the instant waiting for the previous run to end
+    sa.Column("buffered_at", TS, nullable=True),
+    sa.Column("last_run_id", sa.String(32), nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("last_error_at", TS, nullable=True),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+)
+sa.Index("ix_orc_schedules_due", schedules.c.paused, schedules.c.next_at)
+
+firings = sa.Table(
+    "orc_schedule_firings",
+    metadata,
+    #: every instant of a schedule that was decided: ``pending`` (a run is being created),
+    #: ``fired`` (``run_id``), ``skipped`` (``reason``: missed, overlap, ...) or ``failed``
+    sa.Column("schedule", sa.String(200), primary_key=True),
+    sa.Column("logical_date", TS, primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    #: scheduled, catchup, buffered, backfill or manual
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("run_id", sa.String(32), nullable=True),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("at", TS, nullable=False),
 )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import ctypes
+import datetime as dt
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -56,6 +58,20 @@ class TaskContext:
     key: str
     attempt: int
     upstream: dict[str, Any] = field(default_factory=dict)
+    #: reads the run's logical date (one query, the first time it is asked)
+    lookup: Callable[[str], str | None] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def logical_date(self) -> dt.datetime | None:
+        """The run's logical date (a schedule's instant, in UTC), or ``None`` for a run that has none."""
+        found = _logical_dates.get(self.run_id)
+        if found is None and self.lookup is not None:
+            found = _logical_dates[self.run_id] = self.lookup(self.run_id) or ""
+        return dt.datetime.fromisoformat(found) if found else None
+
+
+#: run id -> logical date ("" for none), per process: a run's logical date never changes
+_logical_dates: dict[str, str] = {}
 
 
 _context: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("orc_context", default=None)
@@ -210,7 +226,9 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             kwargs[UPSTREAM_KWARG] = claim.upstream_results
         hb = _heartbeater(orc)
         hb.track(token)
-        context = _context.set(TaskContext(token.run_id, token.key, token.attempt, claim.upstream_results))
+        context = _context.set(
+            TaskContext(token.run_id, token.key, token.attempt, claim.upstream_results, orc.store.reads.logical_date)
+        )
         tracked = True
         try:
             try:

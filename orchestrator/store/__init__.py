@@ -17,6 +17,7 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``deliveries``            redelivered broker messages counted, parked ones with evidence
 ``tenants``               tenants' weights in the fair share of admission, their limits
 ``limits``                pools, rate limits (token buckets), per-DAG limits
+``schedules``             schedules and their firings (decided under each schedule's row lock)
 ``rows``                  rows -> domain values (the only place)
 ``backend``               the Postgres / SQLite seam (the only place that tells them apart;
                           on Postgres settlement and admission are the server functions of
@@ -46,6 +47,7 @@ from .limits import Limits
 from .operator import OperatorActions
 from .reads import Reads
 from .recovery import Recovery
+from .schedules import ScheduleRows
 from .settlement import Settlement
 from .submission import Submission
 from .tenants import Tenants
@@ -87,6 +89,7 @@ class Store:
         self.deliveries = Deliveries(self.db)
         self.tenants = Tenants(self.db)
         self.limits = Limits(self.db)
+        self.schedules = ScheduleRows(self.db)
 
     @property
     def engine(self) -> Engine:

@@ -104,6 +104,12 @@ class Reads:
         q = sa.select(t_events).where(t_events.c.run_id == run_id).order_by(t_events.c.id)
         return [rows.event_view(r) for r in self.db.read(lambda conn: conn.execute(q).all())]
 
+    def logical_date(self, run_id: str) -> str | None:
+        """The run's logical date (ISO 8601), or ``None``."""
+        query = sa.select(t_runs.c.logical_date).where(t_runs.c.id == run_id)
+        found: str | None = self.db.read(lambda conn: conn.execute(query).scalar())
+        return found
+
     def explain_input(self, run_id: str, *, worker_ttl: float, depth: int) -> ExplainInput:
         """What ``explain`` needs about a run, read in one connection (raise :class:`RunNotFound`)."""
         c = t_tasks.c

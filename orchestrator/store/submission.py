@@ -34,23 +34,29 @@ class Submission:
         wants_upstream: Callable[[str], bool],
         idempotency_key: str | None = None,
         logical_date: str | None = None,
+        schedule: str | None = None,
     ) -> tuple[str, bool]:
         """Insert the run, its tasks, edges and first events in one transaction.
 
         Returns ``(run_id, created)``; with an ``idempotency_key`` already used for this DAG
-        name and tenant, the existing run id and ``False``. ``queues`` maps node key to queue.
+        name and tenant, or a ``schedule`` that already has a run for ``logical_date``, the
+        existing run id and ``False``. ``queues`` maps node key to queue.
         """
 
         def existing(conn: Connection) -> str | None:
-            if idempotency_key is None:
-                return None
-            found: str | None = conn.execute(
-                sa.select(t_runs.c.id).where(
-                    t_runs.c.dag_name == dag.name,
-                    t_runs.c.tenant == dag.tenant,
-                    t_runs.c.idempotency_key == idempotency_key,
-                )
-            ).scalar_one_or_none()
+            found: str | None = None
+            if schedule is not None and logical_date is not None:
+                found = conn.execute(
+                    sa.select(t_runs.c.id).where(t_runs.c.schedule == schedule, t_runs.c.logical_date == logical_date)
+                ).scalar_one_or_none()
+            if found is None and idempotency_key is not None:
+                found = conn.execute(
+                    sa.select(t_runs.c.id).where(
+                        t_runs.c.dag_name == dag.name,
+                        t_runs.c.tenant == dag.tenant,
+                        t_runs.c.idempotency_key == idempotency_key,
+                    )
+                ).scalar_one_or_none()
             return found
 
         def insert(conn: Connection) -> tuple[str, bool]:
@@ -74,6 +80,7 @@ class Submission:
                     open_tasks=len(dag.nodes),
                     max_active_tasks=dag.max_active_tasks,
                     created_at=now,
+                    schedule=schedule,
                 )
             )
             self.ledger.create_run(conn, run_id, SUBMIT)

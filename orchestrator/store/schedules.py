@@ -1,0 +1,225 @@
+"""Schedules (``orc_schedules``) and their firings (``orc_schedule_firings``).
+
+Every change of a schedule's firing state happens under its row lock (``SELECT … FOR UPDATE SKIP
+LOCKED`` on Postgres: two beats never decide the same schedule at once; SQLite has one writer at
+a time): which instants came due (judged by the database clock), which fire and which are
+recorded as skipped, the next instant. A firing is written ``pending`` before its run is created
+and ``fired`` (with the run id) after; the run itself is unique per (schedule, logical date)
+(``uq_orc_runs_schedule_instant``), so a beat that dies between the two, a second beat or a
+backfill trying the same instant finds the run instead of creating another.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .. import schema as s
+from ..dbtime import aware, db_now
+from ..states import RunState
+from .database import Database
+
+t_schedules, t_firings, t_runs = s.schedules, s.firings, s.runs
+
+
+def iso(at: dt.datetime) -> str:
+    """The canonical logical date of an instant: ISO 8601 in UTC (``2026-03-08T07:30:00+00:00``)."""
+    return at.astimezone(dt.UTC).isoformat()
+
+
+class ScheduleRows:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def now(self) -> dt.datetime:
+        """The database's clock: due-ness is judged by it, never by the beat host's."""
+        value = self.db.read(lambda conn: conn.execute(sa.select(db_now())).scalar_one())
+        if isinstance(value, str):  # SQLite's db_now() is text
+            value = dt.datetime.fromisoformat(value)
+        found = aware(value)
+        assert found is not None
+        return found
+
+    def put(self, name: str, values: dict[str, Any], *, timing_changed: bool) -> bool:
+        """Create the schedule or change it; returns whether it was new. A schedule whose timing
+        changed starts again from its next instant (``values['next_at']``); one whose timing is
+        the same keeps its place (what it decided, what is buffered)."""
+
+        def tx(conn: Connection) -> bool:
+            found = conn.execute(
+                sa.select(t_schedules.c.name).where(t_schedules.c.name == name).with_for_update()
+            ).first()
+            now = db_now()
+            if found is None:
+                conn.execute(t_schedules.insert().values(name=name, created_at=now, updated_at=now, **values))
+                return True
+            changed = dict(values, updated_at=now)
+            if not timing_changed:
+                changed.pop("next_at", None)
+            else:
+                changed.update(last_at=None, buffered_at=None)
+            conn.execute(t_schedules.update().where(t_schedules.c.name == name).values(**changed))
+            return False
+
+        return self.db.transaction(tx)
+
+    def get(self, name: str) -> Any:
+        return self.db.read(lambda conn: conn.execute(sa.select(t_schedules).where(t_schedules.c.name == name)).first())
+
+    def all(self, tenant: str | None = None) -> list[Any]:
+        query = sa.select(t_schedules).order_by(t_schedules.c.name)
+        if tenant is not None:
+            query = query.where(t_schedules.c.tenant == tenant)
+        return list(self.db.read(lambda conn: conn.execute(query).all()))
+
+    def update(self, name: str, **values: Any) -> bool:
+        def tx(conn: Connection) -> bool:
+            query = t_schedules.update().where(t_schedules.c.name == name).values(updated_at=db_now(), **values)
+            return bool(conn.execute(query).rowcount)
+
+        return self.db.transaction(tx)
+
+    def remove(self, name: str) -> bool:
+        def tx(conn: Connection) -> bool:
+            conn.execute(t_firings.delete().where(t_firings.c.schedule == name))
+            return bool(conn.execute(t_schedules.delete().where(t_schedules.c.name == name)).rowcount)
+
+        return self.db.transaction(tx)
+
+    def due(self, now: dt.datetime) -> list[str]:
+        """Schedules to look at: not paused, and their next instant passed or an instant buffered."""
+        c = t_schedules.c
+        query = (
+            sa.select(c.name)
+            .where(c.paused.is_(False), sa.or_(c.next_at <= now, c.buffered_at.is_not(None)))
+            .order_by(c.next_at)
+        )
+        return list(self.db.read(lambda conn: conn.execute(query).scalars().all()))
+
+    def next_at(self) -> dt.datetime | None:
+        """The soonest next instant of any schedule that is not paused."""
+        c = t_schedules.c
+        found = self.db.read(
+            lambda conn: conn.execute(sa.select(sa.func.min(c.next_at)).where(c.paused.is_(False))).scalar()
+        )
+        return aware(found)
+
+    def decide(self, name: str, fn: Callable[[Connection, Any, dt.datetime, list[str]], Any]) -> Any:
+        """Under the schedule's row lock: ``fn(conn, row, now, running_run_ids)`` decides and
+        writes; returns what ``fn`` returns, or ``None`` when another beat holds the schedule or
+        it is gone."""
+
+        def tx(conn: Connection) -> Any:
+            row = conn.execute(
+                sa.select(t_schedules).where(t_schedules.c.name == name).with_for_update(skip_locked=True)
+            ).first()
+            if row is None:
+                return None
+            now = aware(_now(conn))
+            assert now is not None
+            return fn(conn, row, now, self.running(conn, name))
+
+        return self.db.transaction(tx)
+
+    @staticmethod
+    def advance(conn: Connection, name: str, **values: Any) -> None:
+        """Within :meth:`decide`: the schedule's new place (last_at, next_at, buffered_at)."""
+        conn.execute(t_schedules.update().where(t_schedules.c.name == name).values(**values))
+
+    @staticmethod
+    def running(conn: Connection, name: str) -> list[str]:
+        query = sa.select(t_runs.c.id).where(t_runs.c.schedule == name, t_runs.c.state == RunState.RUNNING.value)
+        return list(conn.execute(query).scalars().all())
+
+    def running_runs(self, name: str) -> list[str]:
+        return self.db.read(lambda conn: self.running(conn, name))
+
+    @staticmethod
+    def record(
+        conn: Connection,
+        name: str,
+        at: dt.datetime,
+        state: str,
+        kind: str,
+        *,
+        reason: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        """Write or overwrite the firing of ``name`` at ``at``."""
+        where = (t_firings.c.schedule == name, t_firings.c.logical_date == at)
+        values = {"state": state, "kind": kind, "reason": reason, "run_id": run_id, "at": db_now()}
+        if conn.execute(t_firings.update().where(*where).values(**values)).rowcount == 0:
+            conn.execute(t_firings.insert().values(schedule=name, logical_date=at, **values))
+
+    def finish(
+        self, name: str, at: dt.datetime, kind: str, *, run_id: str | None = None, error: str | None = None
+    ) -> None:
+        """A pending firing's outcome: ``fired`` with its run, or ``failed`` with the error (also
+        kept on the schedule as ``last_error`` until a firing succeeds)."""
+
+        def tx(conn: Connection) -> None:
+            if error is None:
+                self.record(conn, name, at, "fired", kind, run_id=run_id)
+                conn.execute(
+                    t_schedules.update()
+                    .where(t_schedules.c.name == name)
+                    .values(last_run_id=run_id, last_error=None, last_error_at=None)
+                )
+            else:
+                self.record(conn, name, at, "failed", kind, reason=error)
+                conn.execute(
+                    t_schedules.update()
+                    .where(t_schedules.c.name == name)
+                    .values(last_error=error, last_error_at=db_now())
+                )
+
+        self.db.transaction(tx)
+
+    def note_error(self, name: str, error: str) -> None:
+        self.update(name, last_error=error, last_error_at=db_now())
+
+    def pending(self, older_than: dt.datetime) -> list[Any]:
+        """Firings left ``pending`` (their beat died between deciding and creating the run)."""
+        c = t_firings.c
+        query = sa.select(c.schedule, c.logical_date, c.kind).where(c.state == "pending", c.at < older_than)
+        return list(self.db.read(lambda conn: conn.execute(query).all()))
+
+    def firings(self, name: str, limit: int = 100) -> list[Any]:
+        c = t_firings.c
+        query = sa.select(t_firings).where(c.schedule == name).order_by(c.logical_date.desc()).limit(limit)
+        return list(self.db.read(lambda conn: conn.execute(query).all()))
+
+    def run_for(self, name: str, logical_date: str) -> tuple[str, str] | None:
+        """The run (id, state) the schedule has for an instant, if any."""
+        query = sa.select(t_runs.c.id, t_runs.c.state).where(
+            t_runs.c.schedule == name, t_runs.c.logical_date == logical_date
+        )
+        found = self.db.read(lambda conn: conn.execute(query).first())
+        return (found.id, found.state) if found is not None else None
+
+    def last_runs(self, names: list[str]) -> dict[str, tuple[str, str]]:
+        """Each schedule's newest run: (run id, state)."""
+        if not names:
+            return {}
+        c = t_runs.c
+        newest = (
+            sa.select(c.schedule, sa.func.max(c.logical_date).label("ld"))
+            .where(c.schedule.in_(names))
+            .group_by(c.schedule)
+            .subquery()
+        )
+        query = sa.select(c.schedule, c.id, c.state).join(
+            newest, sa.and_(newest.c.schedule == c.schedule, newest.c.ld == c.logical_date)
+        )
+        return {r.schedule: (r.id, r.state) for r in self.db.read(lambda conn: conn.execute(query).all())}
+
+
+def _now(conn: Connection) -> Any:
+    value = conn.execute(sa.select(db_now())).scalar_one()
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    return value
