@@ -405,18 +405,21 @@ class Schedules:
             after = _aware(row.last_at) or _when(row.next_at) - dt.timedelta(microseconds=1)
             due = list(instants(timing, after, now))
             decisions, buffered = plan(due, now, len(running), policy, _aware(row.buffered_at))
+            fire = []
             for d in decisions:
+                # an instant decided before (a backfill made its run) is left as it is
                 if d.action == "fire":
-                    self.rows.record(conn, row.name, d.at, "pending", d.kind)
+                    if self.rows.record(conn, row.name, d.at, "pending", d.kind, overwrite=d.kind == "buffered"):
+                        fire.append(d)
                 else:
-                    self.rows.record(conn, row.name, d.at, "skipped", d.kind, reason=d.reason)
+                    self.rows.record(conn, row.name, d.at, "skipped", d.kind, reason=d.reason, overwrite=False)
             last = due[-1] if due else _aware(row.last_at)
             values: dict[str, Any] = {"buffered_at": buffered}
             if due:
                 values["last_at"] = last
             values["next_at"] = next_instant(timing, max(now, last) if last else now) or now + dt.timedelta(days=366)
             self.rows.advance(conn, row.name, **values)
-            return [d for d in decisions if d.action == "fire"]
+            return fire
 
         try:
             fire = self.rows.decide(name, decide)
@@ -450,7 +453,8 @@ class Schedules:
             dag = self.build(sched, d.at)
             run = self.orc.submit(
                 dag,
-                tenant=sched.tenant,
+                # a spec's runs are the schedule's tenant's; a factory's DAG names its own
+                tenant=sched.tenant if sched.spec is not None else self.orc.tenant,
                 idempotency_key=f"schedule:{sched.name}:{logical}",
                 logical_date=logical,
                 schedule=sched.name,

@@ -148,12 +148,19 @@ class ScheduleRows:
         *,
         reason: str | None = None,
         run_id: str | None = None,
-    ) -> None:
-        """Write or overwrite the firing of ``name`` at ``at``."""
+        overwrite: bool = True,
+    ) -> bool:
+        """Write the firing of ``name`` at ``at`` (an existing one is overwritten, or with
+        ``overwrite=False`` kept as it is); returns whether this call wrote it."""
         where = (t_firings.c.schedule == name, t_firings.c.logical_date == at)
         values = {"state": state, "kind": kind, "reason": reason, "run_id": run_id, "at": db_now()}
-        if conn.execute(t_firings.update().where(*where).values(**values)).rowcount == 0:
-            conn.execute(t_firings.insert().values(schedule=name, logical_date=at, **values))
+        if overwrite:
+            if conn.execute(t_firings.update().where(*where).values(**values)).rowcount:
+                return True
+        elif conn.execute(sa.select(t_firings.c.state).where(*where)).first() is not None:
+            return False
+        conn.execute(t_firings.insert().values(schedule=name, logical_date=at, **values))
+        return True
 
     def finish(
         self, name: str, at: dt.datetime, kind: str, *, run_id: str | None = None, error: str | None = None

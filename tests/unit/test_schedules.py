@@ -1,0 +1,320 @@
+"""Schedules through the Python API, on the embedded default (SQLite) and on Postgres: adding
+refuses bad input with a named error and writes nothing; the scheduler's pass fires what is due
+by the database clock, once per instant, with the catch-up and overlap policies; a broken
+schedule records its error and raises the alert without stopping the others; pause, resume,
+trigger and backfill. Real beat processes: tests/fault/test_beat.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from orchestrator import DAG, Orchestrator, RunState, Settings, ValidationError
+from orchestrator import schema as s
+from orchestrator.alerts import schedule_failed
+from orchestrator.cron import ScheduleError
+from orchestrator.publisher import RecordingPublisher
+from orchestrator.registry import StaticRegistry
+from orchestrator.schedules import ScheduleNotFound
+from orchestrator.store.schedules import iso
+
+TASKS = ["tasks.probes.noop", "tasks.etl.extract_orders"]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def orc(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Orchestrator]:
+    if request.param == "sqlite":
+        settings = Settings.from_env({}, data_dir=str(tmp_path))
+    else:
+        url = request.getfixturevalue("pg_url")
+        settings = Settings.from_env({}, data_dir=str(tmp_path), database_url=url)
+    o = Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS))
+    with o.store.engine.begin() as conn:
+        for table in reversed(s.metadata.sorted_tables):
+            conn.execute(table.delete())
+    yield o
+    o.store.dispose()
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> Path:
+    path = tmp_path / "report.yaml"
+    path.write_text(
+        "name: report\nnodes:\n"
+        "  - {key: a, task: tasks.etl.extract_orders, kwargs: {day: '{{ ds }}', at: '{{ logical_date }}'}}\n"
+    )
+    return path
+
+
+def rewind(orc: Orchestrator, name: str, seconds: float) -> None:
+    """As if the schedule had last decided an instant ``seconds`` ago (beat was down since)."""
+    now = orc.store.schedules.now()
+    with orc.store.engine.begin() as conn:
+        conn.execute(
+            s.schedules.update()
+            .where(s.schedules.c.name == name)
+            .values(last_at=now - dt.timedelta(seconds=seconds), next_at=now - dt.timedelta(seconds=seconds - 1))
+        )
+
+
+def next_tick(orc: Orchestrator, name: str) -> None:
+    """Wait until the schedule's next instant has passed on the database clock, then run a pass."""
+    import time
+
+    due = orc.schedules.get(name).next_at
+    while orc.store.schedules.now() < due:
+        time.sleep(0.05)
+    orc.schedules.tick()
+
+
+def runs_of(orc: Orchestrator, name: str) -> list[Any]:
+    with orc.store.engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(s.runs.c.id, s.runs.c.logical_date, s.runs.c.state)
+                .where(s.runs.c.schedule == name)
+                .order_by(s.runs.c.logical_date)
+            ).all()
+        )
+
+
+def firings(orc: Orchestrator, name: str) -> list[Any]:
+    return sorted(orc.store.schedules.firings(name, 1000), key=lambda f: str(f.logical_date))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"cron": "61 * * * *"}, ScheduleError, "not valid"),
+        ({"cron": "* * * * *", "tz": "Nowhere/City"}, ScheduleError, "unknown time zone"),
+        ({"every": 60, "spec": "missing.yaml"}, ScheduleError, "does not exist"),
+        ({"every": 60, "spec": None, "dag": "no.such.module:fn"}, ScheduleError, "cannot import"),
+        ({"every": 60, "spec": None, "dag": "tests.factories:nothing"}, ScheduleError, "has no function"),
+        ({"every": 60, "spec": None, "dag": "tests.factories"}, ScheduleError, "module:function"),
+        ({"every": 60, "dst_fold": "twice"}, ScheduleError, "dst_fold must be one of"),
+        ({"every": 60, "catchup": "some"}, ScheduleError, "catchup must be one of"),
+        ({"every": 60, "overlap": "queue"}, ScheduleError, "overlap must be one of"),
+        ({"every": 60, "params": [1]}, ScheduleError, "params must be a mapping"),
+    ],
+)
+def test_add_refuses_bad_schedules_and_writes_nothing(
+    orc: Orchestrator, spec: Path, kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    kwargs = {"spec": str(spec), **kwargs}
+    with pytest.raises(error, match=message):
+        orc.schedules.add("bad", **kwargs)
+    assert orc.schedules.all() == []
+
+
+def test_add_refuses_a_spec_that_would_not_submit(orc: Orchestrator, tmp_path: Path) -> None:
+    unknown = tmp_path / "u.yaml"
+    unknown.write_text("name: u\nnodes:\n  - {key: a, task: tasks.nope}\n")
+    with pytest.raises(ValidationError, match="not registered"):
+        orc.schedules.add("u", every=60, spec=str(unknown))
+    templated = tmp_path / "t.yaml"
+    templated.write_text("name: t\nnodes:\n  - {key: a, task: tasks.probes.noop, kwargs: {x: '{{ run_id }}'}}\n")
+    with pytest.raises(ScheduleError, match=r"unknown placeholder '\{\{ run_id \}\}'"):
+        orc.schedules.add("t", every=60, spec=str(templated))
+    assert orc.schedules.all() == []
+
+
+def test_a_due_schedule_fires_once_per_instant_with_its_logical_date(orc: Orchestrator, spec: Path) -> None:
+    added = orc.schedules.add("report", cron="0 * * * *", tz="America/New_York", spec=str(spec))
+    assert added.next_at > orc.store.schedules.now() and added.spec_hash and len(added.spec_hash) == 64
+    assert orc.schedules.tick() > 0 and runs_of(orc, "report") == []  # nothing due yet
+    rewind(orc, "report", 3600 * 3 + 60)  # beat was down for three instants
+    orc.schedules.tick()
+    orc.schedules.tick()  # a second pass (or a second beat) finds nothing more to do
+    (run,) = runs_of(orc, "report")
+    fired = [f for f in firings(orc, "report") if f.state == "fired"]
+    skipped = [f for f in firings(orc, "report") if f.state == "skipped"]
+    assert len(fired) == 1 and len(skipped) == 2  # catch-up latest: the most recent one runs
+    assert all("missed" in f.reason for f in skipped)
+    assert run.logical_date == iso(fired[0].logical_date.replace(tzinfo=dt.UTC))
+    task = orc.run(run.id).task("a")
+    local = dt.datetime.fromisoformat(run.logical_date).astimezone(__import__("zoneinfo").ZoneInfo("America/New_York"))
+    assert task.kwargs == {"day": local.date().isoformat(), "at": run.logical_date}
+    view = orc.schedules.get("report").to_json()
+    assert view["last_run"] == run.id and view["last_error"] is None and view["next_fire"] > run.logical_date
+
+
+def test_catchup_all_fires_every_missed_instant_up_to_the_bound(orc: Orchestrator, spec: Path) -> None:
+    orc.schedules.add("every", every=60, spec=str(spec), catchup="all", max_catchup=3)
+    rewind(orc, "every", 5 * 60 + 30)
+    orc.schedules.tick()
+    assert len(runs_of(orc, "every")) == 3
+    states = [f.state for f in firings(orc, "every")]  # 5 or 6 minute marks in 5.5 minutes
+    assert states.count("fired") == 3 and states.count("skipped") == len(states) - 3 >= 2
+
+
+def test_overlap_skip_and_cancel_previous(orc: Orchestrator, spec: Path) -> None:
+    # no worker: every run stays RUNNING
+    orc.schedules.add("skipper", every=1, spec=str(spec), overlap="skip")
+    next_tick(orc, "skipper")
+    next_tick(orc, "skipper")
+    assert len(runs_of(orc, "skipper")) == 1
+    assert any("overlap skip" in (f.reason or "") for f in firings(orc, "skipper"))
+    orc.schedules.add("canceller", every=1, spec=str(spec), overlap="cancel_previous")
+    next_tick(orc, "canceller")
+    next_tick(orc, "canceller")
+    first, second = runs_of(orc, "canceller")[-2:]
+    assert (first.state, second.state) == (RunState.CANCELLED.value, RunState.RUNNING.value)
+
+
+def test_buffer_one_fires_the_buffered_instant_when_the_previous_run_ends(orc: Orchestrator, spec: Path) -> None:
+    orc.schedules.add("buffered", every=1, spec=str(spec), overlap="buffer_one")
+    next_tick(orc, "buffered")
+    (first,) = runs_of(orc, "buffered")
+    next_tick(orc, "buffered")
+    assert len(runs_of(orc, "buffered")) == 1 and orc.schedules.get("buffered").buffered_at is not None
+    orc.cancel(first.id)
+    orc.schedules.tick()
+    assert len(runs_of(orc, "buffered")) == 2 and orc.schedules.get("buffered").buffered_at is None
+    assert [f.kind for f in firings(orc, "buffered") if f.state == "fired"] == ["scheduled", "buffered"]
+
+
+def test_max_active_runs_skips_beyond_the_bound(orc: Orchestrator, spec: Path) -> None:
+    orc.schedules.add("capped", every=1, spec=str(spec), max_active_runs=2)
+    for _ in range(3):
+        next_tick(orc, "capped")
+    assert len(runs_of(orc, "capped")) == 2
+    assert any("max_active_runs 2 reached" in (f.reason or "") for f in firings(orc, "capped"))
+
+
+def test_a_broken_schedule_records_its_error_alerts_and_never_stops_the_others(orc: Orchestrator, spec: Path) -> None:
+    alerts: list[dict[str, Any]] = []
+
+    def receiver(sender: Any = None, alert: Any = None, **_: Any) -> None:
+        alerts.append(alert)
+
+    schedule_failed.connect(receiver, weak=False)
+    try:
+        orc.schedules.add("broken", every=60, dag="tests.factories:broken")
+        orc.schedules.add("wrong", every=60, dag="tests.factories:not_a_dag")
+        orc.schedules.add("fine", every=60, spec=str(spec))
+        for name in ("broken", "wrong", "fine"):
+            rewind(orc, name, 61)
+        orc.schedules.tick()
+    finally:
+        schedule_failed.disconnect(receiver)
+    assert len(runs_of(orc, "fine")) == 1 and runs_of(orc, "broken") == [] and runs_of(orc, "wrong") == []
+    broken = orc.schedules.get("broken")
+    assert "RuntimeError: the warehouse is gone" in (broken.last_error or "")
+    assert "returned int, not a DAG" in (orc.schedules.get("wrong").last_error or "")
+    assert {a["schedule"] for a in alerts} == {"broken", "wrong"}
+    assert [f.state for f in firings(orc, "broken")] == ["failed"]
+    # the next instant is tried again (and fails again, recorded)
+    assert broken.next_at > orc.store.schedules.now() - dt.timedelta(seconds=1)
+
+
+def test_pause_resume_and_trigger(orc: Orchestrator, spec: Path) -> None:
+    orc.schedules.add("p", every=60, spec=str(spec))
+    orc.schedules.pause("p")
+    rewind(orc, "p", 3 * 60 + 5)
+    orc.schedules.tick()
+    assert runs_of(orc, "p") == []
+    manual = orc.schedules.trigger("p")  # paused or not
+    assert manual.created and manual.run_id is not None
+    orc.schedules.resume("p")
+    orc.schedules.tick()
+    assert len(runs_of(orc, "p")) == 2  # the manual one, and the latest missed instant
+    assert [f.kind for f in firings(orc, "p") if f.state == "fired"].count("manual") == 1
+    with pytest.raises(ScheduleNotFound):
+        orc.schedules.pause("nope")
+
+
+def test_backfill_is_idempotent_with_firing_and_with_itself(orc: Orchestrator, spec: Path) -> None:
+    orc.schedules.add("daily", cron="30 2 * * *", tz="America/New_York", spec=str(spec))
+    start = dt.datetime(2026, 3, 6, tzinfo=dt.UTC)
+    end = dt.datetime(2026, 3, 10, tzinfo=dt.UTC)
+    dates = orc.schedules.backfill_dates("daily", start, end)
+    assert [iso(d) for d in dates] == [
+        "2026-03-06T07:30:00+00:00",
+        "2026-03-07T07:30:00+00:00",
+        "2026-03-08T07:30:00+00:00",
+        "2026-03-09T06:30:00+00:00",
+    ]
+    # at most 2 running at once: no worker here, so the third waits until the timeout
+    with pytest.raises(TimeoutError):
+        list(orc.schedules.backfill("daily", start, end, max_active=2, poll=0.05, timeout=0.5))
+    assert len(runs_of(orc, "daily")) == 2
+    for run in runs_of(orc, "daily"):
+        orc.cancel(run.id)
+    outcomes = list(orc.schedules.backfill("daily", start, end, max_active=4))
+    assert [o.created for o in outcomes] == [False, False, True, True]
+    assert len(runs_of(orc, "daily")) == 4
+    again = list(orc.schedules.backfill("daily", start, end, max_active=4))
+    assert not any(o.created for o in again) and len(runs_of(orc, "daily")) == 4
+
+
+def test_two_schedulers_at_once_fire_each_instant_once(orc: Orchestrator, spec: Path) -> None:
+    for i in range(4):
+        orc.schedules.add(f"s{i}", every=60, spec=str(spec), catchup="all", max_catchup=5)
+        rewind(orc, f"s{i}", 5 * 60 + 30)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in range(3):
+                orc.schedules.tick()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i in range(4):
+        got = runs_of(orc, f"s{i}")
+        assert len(got) == 5 and len({r.logical_date for r in got}) == 5
+
+
+def test_apply_upserts_a_file_of_schedules_and_checks_all_first(orc: Orchestrator, spec: Path, tmp_path: Path) -> None:
+    good = tmp_path / "schedules.yaml"
+    good.write_text(
+        "schedules:\n"
+        f"  - {{name: hourly, cron: '0 * * * *', tz: Europe/London, spec: {spec.name}}}\n"
+        "  - {name: poll, every: 300, dag: 'tests.factories:probe', params: {name: poll}}\n"
+    )
+    assert [x.name for x in orc.schedules.apply(good)] == ["hourly", "poll"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "schedules:\n"
+        f"  - {{name: new-one, every: 60, spec: {spec.name}}}\n"
+        "  - {name: broken, cron: 'nope', spec: x.yaml}\n"
+    )
+    with pytest.raises(ScheduleError):
+        orc.schedules.apply(bad)
+    assert sorted(x.name for x in orc.schedules.all()) == ["hourly", "poll"]  # nothing of bad.yaml
+
+
+def test_a_tenant_bound_orchestrator_sees_its_own_schedules(orc: Orchestrator, spec: Path) -> None:
+    orc.schedules.add("shared", every=60, spec=str(spec))
+    acme = Orchestrator(orc.settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS), tenant="acme")
+    try:
+        acme.schedules.add("mine", every=60, spec=str(spec))
+        assert [x.name for x in acme.schedules.all()] == ["mine"] and acme.schedules.get("mine").tenant == "acme"
+        with pytest.raises(ScheduleNotFound):
+            acme.schedules.pause("shared")
+        with pytest.raises(ValidationError, match="belongs to tenant 'default'"):
+            acme.schedules.add("shared", every=30, spec=str(spec))
+    finally:
+        acme.store.dispose()
+
+
+def test_a_schedule_runs_a_dag_object_declared_in_code(orc: Orchestrator) -> None:
+    dag = DAG("in-code")
+    dag.task("a", "tasks.probes.noop", kwargs={"when": "{{ logical_date }}"})
+    orc.schedules.add("code", every=60, spec=dag)
+    rewind(orc, "code", 61)
+    orc.schedules.tick()
+    (run,) = runs_of(orc, "code")
+    assert orc.run(run.id).task("a").kwargs == {"when": run.logical_date}
