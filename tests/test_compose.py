@@ -32,7 +32,7 @@ EXPECTED_ENV = {
     "ORCHESTRATOR_BROKER_URL": "redis://redis:6379/0",
     "ORCHESTRATOR_DATA_DIR": "/var/lib/orchestrator",
 }
-PROJECT_SERVICES = ("migrate", "worker", "beat", "flower")
+PROJECT_SERVICES = ("migrate", "schedules", "worker", "beat", "flower")
 
 
 @pytest.fixture(scope="module")
@@ -162,11 +162,36 @@ def test_something_reconciles_without_beat(services: dict[str, Any]) -> None:
 
 
 def test_beat_carries_no_reconciler_duty(tmp_path: Path) -> None:
-    # beat is kept for cron schedules (not built yet); today its schedule is empty
+    # beat fires the database's schedules; Celery's own beat_schedule stays empty
     from orchestrator.celery_app import create_app
 
     app = create_app(Settings.from_env({}, data_dir=str(tmp_path)), main="compose-check")
     assert dict(app.conf.beat_schedule) == {}
+
+
+def test_beat_uses_the_database_scheduler_and_the_schedules_file_applies(
+    services: dict[str, Any], tmp_path: Path
+) -> None:
+    from orchestrator import Orchestrator
+    from orchestrator.celery_app import create_app
+
+    args = argv(services["beat"])
+    assert "-S" not in args and not [a for a in args if a.startswith("--scheduler")]  # the default: the database's
+    assert depends(services["beat"], "schedules") == "service_completed_successfully"
+    apply = argv(services["schedules"])
+    assert apply[:3] == ["orchestrator", "schedule", "apply"]
+    path = ROOT / apply[3]
+    assert path.is_file()
+    settings = Settings.from_env({}, data_dir=str(tmp_path))
+    orc = Orchestrator(settings, app=create_app(settings, main="compose-schedules"))
+    try:
+        applied = orc.schedules.apply(path)
+        assert [s.name for s in applied] == ["nightly-demo-etl"]
+        assert applied[0].timing.tz == "America/New_York" and applied[0].factory == "tasks.dags:daily_etl"
+        dag = orc.schedules.build(applied[0], applied[0].next_at)
+        orc.check(dag)  # what it would submit is valid
+    finally:
+        orc.store.dispose()
 
 
 def test_flower_requires_basic_auth_from_the_environment(services: dict[str, Any]) -> None:
