@@ -47,8 +47,6 @@ from .store.schedules import iso
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-    from .engine import Orchestrator
-
 log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
@@ -183,7 +181,9 @@ def load_factory(path: str) -> Callable[[dt.datetime, dict[str, Any]], DAG]:
 class Schedules:
     """The schedules of one orchestrator's deployment (``Orchestrator.schedules``)."""
 
-    def __init__(self, orc: Orchestrator) -> None:
+    def __init__(self, orc: Any) -> None:
+        #: the :class:`~orchestrator.engine.Orchestrator` (the engine builds this object: typed
+        #: loosely so that this module does not import the engine back)
         self.orc = orc
         self.rows = orc.store.schedules
 
@@ -372,7 +372,7 @@ class Schedules:
         """One pass of the scheduler: fire every schedule that is due; finish firings left
         pending by a beat that died. Returns the seconds until the next instant, at most
         ``ORCHESTRATOR_BEAT_INTERVAL``."""
-        interval = self.orc.settings.beat_interval
+        interval = float(self.orc.settings.beat_interval)
         try:
             now = self.rows.now()
             for name in self.rows.due(now):

@@ -109,3 +109,14 @@ def echo(self: Any, upstream: dict[str, Any] | None = None, **kwargs: Any) -> di
     """Return its keyword arguments and its parents' results."""
     _effect()
     return {"kwargs": kwargs, "upstream": upstream or {}}
+
+
+@app.task(bind=True)
+def whoami(self: Any) -> dict[str, Any]:
+    """Return what the task knows about itself: run, key, attempt and the run's logical date."""
+    _effect()
+    ctx = current_context()
+    if ctx is None:
+        return {}
+    when = ctx.logical_date
+    return {"run_id": ctx.run_id, "key": ctx.key, "attempt": ctx.attempt, "logical_date": when and when.isoformat()}

@@ -129,7 +129,17 @@ def test_beat_killed_and_restarted_creates_no_duplicate_and_catches_up(cluster: 
 def test_pause_resume_trigger_from_the_cli_while_beat_runs(cluster: Cluster, tmp_path: Path) -> None:
     cli_ok(cluster, "schedule", "add", "ctl", "--every", "1", "--spec", spec(tmp_path))
     beat(cluster, "beat")
+    cluster.worker("w1", concurrency=2)
+    # a schedule added while beat runs fires without a restart; its task sees its logical date
+    cli_ok(cluster, "schedule", "add", "late", "--every", "2", "--spec", spec(tmp_path, "late", "tasks.probes.whoami"))
+    cluster.wait_for(
+        lambda: any(r.state == "SUCCEEDED" for r in runs_of(cluster, "late")), 30, "the added schedule's first run"
+    )
+    done = next(r for r in runs_of(cluster, "late") if r.state == "SUCCEEDED")
+    seen = cluster.orc.run(done.id).task("only").result
+    assert seen["run_id"] == done.id and seen["logical_date"] == done.logical_date
     cluster.wait_for(lambda: len(runs_of(cluster, "ctl")) >= 1, 20, "the first firing")
+    cli_ok(cluster, "schedule", "remove", "late")
     cli_ok(cluster, "schedule", "pause", "ctl")
     time.sleep(1.5)  # a pass may have been under way
     paused = len(runs_of(cluster, "ctl"))
@@ -137,7 +147,7 @@ def test_pause_resume_trigger_from_the_cli_while_beat_runs(cluster: Cluster, tmp
     assert len(runs_of(cluster, "ctl")) == paused  # nothing fired while paused
     run_id = cli_ok(cluster, "schedule", "trigger", "ctl").strip()
     assert run_id in {r.id for r in runs_of(cluster, "ctl")}
-    listed = json.loads(cli_ok(cluster, "schedule", "list", "--json"))["schedules"][0]
+    (listed,) = json.loads(cli_ok(cluster, "schedule", "list", "--json"))["schedules"]
     assert listed["paused"] is True and listed["next_fire"] is None
     cli_ok(cluster, "schedule", "resume", "ctl")
     cluster.wait_for(lambda: len(runs_of(cluster, "ctl")) >= paused + 3, 20, "firing again after resume")
@@ -194,3 +204,38 @@ def test_backfill_killed_part_way_and_run_again(cluster: Cluster, tmp_path: Path
         now += step
         most = max(most, now)
     assert most <= 3, most
+
+
+def test_beat_on_the_embedded_default_needs_no_server(tmp_path: Path) -> None:
+    """SQLite and the filesystem broker: `orchestrator beat` fires a schedule with no server."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+    env.update(ORCHESTRATOR_DATA_DIR=str(tmp_path / "data"), ORCHESTRATOR_BEAT_INTERVAL="0.5", PYTHONUNBUFFERED="1")
+    cli = [sys.executable, "-m", "orchestrator.cli"]
+    added = subprocess.run(
+        [*cli, "schedule", "add", "embedded", "--every", "1", "--spec", spec(tmp_path)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    with (tmp_path / "beat.log").open("wb") as log:
+        proc = subprocess.Popen([*cli, "beat"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        runs: list[Any] = []
+        while time.monotonic() < deadline and len(runs) < 3:
+            time.sleep(0.5)
+            out = subprocess.run(
+                [*cli, "runs", "--json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+            )
+            runs = json.loads(out.stdout)["runs"] if out.returncode == 0 else []
+        assert len(runs) >= 3, (tmp_path / "beat.log").read_text()[-3000:]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
