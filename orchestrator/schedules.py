@@ -42,7 +42,7 @@ from .cron import ScheduleError, Timing, instants, next_instant
 from .dag import DAG, MAX_NAME_CHARS, TENANT_RE, dag_from_spec, load_spec, parse_spec, text_problem
 from .errors import ConflictError, OrchestratorError, RunNotFound, ValidationError
 from .firing import Decision, Policy, plan
-from .store.schedules import iso
+from .store.schedules import ScheduleRows, iso
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -185,7 +185,7 @@ class Schedules:
         #: the :class:`~orchestrator.engine.Orchestrator` (the engine builds this object: typed
         #: loosely so that this module does not import the engine back)
         self.orc = orc
-        self.rows = orc.store.schedules
+        self.rows: ScheduleRows = orc.store.schedules
 
     # ------------------------------------------------------------------ definitions
 
