@@ -14,7 +14,7 @@ from typing import Any
 
 from .backoff import Backoff, Jitter
 from .config import Settings
-from .dag import DAG, Limits, Node, load_spec
+from .dag import DAG, Limits, Node, OnDeadline, load_spec
 from .engine import Orchestrator, RunHandle
 from .errors import (
     ConfigurationError,
@@ -66,6 +66,7 @@ __all__ = [
     "Jitter",
     "Limits",
     "Node",
+    "OnDeadline",
     "OperatorError",
     "Orchestrator",
     "OrchestratorError",

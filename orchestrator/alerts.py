@@ -1,9 +1,12 @@
-"""Alerts for tasks parked in DEAD_LETTER and for schedules that could not fire: a log line, a
-Celery signal and an optional webhook.
+"""Alerts for tasks parked in DEAD_LETTER, for schedules that could not fire and for missed
+deadlines: a log line, a Celery signal and an optional webhook.
 
-Connect to :data:`task_dead_lettered` or :data:`schedule_failed` (``sender`` is the actor,
-keyword ``alert`` the payload; a schedule's payload has ``"event": "schedule_failed"``) or set
-``ORCHESTRATOR_ALERT_WEBHOOK`` to receive a JSON POST per alert.
+Connect to :data:`task_dead_lettered`, :data:`schedule_failed` or :data:`deadline_missed`
+(``sender`` is the actor, keyword ``alert`` the payload; a schedule's payload has
+``"event": "schedule_failed"``, a missed deadline's ``"event": "deadline_missed"`` with
+``run_id``, ``dag``, ``tenant``, ``key`` (``None`` for the run's own deadline),
+``deadline_seconds``, ``due_at``, ``missed_at``, ``state``, ``on_deadline`` and ``reason``) or
+set ``ORCHESTRATOR_ALERT_WEBHOOK`` to receive a JSON POST per alert.
 """
 
 from __future__ import annotations
@@ -21,14 +24,19 @@ log = logging.getLogger(__name__)
 
 task_dead_lettered = Signal(name="task_dead_lettered", providing_args={"alert"})
 schedule_failed = Signal(name="schedule_failed", providing_args={"alert"})
+deadline_missed = Signal(name="deadline_missed", providing_args={"alert"})
+
+#: an alert's ``"event"`` -> what the log line says, and the signal sent (no event: dead letter)
+_KINDS: dict[str | None, tuple[str, Signal]] = {
+    None: ("task dead-lettered", task_dead_lettered),
+    "schedule_failed": ("schedule could not fire", schedule_failed),
+    "deadline_missed": ("deadline missed", deadline_missed),
+}
 
 
 def raise_alert(alert: dict[str, Any], *, webhook: str | None, actor: str, timeout: float = 5.0) -> None:
     """Deliver ``alert`` everywhere it is wanted; a failing receiver never fails the caller."""
-    scheduled = alert.get("event") == "schedule_failed"
-    what, signal = (
-        ("schedule could not fire", schedule_failed) if scheduled else ("task dead-lettered", task_dead_lettered)
-    )
+    what, signal = _KINDS.get(alert.get("event"), _KINDS[None])
     log.error("%s, needs attention: %s", what, json.dumps(alert, sort_keys=True, default=str))
     try:
         signal.send(sender=actor, alert=alert)

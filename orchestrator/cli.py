@@ -25,6 +25,13 @@ def _engine() -> Any:
     return make_engine(Settings.from_env().database_url)
 
 
+def _by() -> str:
+    """Who acts through the CLI, and from where, as the ledger records it: ``user@host (cli)``."""
+    from .engine import local_by
+
+    return local_by("cli")
+
+
 def _dump(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=False))
 
@@ -206,7 +213,12 @@ def _ready_store() -> Any:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--tenant", help="Run for this tenant instead of the spec's.")
 @click.option("--idempotency-key", help="Submitting the same key again returns the same run.")
-@click.option("--wait", "wait_", is_flag=True, help="Follow the run; exit 0 only if it SUCCEEDED.")
+@click.option(
+    "--wait",
+    "wait_",
+    is_flag=True,
+    help="Follow the run (a live view on a terminal, one line per change when piped); exit 0 only if it SUCCEEDED.",
+)
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after this many seconds.")
 def submit(file: str, tenant: str | None, idempotency_key: str | None, wait_: bool, timeout: float | None) -> None:
     """Submit the DAG spec FILE (YAML or JSON); prints the run id first."""
@@ -219,8 +231,15 @@ def submit(file: str, tenant: str | None, idempotency_key: str | None, wait_: bo
     click.echo(run.id)
     if not wait_:
         return
-    state = follow(run, lambda line: click.echo(line, err=True), timeout or float("inf"))
-    click.echo(format_tasks(run.tasks()), err=True)
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        from .watch import watch as live
+
+        state = live(orc, run.id, timeout=timeout, console=Console(stderr=True))
+    else:
+        state = follow(run, lambda line: click.echo(line, err=True), timeout or float("inf"))
+        click.echo(format_tasks(run.tasks()), err=True)
     click.echo(state.value)
     sys.exit(0 if state.value == "SUCCEEDED" else 1)
 
@@ -246,10 +265,13 @@ def status(run_id: str, as_json: bool) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help='Print {"runs": [...]}.')
 @click.option("--limit", default=20, show_default=True)
-@click.option("--tenant", default=None)
-def runs(as_json: bool, limit: int, tenant: str | None) -> None:
+@click.option("--offset", default=0, show_default=True, help="Skip this many newer runs (paging).")
+@click.option("--tenant", default=None, help="Only this tenant's runs.")
+@click.option("--dag", default=None, help="Only runs of this DAG.")
+@click.option("--state", default=None, help="Only runs in this state (RUNNING, SUCCEEDED, FAILED, CANCELLED).")
+def runs(as_json: bool, limit: int, offset: int, tenant: str | None, dag: str | None, state: str | None) -> None:
     """List recent runs, newest first."""
-    views = _ready_store().runs(limit, tenant=tenant)
+    views = _ready_store().runs(limit, tenant=tenant, dag=dag, state=state, offset=offset)
     if as_json:
         _dump({"runs": [v.to_json() for v in views]})
         return
@@ -259,6 +281,63 @@ def runs(as_json: bool, limit: int, tenant: str | None) -> None:
         click.echo(
             f"{v.id}  {v.state.value:<9}  {v.dag}  tenant={v.tenant}  tasks={v.task_count}  {created}{attention}"
         )
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--poll", type=float, default=0.5, show_default=True, help="Seconds between redraws.")
+@click.option("--timeout", type=float, default=None, help="Stop watching after this many seconds (the run goes on).")
+def watch(run_id: str, poll: float, timeout: float | None) -> None:
+    """Watch a run live until it is final: progress bar, counts per state, the running tasks
+    and the newest ledger events. Exits 0 if the run SUCCEEDED, 1 otherwise."""
+    from .watch import watch as live
+
+    state = live(_ready_store(), run_id, poll=poll, timeout=timeout)
+    sys.exit(0 if state.value == "SUCCEEDED" else 1)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["svg", "dot", "mermaid"]),
+    default="svg",
+    show_default=True,
+    help="SVG (as on the run page), Graphviz dot, or a Mermaid flowchart.",
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write to FILE (default: stdout).")
+def graph(run_id: str, fmt: str, output: str | None) -> None:
+    """Draw a run's DAG, tasks coloured by state, as the run page of `orchestrator serve` does."""
+    from . import graph as drawing
+    from .web import run_graph
+
+    text = drawing.FORMATS[fmt](run_graph(_ready_store(), run_id))
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: every interface).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+def serve(host: str, port: int) -> None:
+    """Serve the web UI, its JSON API and Prometheus /metrics, from the database.
+
+    Runs at /runs (filters: tenant, DAG, state), a run with its DAG drawn at /runs/RUN_ID, its
+    JSON at /api/runs/RUN_ID, metrics at /metrics. Operator actions (retry, skip, fail, cancel)
+    need ORCHESTRATOR_UI_AUTH (user:password for basic auth, or a token) unless bound to a
+    loopback address; without it, any other bind address is read-only."""
+    from .web import serve as run_server
+
+    orc = _ready_store()
+    try:
+        run_server(orc, host=host, port=port, auth=orc.settings.ui_auth, ready=lambda line: click.echo(line, err=True))
+    except KeyboardInterrupt:
+        pass
 
 
 @main.command()
@@ -530,9 +609,9 @@ def verify(run_ids: tuple[str, ...], limit: int) -> None:
 def cancel(run_id: str) -> None:
     """Cancel a run: open tasks become CANCELLED, running ones are revoked.
 
-    The ledger records the OS user as who acted. Exits 2 with an `error:` line when the run
+    The ledger records who acted and from where (`user@host (cli)`). Exits 2 with an `error:` line when the run
     is unknown or already final."""
-    revoked = _ready_store().cancel(run_id)
+    revoked = _ready_store().cancel(run_id, by=_by())
     click.echo(f"run {run_id} cancelled; {revoked} running or queued task(s) revoked")
 
 
@@ -544,7 +623,7 @@ def retry(run_id: str, key: str) -> None:
 
     Exits 2 with an `error:` line when the task's state does not allow it or another writer
     changed it first (the refused write is in the ledger)."""
-    _ready_store().retry_task(run_id, key)
+    _ready_store().retry_task(run_id, key, by=_by())
     click.echo(f"{run_id}.{key} is READY again")
 
 
@@ -553,7 +632,7 @@ def retry(run_id: str, key: str) -> None:
 @click.argument("key")
 def skip(run_id: str, key: str) -> None:
     """Skip a DEAD_LETTER task; its descendants follow their trigger rules (errors as `retry`)."""
-    _ready_store().skip_task(run_id, key)
+    _ready_store().skip_task(run_id, key, by=_by())
     click.echo(f"{run_id}.{key} SKIPPED")
 
 
@@ -562,7 +641,7 @@ def skip(run_id: str, key: str) -> None:
 @click.argument("key")
 def fail_task(run_id: str, key: str) -> None:
     """Give up on a DEAD_LETTER task: it becomes FAILED and its descendants follow (errors as `retry`)."""
-    _ready_store().fail_task(run_id, key)
+    _ready_store().fail_task(run_id, key, by=_by())
     click.echo(f"{run_id}.{key} FAILED")
 
 
@@ -622,11 +701,15 @@ def schedule() -> None:
     help="When the previous run of the schedule is still running.",
 )
 @click.option("--max-active-runs", type=int, default=None, help="Most runs of the schedule running at once.")
-@click.option("--paused", is_flag=True, help="Add it paused.")
+@click.option(
+    "--paused/--no-paused",
+    default=None,
+    help="Add it paused (--no-paused: firing); by default a new schedule fires and a replaced one keeps its flag.",
+)
 def schedule_add(
     name: str, cron: str | None, every: float | None, tz: str, spec_file: str | None, factory: str | None,
     params: str | None, dst_gap: str, dst_fold: str, catchup: str, max_catchup: int, overlap: str,
-    max_active_runs: int | None, paused: bool,
+    max_active_runs: int | None, paused: bool | None,
 ) -> None:  # fmt: skip
     """Add the schedule NAME, or replace its definition (its place is kept if its timing is
     the same)."""

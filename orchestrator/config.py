@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,10 @@ class Settings:
     beat_interval: float = 5.0
     #: seconds an instant may be late and still fire under ``--catchup none``
     schedule_grace_seconds: float = 60.0
+    #: ``orchestrator serve``'s credentials: ``user:password`` (HTTP basic) or a bare token
+    #: (``Authorization: Bearer``, or the login form); empty: no authentication, and then the
+    #: web app acts only when bound to a loopback address (read-only anywhere else)
+    ui_auth: str = field(default="", repr=False)
     max_nodes: int = 100_000
     max_node_bytes: int = 64 * 1024
     max_params_bytes: int = 256 * 1024

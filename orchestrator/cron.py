@@ -24,9 +24,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from .errors import ValidationError
 
@@ -37,6 +38,11 @@ DST_FOLD = ("first", "last", "both")
 MIN_EVERY = 1.0
 MAX_EVERY = 366 * 86400.0
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
+#: how far ahead a schedule's next instant is looked for: eight years, so that a leap-day cron
+#: (``0 0 29 2 *``) always finds its next 29 February (2096's next is 2104's: 2100 is no leap year)
+HORIZON = dt.timedelta(days=8 * 366)
+#: the stretch of time :func:`instants` reads at once
+_CHUNK = dt.timedelta(days=7)
 
 
 class ScheduleError(ValidationError):
@@ -118,58 +124,149 @@ def resolve(wall: dt.datetime, zone: ZoneInfo, dst_gap: str, dst_fold: str) -> l
 
 
 def instants(timing: Timing, after: dt.datetime, until: dt.datetime) -> Iterator[dt.datetime]:
-    """The schedule's instants in ``(after, until]`` (aware datetimes), in UTC, strictly increasing."""
+    """The schedule's instants in ``(after, until]`` (aware datetimes), in UTC, strictly increasing.
+
+    Lazy: the range is walked a week at a time (an empty stretch of a sparse cron is skipped),
+    so taking the first few of a long range, or counting with a bound, costs what it reads."""
     after, until = after.astimezone(UTC), until.astimezone(UTC)
     if timing.every is not None:
         period = float(timing.every)
-        k = int((after - EPOCH).total_seconds() // period) + 1
-        while True:
-            at = EPOCH + dt.timedelta(seconds=k * period)
-            if at > until:
-                return
-            if at > after:
-                yield at
-            k += 1
+        first, last = _every_range(period, after, until)
+        for k in range(first, last + 1):
+            yield _every_at(period, k)
+        return
     zone = timing.zone
-    # wall-clock times from a day before ``after`` (a fold can put a later wall time earlier in
-    # UTC); croniter walks naive times, so it never meets a transition
-    start = after.astimezone(zone).replace(tzinfo=None) - dt.timedelta(days=1)
-    walk = croniter(timing.cron, start)
-    last: dt.datetime | None = None
-    stop = until.astimezone(zone).replace(tzinfo=None) + dt.timedelta(days=1)
+    lo = after
+    while lo < until:
+        ahead = _next_stretch(timing, zone, lo)
+        if ahead is None or ahead >= until:
+            return
+        lo = max(lo, ahead)
+        hi = min(lo + _CHUNK, until)
+        yield from _cron_window(timing, zone, lo, hi)
+        lo = hi
+
+
+def _every_at(period: float, k: int) -> dt.datetime:
+    return EPOCH + dt.timedelta(seconds=k * period)
+
+
+def _every_range(period: float, after: dt.datetime, until: dt.datetime) -> tuple[int, int]:
+    """The first and last ``k`` whose multiple ``k * period`` is in ``(after, until]`` (``hi < lo``:
+    none); the float division is only a guess, checked against the instants themselves."""
+    lo = int((after - EPOCH).total_seconds() // period) + 1
+    while _every_at(period, lo - 1) > after:
+        lo -= 1
+    while _every_at(period, lo) <= after:
+        lo += 1
+    hi = int((until - EPOCH).total_seconds() // period)
+    while _every_at(period, hi + 1) <= until:
+        hi += 1
+    while hi >= lo and _every_at(period, hi) > until:
+        hi -= 1
+    return lo, hi
+
+
+def _next_stretch(timing: Timing, zone: ZoneInfo, lo: dt.datetime) -> dt.datetime | None:
+    """A point before which no instant after ``lo`` lies: three days before the next wall-clock
+    time the expression matches (so that a leap-day cron skips its empty years instead of
+    walking them a week at a time); ``None`` when it never matches again."""
+    assert timing.cron is not None
+    start = lo.astimezone(zone).replace(tzinfo=None) - dt.timedelta(days=2)
+    try:
+        wall: dt.datetime = croniter(timing.cron, start).get_next(dt.datetime)
+    except CroniterError:  # refused at add (check_timing); only a row changed by hand gets here
+        return None
+    return (wall - dt.timedelta(days=3)).replace(tzinfo=zone).astimezone(UTC)
+
+
+def _cron_window(timing: Timing, zone: ZoneInfo, after: dt.datetime, until: dt.datetime) -> Iterator[dt.datetime]:
+    """The cron instants in ``(after, until]``, a range of at most :data:`_CHUNK`. Croniter walks
+    naive wall-clock times, so it never meets a transition. Where the zone's offset is the same
+    all around the range, wall time is UTC shifted: the walk yields as it goes. Near a
+    transition, a day at a time, it walks from a day before to a day after (a fold can put a
+    later wall time earlier in UTC, a gap an earlier one later) and sorts what it found."""
+    assert timing.cron is not None
+    local_after = after.astimezone(zone).replace(tzinfo=None)
+    local_until = until.astimezone(zone).replace(tzinfo=None)
+    if _fixed_offset(zone, after - dt.timedelta(days=1), until + dt.timedelta(days=1)):
+        walk = croniter(timing.cron, local_after)
+        while True:
+            wall = walk.get_next(dt.datetime)
+            if wall > local_until:
+                return
+            yield wall.replace(tzinfo=zone).astimezone(UTC)
+    if until - after > dt.timedelta(days=1):  # the slow way, a day at a time
+        lo = after
+        while lo < until:
+            hi = min(lo + dt.timedelta(days=1), until)
+            yield from _cron_window(timing, zone, lo, hi)
+            lo = hi
+        return
+    walk = croniter(timing.cron, local_after - dt.timedelta(days=1))
+    stop = local_until + dt.timedelta(days=1)
     pending: list[dt.datetime] = []
     while True:
         wall = walk.get_next(dt.datetime)
         if wall > stop:
             break
         pending.extend(resolve(wall, zone, timing.dst_gap, timing.dst_fold))
+    last: dt.datetime | None = None
     for at in sorted(set(pending)):
         if after < at <= until and (last is None or at > last):
             last = at
             yield at
 
 
+def _fixed_offset(zone: ZoneInfo, lo: dt.datetime, hi: dt.datetime) -> bool:
+    """Whether ``zone``'s UTC offset is the same from ``lo`` to ``hi`` (looked at every half
+    hour: no zone changes its offset twice within that)."""
+    first = lo.astimezone(zone).utcoffset()
+    at = lo
+    while at < hi:
+        at = min(at + dt.timedelta(minutes=30), hi)
+        if at.astimezone(zone).utcoffset() != first:
+            return False
+    return True
+
+
 def next_instant(timing: Timing, after: dt.datetime) -> dt.datetime | None:
-    """The first instant strictly after ``after`` (within a year and a day), or ``None``."""
-    horizon = after + dt.timedelta(days=367)
-    # look a week at a time: most schedules fire within the first
-    lo = after
-    while lo < horizon:
-        hi = min(lo + dt.timedelta(days=7), horizon)
-        for at in instants(timing, lo, hi):
-            return at
-        lo = hi
+    """The first instant strictly after ``after`` (within :data:`HORIZON`, eight years), or ``None``."""
+    for at in instants(timing, after, after + HORIZON):
+        return at
     return None
 
 
 def previous_instant(timing: Timing, before: dt.datetime) -> dt.datetime | None:
-    """The last instant at or before ``before`` (within a year and a day), or ``None``."""
-    lo = before
-    floor = before - dt.timedelta(days=367)
-    while lo > floor:
-        start = max(lo - dt.timedelta(days=7), floor)
-        found = list(instants(timing, start, lo))
-        if found:
-            return found[-1]
-        lo = start
-    return None
+    """The last instant at or before ``before`` (within :data:`HORIZON`), or ``None``."""
+    found = last_instants(timing, before - HORIZON, before, 1)
+    return found[-1] if found else None
+
+
+def last_instants(timing: Timing, after: dt.datetime, until: dt.datetime, n: int) -> list[dt.datetime]:
+    """The last ``n`` instants in ``(after, until]``, oldest first, read backwards from ``until``
+    (an hour, then stretches twice as long, up to a week): what it costs does not grow with the
+    length of the range."""
+    after, until = after.astimezone(UTC), until.astimezone(UTC)
+    if n <= 0:
+        return []
+    if timing.every is not None:
+        period = float(timing.every)
+        first, last = _every_range(period, after, until)
+        return [_every_at(period, k) for k in range(max(first, last - n + 1), last + 1)]
+    found: list[dt.datetime] = []
+    hi, span = until, dt.timedelta(hours=1)
+    while hi > after and len(found) < n:
+        lo = max(after, hi - span)
+        found[:0] = instants(timing, lo, hi)
+        hi, span = lo, min(span * 2, _CHUNK)
+    return found[-n:]
+
+
+def count_instants(timing: Timing, after: dt.datetime, until: dt.datetime, most: int) -> int:
+    """How many instants ``(after, until]`` holds, counted up to ``most``: the exact count, or
+    ``most`` when there are at least that many (an interval schedule's count is always exact)."""
+    if timing.every is not None:
+        first, last = _every_range(float(timing.every), after.astimezone(UTC), until.astimezone(UTC))
+        return max(last - first + 1, 0)
+    return sum(1 for _ in islice(instants(timing, after, until), most))

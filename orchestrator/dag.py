@@ -7,6 +7,7 @@ YAML/JSON spec (:func:`load_spec`). :meth:`DAG.validate` refuses bad input with 
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
@@ -51,8 +52,19 @@ MAX_SPEC_BYTES = 16 * 1024 * 1024
 MAX_POOL_SLOTS = 100_000
 #: tasks of one run QUEUED or RUNNING at once (``max_active_tasks``)
 MAX_ACTIVE_TASKS = 1_000_000
+#: seconds: the longest deadline a DAG or a node may set (after the logical date, or the submit)
+MAX_DEADLINE = 366 * 86400
 #: Keyword under which a task that declares it receives its parents' results.
 UPSTREAM_KWARG = "upstream"
+
+
+class OnDeadline(enum.StrEnum):
+    """What a missed deadline does besides its ledger event and its alert."""
+
+    #: nothing else: the run goes on
+    ALERT = "alert"
+    #: the reconciler cancels the run (its open tasks become CANCELLED, attempts in flight are revoked)
+    CANCEL = "cancel"
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,8 @@ class Node:
     pool_slots: int = 1
     #: the deployment-wide token bucket each attempt takes a token of (``orchestrator limit set``)
     rate_limit: str | None = None
+    #: seconds after the run's logical date (or its submit) by which the task must be done
+    deadline: float | None = None
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -121,6 +135,8 @@ class Node:
                 spec["pool_slots"] = self.pool_slots
         if self.rate_limit is not None:
             spec["rate_limit"] = self.rate_limit
+        if self.deadline is not None:
+            spec["deadline"] = self.deadline
         return spec
 
 
@@ -129,7 +145,10 @@ class DAG:
 
     ``priority`` is the default priority class of the nodes; ``params`` are free JSON
     parameters stored with the run; ``max_active_tasks`` bounds the tasks of one run QUEUED or
-    RUNNING at once (admission holds the rest READY).
+    RUNNING at once (admission holds the rest READY). ``deadline`` is the number of seconds after
+    the run's logical date (or, without one, after its submit) by which the run must be final;
+    a miss, of the run's deadline or of a node's, is recorded once in the ledger and alerted,
+    and with ``on_deadline="cancel"`` the reconciler also cancels the run.
     """
 
     def __init__(
@@ -140,11 +159,15 @@ class DAG:
         priority: Priority | str = Priority.DEFAULT,
         params: Mapping[str, Any] | None = None,
         max_active_tasks: int | None = None,
+        deadline: float | None = None,
+        on_deadline: OnDeadline | str = OnDeadline.ALERT,
     ) -> None:
         self.name = name
         self.tenant = tenant
         self.max_active_tasks = max_active_tasks
+        self.deadline = deadline
         self.priority = _enum(Priority, priority, "priority", dag=_label(name))
+        self.on_deadline: OnDeadline = _enum(OnDeadline, on_deadline, "on_deadline", dag=_label(name))
         if params is not None and not isinstance(params, Mapping):
             raise ValidationError(f"params must be a mapping, not {type(params).__name__}", dag=_label(name))
         self.params: dict[str, Any] = dict(params or {})
@@ -170,6 +193,7 @@ class DAG:
         pool: str | None = None,
         pool_slots: int = 1,
         rate_limit: str | None = None,
+        deadline: float | None = None,
     ) -> Node:
         """Add a node and return it (pass it in another node's ``upstream``).
 
@@ -177,6 +201,8 @@ class DAG:
         registered task name. Arguments of a signature are merged with ``args``/``kwargs``.
         ``pool`` (with ``pool_slots``) and ``rate_limit`` name a pool and a rate limit that
         must exist when the DAG is submitted (``orchestrator pool set``, ``limit set``).
+        ``deadline`` is the number of seconds after the run's logical date (or its submit) by
+        which the task must be done (in a terminal state).
 
         Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest
         of the checks run in :meth:`validate`.
@@ -216,6 +242,7 @@ class DAG:
             pool=pool,
             pool_slots=pool_slots,
             rate_limit=rate_limit,
+            deadline=deadline,
         )
         self.nodes[key] = node
         return node
@@ -251,13 +278,25 @@ class DAG:
             raise ValidationError(
                 f"max_active_tasks must be an integer from 1 to {MAX_ACTIVE_TASKS}, not {short(mat)}", dag=dag
             )
+        problem = deadline_problem(self.deadline)
+        if problem:
+            raise ValidationError(problem, dag=dag)
+        if not isinstance(self.on_deadline, OnDeadline):
+            raise ValidationError(f"on_deadline must be 'alert' or 'cancel', not {short(self.on_deadline)}", dag=dag)
         check_json(self.params, "params", dag=dag)
         if _json_size(self.params) > limits.max_params_bytes:
             raise ValidationError(f"params exceed {limits.max_params_bytes} bytes of JSON", dag=dag)
         known: set[str] = set()  # task names already found valid and registered
         for node in self.nodes.values():
             _validate_node(node, self, is_registered, limits, known)
+        if self.on_deadline is OnDeadline.CANCEL and not self.has_deadlines:
+            raise ValidationError("on_deadline 'cancel' needs a deadline, on the DAG or on a node", dag=dag)
         find_cycle_or_raise(self)
+
+    @property
+    def has_deadlines(self) -> bool:
+        """Whether the DAG or any of its nodes sets a deadline."""
+        return self.deadline is not None or any(n.deadline is not None for n in self.nodes.values())
 
     def roots(self) -> list[Node]:
         return [n for n in self.nodes.values() if not n.upstream]
@@ -269,13 +308,21 @@ class DAG:
             "priority": self.priority.value,
             "params": self.params,
             **({} if self.max_active_tasks is None else {"max_active_tasks": self.max_active_tasks}),
+            **({} if self.deadline is None else {"deadline": self.deadline}),
+            **({} if self.on_deadline is OnDeadline.ALERT else {"on_deadline": self.on_deadline.value}),
             "nodes": [n.to_spec() for n in self.nodes.values()],
         }
 
     def with_tenant(self, tenant: str) -> DAG:
         """A copy of this DAG for another tenant."""
         other = DAG(
-            self.name, tenant=tenant, priority=self.priority, params=self.params, max_active_tasks=self.max_active_tasks
+            self.name,
+            tenant=tenant,
+            priority=self.priority,
+            params=self.params,
+            max_active_tasks=self.max_active_tasks,
+            deadline=self.deadline,
+            on_deadline=self.on_deadline,
         )
         other.nodes = {k: replace(n) for k, n in self.nodes.items()}
         return other
@@ -357,6 +404,18 @@ def _validate_node(
         raise fail(f"pool_slots must be an integer from 1 to {MAX_POOL_SLOTS}, not {short(slots)}")
     if slots != 1 and node.pool is None:
         raise fail("pool_slots needs a pool")
+    problem = deadline_problem(node.deadline)
+    if problem:
+        raise fail(problem)
+
+
+def deadline_problem(value: Any) -> str | None:
+    """Why ``value`` is not an acceptable ``deadline`` (seconds), or ``None`` (``None`` is no deadline)."""
+    if value is None:
+        return None
+    if not _positive(value) or value > MAX_DEADLINE:
+        return f"deadline must be a number of seconds above 0 and at most {MAX_DEADLINE}, not {short(value)}"
+    return None
 
 
 def _exception_names(values: Any, what: str, dag: str, key: str) -> tuple[str, ...]:
@@ -552,8 +611,9 @@ NODE_FIELDS = {
     "pool",
     "pool_slots",
     "rate_limit",
+    "deadline",
 }
-DAG_FIELDS = {"name", "tenant", "priority", "params", "max_active_tasks", "nodes"}
+DAG_FIELDS = {"name", "tenant", "priority", "params", "max_active_tasks", "deadline", "on_deadline", "nodes"}
 
 
 def dag_from_spec(spec: Any) -> DAG:
@@ -581,12 +641,20 @@ def dag_from_spec(spec: Any) -> DAG:
     mat = spec.get("max_active_tasks")
     if mat is not None and (isinstance(mat, bool) or not isinstance(mat, int)):
         raise SpecError(f"'max_active_tasks' must be an integer, not {short(mat)}", dag=name)
+    deadline = spec.get("deadline")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))):
+        raise SpecError(f"'deadline' must be a number of seconds, not {short(deadline)}", dag=name)
+    on_deadline = spec.get("on_deadline")
+    if on_deadline is not None and not isinstance(on_deadline, str):
+        raise SpecError(f"'on_deadline' must be 'alert' or 'cancel', not {short(on_deadline)}", dag=name)
     dag = DAG(
         name,
         tenant=spec.get("tenant", "default"),
         priority=spec.get("priority", "default"),
         params=params,
         max_active_tasks=mat,
+        deadline=deadline,
+        on_deadline=OnDeadline.ALERT if on_deadline is None else on_deadline,
     )
     nodes = spec.get("nodes")
     if not isinstance(nodes, list):
@@ -628,6 +696,7 @@ def dag_from_spec(spec: Any) -> DAG:
             pool=raw.get("pool"),
             pool_slots=raw.get("pool_slots", 1),
             rate_limit=raw.get("rate_limit"),
+            deadline=raw.get("deadline"),
         )
     return dag
 
@@ -651,6 +720,7 @@ _SPEC_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
     ("pool", (str, type(None)), "a pool name"),
     ("pool_slots", (int,), "an integer"),
     ("rate_limit", (str, type(None)), "a rate limit key"),
+    ("deadline", (int, float, type(None)), "a number of seconds"),
 )
 
 

@@ -14,9 +14,9 @@ from .routing import default_queues
 from .states import RunState, TaskState
 
 
-def build_demo_dag(day: str = "2026-04-25") -> DAG:
+def build_demo_dag(day: str = "2026-04-25", tenant: str = "demo") -> DAG:
     """extract_orders, extract_customers (flaky) -> clean_* -> aggregate -> load."""
-    dag = DAG("demo_etl", tenant="demo", params={"day": day})
+    dag = DAG("demo_etl", tenant=tenant, params={"day": day})
     orders = dag.task("extract_orders", "tasks.etl.extract_orders", kwargs={"day": day})
     customers = dag.task(
         "extract_customers",

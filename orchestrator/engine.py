@@ -56,6 +56,15 @@ def os_user() -> str:
         return "unknown"
 
 
+def local_by(via: str | None = None) -> str:
+    """Who acts from this process, and from where: ``user@host``, with ``(via)`` when given
+    (the CLI records ``alice@ops-1 (cli)``); the default ``by`` of operator actions."""
+    import socket
+
+    where = f"{os_user()}@{socket.gethostname()}"
+    return f"{where} ({via})" if via else where
+
+
 class Orchestrator:
     """Submits DAGs to the database and publishes their tasks.
 
@@ -143,7 +152,9 @@ class Orchestrator:
         Idempotent on (DAG name, tenant, ``idempotency_key``): the same key returns the
         handle of the run it created first; and on (``schedule``, ``logical_date``): the
         scheduler's firings and backfills create one run per instant however often they try.
-        Raises :class:`ValidationError` (nothing is written or published) for bad input.
+        ``schedule`` (the scheduler's, :mod:`orchestrator.schedules`) must name an existing
+        schedule of the run's tenant, with a ``logical_date`` that no other tenant's run of that
+        name holds. Raises :class:`ValidationError` (nothing is written or published) for bad input.
         """
         dag = self.check(dag, tenant=tenant)
         if idempotency_key is not None:
@@ -154,6 +165,19 @@ class Orchestrator:
             problem = text_problem(logical_date, MAX_LOGICAL_DATE_CHARS) or _iso_problem(logical_date)
             if problem:
                 raise ValidationError(f"logical_date {problem}", dag=dag.name)
+        if schedule is not None:
+            # a schedule's run: its tenant's schedule only (another tenant's is "no schedule")
+            found = self.store.schedules.get(schedule) if isinstance(schedule, str) else None
+            if found is None or found.tenant != dag.tenant:
+                raise ValidationError(f"no schedule named {schedule!r} for tenant {dag.tenant!r}", dag=dag.name)
+            if logical_date is None:
+                raise ValidationError(f"a run of schedule {schedule!r} needs its logical_date", dag=dag.name)
+            holder = self.store.schedules.run_tenant(schedule, logical_date)
+            if holder is not None and holder != dag.tenant:
+                raise ValidationError(
+                    f"schedule {schedule!r} already has a run for {logical_date} that is not tenant {dag.tenant!r}'s",
+                    dag=dag.name,
+                )
         dedicated = set(self.settings.dedicated_tenants)
         if dag.tenant not in dedicated and dag.tenant in self.store.tenants.dedicated():
             dedicated.add(dag.tenant)
@@ -302,7 +326,7 @@ class Orchestrator:
         ledger) when the task's state does not allow it, whether it never did or another writer
         changed it first, and :class:`OperatorError` when children were already decided."""
         self.visible(run_id)
-        actor = operator(by or os_user())
+        actor = operator(by or local_by())
         self._operator_done(
             self.store.operator.retry_task(run_id, key, self.settings.dispatch_window, actor), run_id, key, "retry"
         )
@@ -317,7 +341,7 @@ class Orchestrator:
 
     def _resolve(self, run_id: str, key: str, to: TaskState, by: str | None) -> None:
         self.visible(run_id)
-        actor = operator(by or os_user())
+        actor = operator(by or local_by())
         outcome = self.store.operator.resolve_dead_letter(run_id, key, to, self.settings.dispatch_window, actor)
         self._operator_done(outcome, run_id, key, to.value.lower())
 
@@ -332,7 +356,7 @@ class Orchestrator:
         limits they held go to other READY work at once. Returns how many were revoked.
         Raises :class:`RunNotFound`, or :class:`ConflictError` when the run is already final."""
         self.visible(run_id)
-        in_flight, conflict = self.store.operator.cancel_run(run_id, operator(by or os_user()))
+        in_flight, conflict = self.store.operator.cancel_run(run_id, operator(by or local_by()))
         if conflict is not None:
             raise ConflictError(conflict)
         if in_flight:  # their slots first: the revoke is best effort, the rows are already final
@@ -477,14 +501,29 @@ class Orchestrator:
         self.visible(run_id)
         return RunHandle(self, run_id)
 
-    def runs(self, limit: int = 20, tenant: str | None = None) -> list[RunView]:
+    def runs(
+        self,
+        limit: int = 20,
+        tenant: str | None = None,
+        *,
+        dag: str | None = None,
+        state: RunState | str | None = None,
+        offset: int = 0,
+    ) -> list[RunView]:
         """Recent runs, newest first: of ``tenant``, or of every tenant; a bound orchestrator
-        lists its own tenant's only."""
+        lists its own tenant's only. ``dag`` and ``state`` filter, ``offset`` pages back."""
         if self.tenant is not None:
             if tenant not in (None, self.tenant):
                 return []
             tenant = self.tenant
-        return self.store.reads.list_runs(limit, tenant=tenant)
+        if isinstance(state, str):
+            try:
+                state = RunState(state.upper())
+            except ValueError:
+                raise ValidationError(f"unknown run state {state!r}; one of {', '.join(RunState)}") from None
+        if limit < 1 or offset < 0:
+            raise ValidationError("limit must be at least 1 and offset not negative")
+        return self.store.reads.list_runs(limit, tenant=tenant, dag=dag, state=state, offset=offset)
 
 
 class RunHandle:
@@ -546,4 +585,4 @@ class RunHandle:
             time.sleep(poll)
 
 
-__all__ = ["Actor", "Orchestrator", "RunHandle", "os_user"]
+__all__ = ["Actor", "Orchestrator", "RunHandle", "local_by", "os_user"]

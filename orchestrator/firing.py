@@ -15,7 +15,9 @@ since the last one it decided (judged by the database clock) and decides each on
   and fires. ``max_active_runs`` caps the schedule's RUNNING runs under every policy: an instant
   beyond it is skipped (buffered under ``buffer_one``).
 
-Nothing is dropped silently: every due instant ends fired or with a recorded reason.
+Nothing is dropped silently: every due instant ends fired or with a recorded reason. The record
+is bounded, however long beat was down: the newest :data:`RECORD_SKIPPED` skipped instants are
+recorded one by one, the older ones by one summary firing (on the oldest) that counts them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from .cron import ScheduleError
 CATCHUP = ("latest", "none", "all")
 OVERLAP = ("allow", "skip", "buffer_one", "cancel_previous")
 MAX_CATCHUP = 10_000
+#: skipped instants recorded one by one per pass; older ones get one summary record
+RECORD_SKIPPED = 100
+#: the older missed instants of a cron schedule are counted up to this many ("at least")
+COUNT_MOST = 10_000
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,21 @@ class Decision:
     reason: str | None = None
     #: cancel_previous: cancel the schedule's running runs first
     cancel_running: bool = False
+
+
+def looked_at(policy: Policy) -> int:
+    """How many of the newest due instants a pass decides one by one: those it may fire, and
+    :data:`RECORD_SKIPPED` more to record as skipped."""
+    return (policy.max_catchup if policy.catchup == "all" else 1) + RECORD_SKIPPED
+
+
+def summary_reason(policy: Policy, older: int, at_least: bool, before: dt.datetime) -> str:
+    """The reason of the one firing that stands for ``older`` missed instants (the oldest first)."""
+    count = f"at least {older}" if at_least else str(older)
+    return (
+        f"missed while beat was down or the schedule paused (catchup {policy.catchup}): this instant and the"
+        f" others before {before.astimezone(dt.UTC).isoformat()}, {count} in all, not recorded one by one"
+    )
 
 
 def catch_up(due: Sequence[dt.datetime], now: dt.datetime, policy: Policy) -> tuple[list[dt.datetime], list[Decision]]:

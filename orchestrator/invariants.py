@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from typing import Any
 
-from .states import RUN_TRANSITIONS, TERMINAL, TRANSITIONS, RunState, TaskState
+from .states import ANNOTATIONS, RUN_TRANSITIONS, TERMINAL, TRANSITIONS, RunState, TaskState
 from .store import Store
 
 _OUTCOMES = {"SUCCEEDED", "FAILED", "RETRYING", "DEAD_LETTER"}
@@ -28,7 +29,11 @@ def check_runs(
       matched by an outcome event (accepted or rejected) of that attempt;
     - parents finished before their children started;
     - only legal transitions were accepted (tasks and runs), and attempts never went backwards;
-    - every final run's ledger ends with its accepted transition to that state.
+    - every final run's ledger ends with its accepted transition to that state;
+    - annotation events (a non-null ``kind``, ``states.ANNOTATIONS``: ``deadline_missed``)
+      change no state (``from_state`` = ``to_state``), are of a known kind written by a role
+      allowed to, and are recorded at most once per run and per task; they are not transitions,
+      so the checks above leave them out.
     """
     ids = list(run_ids)
     problems: list[str] = []
@@ -36,8 +41,10 @@ def check_runs(
         return problems
     snap = store.reads.snapshot(ids)
     tasks, runs, edges, effects = snap.tasks, snap.runs, snap.edges, snap.effects
-    events = [e for e in snap.events if e.key is not None]
-    run_events = [e for e in snap.events if e.key is None]
+    problems.extend(_check_annotations([e for e in snap.events if _kind(e) is not None]))
+    transitions = [e for e in snap.events if _kind(e) is None]
+    events = [e for e in transitions if e.key is not None]
+    run_events = [e for e in transitions if e.key is None]
     allowed = {st.value for st in TERMINAL} | ({TaskState.DEAD_LETTER.value} if allow_dead_letter else set())
     by_key = {(t.run_id, t.key): t for t in tasks}
     running = {r.id for r in runs if r.state == "RUNNING"} if in_progress_ok else set()
@@ -106,4 +113,33 @@ def check_runs(
             parent = by_key[(run_id, p)]
             if parent.finished_at is None or parent.finished_at > c.started_at:
                 problems.append(f"{run_id}.{child}: started before its parent {p} finished")
+    return problems
+
+
+def _kind(event: object) -> str | None:
+    """The annotation kind of a ledger row (``None``: a transition)."""
+    kind = getattr(event, "kind", None)
+    return kind if isinstance(kind, str) else None
+
+
+def _check_annotations(annotations: list[Any]) -> list[str]:
+    problems: list[str] = []
+    seen: Counter[tuple[str, str | None, str]] = Counter()
+    for e in annotations:
+        kind = _kind(e) or ""
+        where = f"{e.run_id}.{e.key}" if e.key is not None else f"run {e.run_id}"
+        allowed = ANNOTATIONS.get(kind)
+        if allowed is None:
+            problems.append(f"{where}: unknown ledger annotation {kind!r}")
+            continue
+        if e.actor not in allowed:
+            problems.append(f"{where}: {kind} recorded by {e.actor}")
+        if e.from_state != e.to_state:
+            problems.append(f"{where}: {kind} annotation changed the state {e.from_state} -> {e.to_state}")
+        if e.accepted:
+            seen[(e.run_id, e.key, kind)] += 1
+    for (run_id, key, kind), n in seen.items():
+        if n > 1:
+            where = f"{run_id}.{key}" if key is not None else f"run {run_id}"
+            problems.append(f"{where}: {kind} recorded {n} times")
     return problems

@@ -180,6 +180,9 @@ class EventView:
     accepted: bool
     at: dt.datetime | None
     by: str | None = None
+    #: an annotation's kind (``deadline_missed``): a fact recorded, not a state change; ``None``
+    #: for a transition
+    kind: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -192,6 +195,7 @@ class EventView:
             "reason": self.reason,
             "accepted": self.accepted,
             "at": _iso(self.at),
+            "kind": self.kind,
         }
 
 
@@ -232,3 +236,90 @@ class RateLimit:
     def next_token_in(self) -> float:
         """Seconds until the bucket holds a whole token (0 when it does)."""
         return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+@dataclass(frozen=True)
+class OpenTaskCount:
+    """Tasks not yet terminal in one (state, queue, tenant); for READY ones, the oldest ``ready_at``."""
+
+    state: str
+    queue: str
+    tenant: str
+    count: int
+    oldest_ready_at: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """A live worker (``orc_workers``): its pool size and the tasks RUNNING on it now."""
+
+    name: str
+    queues: tuple[str, ...]
+    concurrency: int
+    running: int
+    seen_at: dt.datetime
+
+    @property
+    def free_slots(self) -> int:
+        return max(self.concurrency - self.running, 0)
+
+
+@dataclass(frozen=True)
+class ScheduleDue:
+    """An active (not paused) schedule and the next instant it should look at."""
+
+    name: str
+    tenant: str
+    next_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class WindowEvent:
+    """One ledger row of the metrics window, with what its task and run rows say now
+    (``task_*`` for a task event, ``run_created_at`` for every event)."""
+
+    run_id: str
+    key: str | None
+    attempt: int
+    from_state: str | None
+    to_state: str
+    actor: str
+    accepted: bool
+    at: dt.datetime
+    reason: str | None
+    tenant: str
+    queue: str | None = None
+    task_attempt: int | None = None
+    task_ready_at: dt.datetime | None = None
+    task_started_at: dt.datetime | None = None
+    run_created_at: dt.datetime | None = None
+    #: an annotation's kind (``states.ANNOTATIONS``: ``deadline_missed``); ``None`` for a transition
+    kind: str | None = None
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What ``orchestrator.metrics`` exposes, read from the database in one connection
+    (``Reads.metrics_snapshot``). Times are the database's, timezone-aware."""
+
+    now: dt.datetime
+    #: tasks not yet terminal, per (state, queue, tenant)
+    open_tasks: list[OpenTaskCount]
+    #: live workers (seen within the worker TTL)
+    workers: list[WorkerLoad]
+    #: active schedules
+    schedules: list[ScheduleDue]
+    #: the ledger rows of the window, oldest first
+    events: list[WindowEvent]
+    #: the start of the span ``events`` covers: ``now - window`` unless the row limit cut it shorter
+    window_start: dt.datetime
+    #: ledger rows read for the window
+    events_read: int
+    #: labels of the sessions holding the reconciler duty (Postgres; empty on SQLite)
+    reconciler_on_duty: list[str] = field(default_factory=list)
+    #: deadline misses recorded in the window (not cut by the row limit): (scope, tenant) -> count,
+    #: scope ``run`` or ``task``
+    deadline_misses: dict[tuple[str, str], int] = field(default_factory=dict)

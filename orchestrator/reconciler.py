@@ -1,8 +1,10 @@
 """The reconciler: the polling safety net that finds lost work from the database.
 
 A pass (:meth:`Reconciler.run_pass`) releases due retries, re-publishes QUEUED tasks
-unclaimed past the dispatch timeout, fails attempts whose lease deadline passed, admits
-READY work into free capacity and closes runs whose counter missed their end. Each item is
+unclaimed past the dispatch timeout, fails attempts whose lease deadline passed, judges the
+run and task deadlines that fell due (a miss is recorded once and alerted; a DAG with
+``on_deadline="cancel"`` has its run cancelled), admits READY work into free capacity and
+closes runs whose counter missed their end. Each item is
 handled on its own: an error is logged and counted, and the pass goes on. Every action is a
 compare-and-set, so two passes running at once still act once per item.
 
@@ -27,14 +29,27 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from .alerts import raise_alert
 from .config import Settings
-from .models import Outcome
+from .models import RECONCILER, Outcome
 from .publisher import Publisher
 from .store import Store
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("released", "republished", "leases_expired", "dispatched", "runs_finalized", "errors")
+ACTIONS = (
+    "released",
+    "republished",
+    "leases_expired",
+    "deadlines_missed",
+    "deadline_cancels",
+    "dispatched",
+    "runs_finalized",
+    "errors",
+)
+#: most missed deadlines recorded (and alerted) per pass, of runs and of tasks each; the rest
+#: wait for the next pass
+DEADLINE_BATCH = 100
 
 
 class Reconciler:
@@ -83,7 +98,9 @@ class Reconciler:
             if outcome is not None:
                 report["leases_expired"] += int(outcome.accepted)
                 guarded(f"publishing after {run_id}.{key}", lambda: self.after(outcome, run_id, key))  # noqa: B023
-        # one admission per pass, after everything above made its tasks READY
+        # one admission per pass, after everything above made its tasks READY; deadlines after
+        # it, so a slow alert webhook never delays dispatch (slots a deadline's cancel frees
+        # are admitted by the next pass)
         admitted = guarded(
             "admitting ready tasks", lambda: self.store.admission.admit_ready(s.dispatch_window, wait=False)
         )
@@ -91,7 +108,42 @@ class Reconciler:
             report["dispatched"] += self.publisher.publish(admitted)
         finalized = guarded("closing finished runs", recovery.finalize_runs)
         report["runs_finalized"] = finalized or 0
+        self._deadlines(report, guarded)
         return report
+
+    def _deadlines(self, report: dict[str, int], guarded: Callable[[str, Callable[[], Any]], Any]) -> None:
+        """Judge the deadlines that fell due: those met are closed in bulk; each miss is
+        recorded once (a compare-and-set with its ledger event) and then alerted. A run whose
+        DAG says ``on_deadline="cancel"`` is cancelled first, through the operator's cancel
+        path as ``reconciler`` (its attempts in flight are revoked; their slots go to the
+        next pass's admission)."""
+        deadlines = self.store.deadlines
+        guarded("closing deadlines met", deadlines.judge_met)
+        due = guarded("finding missed deadlines", lambda: deadlines.due(DEADLINE_BATCH)) or []
+        for run_id in dict.fromkeys(d.run_id for d in due if d.cancels):
+            cancelled = guarded(
+                f"cancelling {run_id} on its deadline",
+                lambda: self.store.operator.cancel_run(run_id, RECONCILER),  # noqa: B023
+            )
+            if cancelled is None:
+                continue
+            in_flight, conflict = cancelled
+            if conflict is None:
+                report["deadline_cancels"] += 1
+                log.warning("reconcile: run %s missed a deadline and was cancelled (on_deadline=cancel)", run_id)
+            if in_flight:
+                guarded(f"revoking the attempts of {run_id}", lambda: self.publisher.revoke(in_flight))  # noqa: B023
+        for item in due:
+            what = f"{item.run_id}.{item.key}" if item.key is not None else item.run_id
+            miss = guarded(f"recording the missed deadline of {what}", lambda: deadlines.record(item))  # noqa: B023
+            if miss is None:
+                continue
+            report["deadlines_missed"] += 1
+            webhook = self.settings.alert_webhook or None
+            guarded(
+                f"alerting the missed deadline of {what}",
+                lambda: raise_alert(miss.alert(), webhook=webhook, actor="reconciler"),  # noqa: B023
+            )
 
 
 class ReconcilerService:

@@ -34,14 +34,15 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .alerts import raise_alert
-from .cron import ScheduleError, Timing, instants, next_instant
+from .cron import HORIZON, ScheduleError, Timing, count_instants, instants, last_instants, next_instant
 from .dag import DAG, MAX_NAME_CHARS, TENANT_RE, dag_from_spec, load_spec, parse_spec, text_problem
 from .errors import ConflictError, OrchestratorError, RunNotFound, ValidationError
-from .firing import Decision, Policy, plan
+from .firing import COUNT_MOST, Decision, Policy, looked_at, plan, summary_reason
 from .store.schedules import ScheduleRows, iso
 
 if TYPE_CHECKING:
@@ -53,6 +54,9 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 PLACEHOLDERS = ("logical_date", "ds")
 #: firings left pending this long are finished by any beat (the one that wrote them died)
 PENDING_AFTER = 15.0
+#: the reason of a pending firing whose decision was to cancel the running runs first (overlap
+#: cancel_previous): whoever finishes the firing, the beat that decided it or another one, does
+CANCEL_PREVIOUS = "overlap cancel_previous: cancel the schedule's running runs first"
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,9 @@ class Schedules:
         #: loosely so that this module does not import the engine back)
         self.orc = orc
         self.rows: ScheduleRows = orc.store.schedules
+        #: schedules whose part of a pass failed, and when this beat tries them again (by the
+        #: database clock): a schedule that fails at once must not spin beat
+        self._retry: dict[str, dt.datetime] = {}
 
     # ------------------------------------------------------------------ definitions
 
@@ -205,13 +212,15 @@ class Schedules:
         max_catchup: int = 10,
         overlap: str = "allow",
         max_active_runs: int | None = None,
-        paused: bool = False,
+        paused: bool | None = None,
     ) -> Schedule:
         """Create the schedule ``name`` or replace its definition. ``spec`` is a spec file's
         path, a parsed spec or a :class:`DAG` (snapshotted now); ``dag`` a factory
-        ``module:function``. Raises :class:`ScheduleError` / :class:`ValidationError` naming
-        the problem (bad cron, unknown zone, missing spec, unimportable factory, …); nothing is
-        written then."""
+        ``module:function`` (its runs are the schedule's tenant's: this orchestrator's, or
+        ``default``). ``paused``: ``None`` keeps a replaced schedule's flag (a new one starts
+        unpaused). Raises :class:`ScheduleError` / :class:`ValidationError` naming the problem
+        (bad cron, unknown zone, missing spec, unimportable factory, …); nothing is written
+        then."""
         problem = text_problem(name, MAX_NAME_CHARS)
         if problem or not isinstance(name, str):
             raise ScheduleError(f"schedule name {problem}")
@@ -219,6 +228,8 @@ class Schedules:
         policy = Policy(catchup=catchup, max_catchup=max_catchup, overlap=overlap, max_active_runs=max_active_runs)
         if params is not None and not isinstance(params, Mapping):
             raise ScheduleError("params must be a mapping")
+        if paused is not None and not isinstance(paused, bool):
+            raise ScheduleError(f"paused must be true or false, not {paused!r}")
         params = dict(params or {})
         if (spec is None) == (dag is None):
             raise ScheduleError("give what to run: a spec or a DAG factory module:function (one of them)")
@@ -228,7 +239,7 @@ class Schedules:
         now = self.rows.now()
         first = next_instant(timing, now)
         if first is None:
-            raise ScheduleError(f"{timing.describe()} does not fire within a year")
+            raise ScheduleError(f"{timing.describe()} does not fire within {HORIZON.days // 366} years")
         if spec is not None:
             snapshot = self._snapshot(spec)
             check_placeholders(snapshot)
@@ -259,7 +270,7 @@ class Schedules:
             "spec_hash": spec_hash(snapshot) if snapshot is not None else None,
             "factory": factory,
             "params": params,
-            "paused": bool(paused),
+            "paused": bool(existing.paused) if paused is None and existing is not None else bool(paused),
             "next_at": first,
         }
         changed = existing is None or _timing(existing) != timing
@@ -270,7 +281,8 @@ class Schedules:
         """Upsert every schedule of a YAML/JSON file ``{"schedules": [{name, cron|every, tz,
         spec (a path relative to the file) | dag, params, dst_gap, dst_fold, catchup,
         max_catchup, overlap, max_active_runs, paused}]}``. Every entry is checked before any
-        is written."""
+        is written. An entry without ``paused`` keeps the schedule's flag (a paused schedule
+        stays paused; a new one starts unpaused)."""
         p = Path(path)
         try:
             text = p.read_text()
@@ -308,6 +320,9 @@ class Schedules:
             catchup=kwargs.get("catchup", "latest"), max_catchup=kwargs.get("max_catchup", 10),
             overlap=kwargs.get("overlap", "allow"), max_active_runs=kwargs.get("max_active_runs"),
         )  # fmt: skip
+        paused = kwargs.get("paused")
+        if paused is not None and not isinstance(paused, bool):
+            raise ScheduleError(f"schedule {name!r}: paused must be true or false, not {paused!r}")
         if kwargs.get("dag") is not None:
             load_factory(kwargs["dag"])
         elif kwargs.get("spec") is not None:
@@ -334,12 +349,12 @@ class Schedules:
         row = self.rows.get(name)
         if row is None or not self._visible(row):
             raise ScheduleNotFound(f"no schedule named {name!r}")
-        last = self.rows.last_runs([name]).get(name)
+        last = self.rows.last_runs({name: row.tenant}).get(name)
         return _view(row, last)
 
     def all(self) -> list[Schedule]:
         found = self.rows.all(self.orc.tenant)
-        last = self.rows.last_runs([r.name for r in found])
+        last = self.rows.last_runs({r.name: r.tenant for r in found})
         return [_view(r, last.get(r.name)) for r in found]
 
     def pause(self, name: str) -> Schedule:
@@ -363,7 +378,8 @@ class Schedules:
     def trigger(self, name: str) -> Fired:
         """A manual run now (logical date = now on the database clock), paused or not."""
         current = self.get(name)
-        at = self.rows.now().replace(microsecond=self.rows.now().microsecond // 1000 * 1000)
+        now = self.rows.now()  # one reading of the clock
+        at = now.replace(microsecond=now.microsecond // 1000 * 1000)
         return self._fire_one(current, Decision(at, "fire", "manual"), record=True)
 
     # ------------------------------------------------------------------ firing
@@ -371,15 +387,23 @@ class Schedules:
     def tick(self) -> float:
         """One pass of the scheduler: fire every schedule that is due; finish firings left
         pending by a beat that died. Returns the seconds until the next instant, at most
-        ``ORCHESTRATOR_BEAT_INTERVAL``."""
+        ``ORCHESTRATOR_BEAT_INTERVAL``.
+
+        One schedule's error (other than the database being out) never stops the others: it is
+        recorded on that schedule (``last_error``, the alert hook) and the schedule is tried
+        again at its next instant (by this beat; any other beat tries on its own pass)."""
         interval = float(self.orc.settings.beat_interval)
         try:
             now = self.rows.now()
+            self._retry = {n: at for n, at in self._retry.items() if at > now}
             for name in self.rows.due(now):
-                self.fire_due(name)
+                if name not in self._retry:
+                    self._guarded(name, None, now, partial(self.fire_due, name))
             for pending in self.rows.pending(now - dt.timedelta(seconds=PENDING_AFTER)):
-                self._finish_pending(pending.schedule, pending.logical_date, pending.kind)
-            nxt = self.rows.next_at()
+                at = _when(pending.logical_date)
+                d = Decision(at, "fire", pending.kind, cancel_running=pending.reason == CANCEL_PREVIOUS)
+                self._guarded(pending.schedule, d, now, partial(self._finish_pending, pending.schedule, d))
+            soonest = [t for t in (self.rows.next_at(exclude=set(self._retry)), *self._retry.values()) if t]
         except OrchestratorError as exc:
             log.warning("scheduler pass failed: %s", exc)
             return interval
@@ -388,28 +412,68 @@ class Schedules:
                 raise
             log.warning("scheduler pass failed (the database is unreachable): %s", exc)
             return interval
-        if nxt is None:
+        if not soonest:
             return interval
-        wait = (nxt - self.rows.now()).total_seconds()
+        wait = (min(soonest) - self.rows.now()).total_seconds()
         return max(0.05, min(wait, interval))
+
+    def _guarded(self, name: str, d: Decision | None, now: dt.datetime, fn: Callable[[], Any]) -> None:
+        """Run one schedule's part of a pass; an error of its own (not the database being out,
+        which ends the pass) is recorded on it, and it waits for its next instant."""
+        try:
+            fn()
+        except Exception as exc:
+            if self.orc.store.db.transient(exc):
+                raise
+            self._failed(name, d, f"{type(exc).__name__}: {exc}")
+            if d is None:
+                self._retry[name] = self._retry_time(name, now)
+        else:
+            if d is None:
+                self._retry.pop(name, None)
+
+    def _retry_time(self, name: str, now: dt.datetime) -> dt.datetime:
+        """When a schedule whose pass failed is tried again: at its next instant, and not before
+        the next beat interval (a schedule that fails at once must not spin beat)."""
+        soonest = now + dt.timedelta(seconds=max(float(self.orc.settings.beat_interval), 1.0))
+        try:
+            row = self.rows.get(name)
+            nxt = next_instant(_timing(row), now) if row is not None else None
+        except Exception:  # noqa: BLE001 - a timing that does not even parse: the interval
+            nxt = None
+        return max(soonest, nxt) if nxt is not None else soonest + dt.timedelta(seconds=60)
 
     def fire_due(self, name: str) -> list[Fired]:
         """Decide the schedule's due instants (under its row lock) and create the runs of
-        those that fire."""
+        those that fire. Missed instants cost a bounded amount of work and rows however long
+        beat was down: only the newest are looked at one by one (:func:`firing.looked_at`),
+        the older ones are counted into one summary firing."""
         grace = self.orc.settings.schedule_grace_seconds
+        tiny = dt.timedelta(microseconds=1)
 
         def decide(conn: Connection, row: Any, now: dt.datetime, running: list[str]) -> list[Decision]:
             if row.paused:
                 return []
             timing, policy = _timing(row), _policy(row, grace)
-            after = _aware(row.last_at) or _when(row.next_at) - dt.timedelta(microseconds=1)
-            due = list(instants(timing, after, now))
+            after = _aware(row.last_at) or _when(row.next_at) - tiny
+            wanted = looked_at(policy)
+            due = last_instants(timing, after, now, wanted)
             decisions, buffered = plan(due, now, len(running), policy, _aware(row.buffered_at))
+            if len(due) == wanted:  # perhaps more, older: one record counts them
+                older = count_instants(timing, after, due[0] - tiny, COUNT_MOST)
+                oldest = next_instant(timing, after) if older else None
+                if oldest is not None and oldest < due[0]:
+                    at_least = timing.cron is not None and older >= COUNT_MOST
+                    reason = summary_reason(policy, older, at_least, due[0])
+                    self.rows.record(conn, row.name, oldest, "skipped", "catchup", reason=reason, overwrite=False)
             fire = []
             for d in decisions:
                 # an instant decided before (a backfill made its run) is left as it is
                 if d.action == "fire":
-                    if self.rows.record(conn, row.name, d.at, "pending", d.kind, overwrite=d.kind == "buffered"):
+                    intent = CANCEL_PREVIOUS if d.cancel_running else None
+                    if self.rows.record(
+                        conn, row.name, d.at, "pending", d.kind, reason=intent, overwrite=d.kind == "buffered"
+                    ):
                         fire.append(d)
                 else:
                     self.rows.record(conn, row.name, d.at, "skipped", d.kind, reason=d.reason, overwrite=False)
@@ -417,15 +481,11 @@ class Schedules:
             values: dict[str, Any] = {"buffered_at": buffered}
             if due:
                 values["last_at"] = last
-            values["next_at"] = next_instant(timing, max(now, last) if last else now) or now + dt.timedelta(days=366)
+            values["next_at"] = next_instant(timing, max(now, last) if last else now) or now + HORIZON
             self.rows.advance(conn, row.name, **values)
             return fire
 
-        try:
-            fire = self.rows.decide(name, decide)
-        except OrchestratorError as exc:
-            self._failed(name, None, str(exc))
-            return []
+        fire = self.rows.decide(name, decide)
         if not fire:
             return []
         current = self.get_any(name)
@@ -438,27 +498,30 @@ class Schedules:
         return _view(row, None)
 
     def _fire_one(self, sched: Schedule, d: Decision, *, record: bool = False) -> Fired:
-        """Create the run of one instant (already recorded pending, unless ``record``)."""
+        """Create the run of one instant (already recorded pending, unless ``record``): build
+        and check its DAG first, then (cancel_previous) cancel the older running runs, then
+        submit; a DAG that cannot be built or would not submit cancels nothing."""
         logical = iso(d.at)
         if record:
-            self.orc.store.db.transaction(lambda conn: self.rows.record(conn, sched.name, d.at, "pending", d.kind))
-        try:
-            if d.cancel_running:
-                for run_id in self.rows.running_runs(sched.name):
-                    try:
-                        self.orc.cancel(run_id, by=f"schedule {sched.name} (overlap cancel_previous)")
-                    except (ConflictError, RunNotFound):
-                        pass  # it ended meanwhile
-            before = self.rows.run_for(sched.name, logical)
-            dag = self.build(sched, d.at)
-            run = self.orc.submit(
-                dag,
-                # a spec's runs are the schedule's tenant's; a factory's DAG names its own
-                tenant=sched.tenant if sched.spec is not None else self.orc.tenant,
-                idempotency_key=f"schedule:{sched.name}:{logical}",
-                logical_date=logical,
-                schedule=sched.name,
+            intent = CANCEL_PREVIOUS if d.cancel_running else None
+            self.orc.store.db.transaction(
+                lambda conn: self.rows.record(conn, sched.name, d.at, "pending", d.kind, reason=intent)
             )
+        try:
+            before = self.rows.run_for(sched.name, logical, tenant=sched.tenant)
+            if before is not None:  # made already: by a backfill, or by a beat that died after it
+                run_id = before[0]
+            else:
+                dag = self.orc.check(self.build(sched, d.at), tenant=sched.tenant)
+                if d.cancel_running:
+                    self._cancel_previous(sched, d.at)
+                run_id = self.orc.submit(
+                    dag,
+                    tenant=sched.tenant,
+                    idempotency_key=f"schedule:{sched.name}:{logical}",
+                    logical_date=logical,
+                    schedule=sched.name,
+                ).id
         except Exception as exc:  # noqa: BLE001 - a broken schedule must never break beat
             if self.orc.store.db.transient(exc):
                 # the database is out: leave the firing pending, any beat finishes it later
@@ -467,14 +530,27 @@ class Schedules:
             error = f"{type(exc).__name__}: {exc}"
             self._failed(sched.name, d, error)
             return Fired(sched.name, d.at, None, False, error=error)
-        self.rows.finish(sched.name, d.at, d.kind, run_id=run.id)
-        return Fired(sched.name, d.at, run.id, before is None)
+        self.rows.finish(sched.name, d.at, d.kind, run_id=run_id)
+        return Fired(sched.name, d.at, run_id, before is None)
 
-    def _finish_pending(self, name: str, at: dt.datetime, kind: str) -> None:
+    def _cancel_previous(self, sched: Schedule, at: dt.datetime) -> None:
+        """Cancel the schedule's running runs of instants before ``at`` (overlap cancel_previous)."""
+        for run in self.rows.running_runs(sched.name, sched.tenant):
+            instant = _aware(run.logical_date)
+            if instant is not None and instant >= at:
+                continue  # a later instant's run (a pending firing finished late): not a previous one
+            try:
+                self.orc.cancel(run.id, by=f"schedule {sched.name} (overlap cancel_previous)")
+            except (ConflictError, RunNotFound):
+                pass  # it ended meanwhile
+
+    def _finish_pending(self, name: str, d: Decision) -> None:
+        """Finish a firing another beat left pending, with the decision it recorded (its kind,
+        and whether to cancel the running runs first)."""
         row = self.rows.get(name)
         if row is None:
             return
-        self._fire_one(_view(row, None), Decision(_aware(at) or at, "fire", kind))
+        self._fire_one(_view(row, None), d)
 
     def _failed(self, name: str, d: Decision | None, error: str) -> None:
         log.error("schedule %s could not fire%s: %s", name, f" at {iso(d.at)}" if d else "", error)
@@ -494,6 +570,11 @@ class Schedules:
             made = load_factory(sched.factory)(at, dict(sched.params))
             if not isinstance(made, DAG):
                 raise ScheduleError(f"factory {sched.factory!r} returned {type(made).__name__}, not a DAG")
+            if made.tenant not in ("default", sched.tenant):
+                raise ScheduleError(
+                    f"factory {sched.factory!r} built a DAG of tenant {made.tenant!r}; schedule {sched.name!r}"
+                    f" runs as tenant {sched.tenant!r}"
+                )
             return made
         assert sched.spec is not None
         return self._build_spec(sched.spec, at, sched.timing, sched.params)
@@ -534,11 +615,11 @@ class Schedules:
         sched = self.get(name)
         deadline = None if timeout is None else time.monotonic() + timeout
         for at in self.backfill_dates(name, start, end):
-            found = self.rows.run_for(name, iso(at))
+            found = self.rows.run_for(name, iso(at), tenant=sched.tenant)
             if found is not None:
                 yield Fired(name, at, found[0], False)
                 continue
-            while len(self.rows.running_runs(name)) >= max_active:
+            while len(self.rows.running_runs(name, sched.tenant)) >= max_active:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"backfill of {name}: no room under --max-active {max_active} in time")
                 time.sleep(poll)

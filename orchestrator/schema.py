@@ -30,11 +30,32 @@ runs = sa.Table(
     #: the schedule that fired the run (``orc_schedules``), with ``logical_date`` its instant:
     #: one run per (schedule, instant), however many beats or backfills try
     sa.Column("schedule", sa.String(200), nullable=True),
+    #: the DAG's ``deadline`` (seconds) and when it falls due: that long after the logical date,
+    #: or after the submit (database clock) for a run without one; null: no run deadline
+    sa.Column("deadline_seconds", sa.Float, nullable=True),
+    sa.Column("deadline_at", TS, nullable=True),
+    #: what a missed deadline of the run or of one of its tasks does: ``alert`` or ``cancel``
+    #: (null when neither the DAG nor any node sets a deadline)
+    sa.Column("on_deadline", sa.String(8), nullable=True),
+    #: when the reconciler judged the run's deadline (once, after it fell due: the
+    #: compare-and-set ``WHERE deadline_checked_at IS NULL``), and, if the run was not final by
+    #: then, when it recorded the miss (with its ``deadline_missed`` event, in one transaction)
+    sa.Column("deadline_checked_at", TS, nullable=True),
+    sa.Column("deadline_missed_at", TS, nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
     sa.UniqueConstraint("schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
 )
 sa.Index("ix_orc_runs_created", runs.c.created_at)
 sa.Index("ix_orc_runs_schedule_state", runs.c.schedule, runs.c.state)
+#: the reconciler's deadline check: runs whose deadline is not judged yet, by due time (partial:
+#: runs without a deadline, and runs already judged, are not in it)
+DEADLINE_PENDING = "deadline_at IS NOT NULL AND deadline_checked_at IS NULL"
+sa.Index(
+    "ix_orc_runs_deadline_due",
+    runs.c.deadline_at,
+    postgresql_where=sa.text(DEADLINE_PENDING),
+    sqlite_where=sa.text(DEADLINE_PENDING),
+)
 
 tasks = sa.Table(
     "orc_tasks",
@@ -87,6 +108,18 @@ tasks = sa.Table(
     sa.Column("pool_slots", sa.Integer, nullable=False, server_default="1"),
     #: the rate limit (``orc_rate_limits``) each admission of the task takes a token of
     sa.Column("rate_limit", sa.String(64), nullable=True),
+    #: the node's ``deadline`` (seconds after the run's logical date, or its submit) and when it
+    #: falls due; the verdict and the miss as on ``orc_runs`` (done = in a terminal state)
+    sa.Column("deadline_seconds", sa.Float, nullable=True),
+    sa.Column("deadline_at", TS, nullable=True),
+    sa.Column("deadline_checked_at", TS, nullable=True),
+    sa.Column("deadline_missed_at", TS, nullable=True),
+)
+sa.Index(
+    "ix_orc_tasks_deadline_due",
+    tasks.c.deadline_at,
+    postgresql_where=sa.text(DEADLINE_PENDING),
+    sqlite_where=sa.text(DEADLINE_PENDING),
 )
 #: admission: each tenant's first READY task of a queue, and the tasks in flight per queue
 sa.Index(
@@ -119,8 +152,21 @@ events = sa.Table(
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("accepted", sa.Boolean, nullable=False),
     sa.Column("at", TS, nullable=False),
+    #: null for a transition; an annotation (``states.ANNOTATIONS``: a fact recorded about the
+    #: task or run without a state change, ``from_state`` = ``to_state``) names its kind here:
+    #: ``deadline_missed``
+    sa.Column("kind", sa.String(32), nullable=True),
 )
 sa.Index("ix_orc_task_events_run", events.c.run_id, events.c.key)
+#: annotations by kind and time (partial: transitions, nearly every row, are not in it), so
+#: ``kind = 'deadline_missed'`` is counted without reading the ledger
+sa.Index(
+    "ix_orc_task_events_kind",
+    events.c.kind,
+    events.c.at,
+    postgresql_where=sa.text("kind IS NOT NULL"),
+    sqlite_where=sa.text("kind IS NOT NULL"),
+)
 
 #: live Celery workers and what they can take: the dispatch window is their free capacity
 workers = sa.Table(

@@ -73,8 +73,10 @@ TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     (T.DEAD_LETTER, T.FAILED): frozenset({"operator"}),
     (T.DEAD_LETTER, T.SKIPPED): frozenset({"operator"}),
 }
+# a cancel: an operator's, or the reconciler's for a run whose DAG says ``on_deadline="cancel"``
+# and whose deadline (or a task's) passed before it was done (``store/deadlines.py``)
 for _s in NON_TERMINAL:
-    TRANSITIONS[(_s, T.CANCELLED)] = frozenset({"operator"})
+    TRANSITIONS[(_s, T.CANCELLED)] = frozenset({"operator", "reconciler"})
 
 
 class IllegalTransition(OrchestratorError):
@@ -95,7 +97,8 @@ RUN_TRANSITIONS: dict[tuple[RunState | None, RunState], frozenset[str]] = {
     (None, RunState.RUNNING): frozenset({"submit"}),
     (RunState.RUNNING, RunState.SUCCEEDED): frozenset({"worker", "reconciler", "operator"}),
     (RunState.RUNNING, RunState.FAILED): frozenset({"worker", "reconciler", "operator"}),
-    (RunState.RUNNING, RunState.CANCELLED): frozenset({"operator"}),
+    # the reconciler cancels a run that missed a deadline when its DAG says on_deadline="cancel"
+    (RunState.RUNNING, RunState.CANCELLED): frozenset({"operator", "reconciler"}),
     (RunState.FAILED, RunState.RUNNING): frozenset({"operator"}),
 }
 
@@ -106,6 +109,22 @@ def check_run_transition(src: RunState | None, dst: RunState, actor: str) -> Non
     if allowed is None or actor not in allowed:
         origin = src.value if src else "nothing"
         raise IllegalTransition(f"{actor} may not move a run from {origin} to {dst.value}")
+
+
+#: ledger rows that record a fact about a task or a run without changing its state: the
+#: event's ``kind`` column names it (``NULL`` for every transition), its ``from_state`` and
+#: ``to_state`` are both the state the row held, and only the roles listed may write it.
+#: ``deadline_missed``: the reconciler found a run or task not done by its deadline
+#: (``store/deadlines.py``; at most one per run and per task).
+DEADLINE_MISSED = "deadline_missed"
+ANNOTATIONS: dict[str, frozenset[str]] = {DEADLINE_MISSED: frozenset({"reconciler"})}
+
+
+def check_annotation(kind: str, actor: str) -> None:
+    """Raise :class:`IllegalTransition` unless ``actor`` may write an annotation event of ``kind``."""
+    allowed = ANNOTATIONS.get(kind)
+    if allowed is None or actor not in allowed:
+        raise IllegalTransition(f"{actor} may not record a {kind!r} event")
 
 
 class TriggerRule(enum.StrEnum):

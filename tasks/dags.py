@@ -14,8 +14,10 @@ from orchestrator.demo import build_demo_dag
 
 
 def daily_etl(logical_date: dt.datetime, params: dict[str, Any]) -> DAG:
-    """The demo's ETL for the day of ``logical_date`` (in ``params["tz"]``, default UTC)."""
+    """The demo's ETL for the day of ``logical_date`` (in ``params["tz"]``, default UTC), for
+    the tenant in ``params["tenant"]`` (default ``default``: a schedule's runs are its own
+    tenant's, and a factory's DAG must not name another)."""
     from zoneinfo import ZoneInfo
 
     day = logical_date.astimezone(ZoneInfo(str(params.get("tz", "UTC")))).date().isoformat()
-    return build_demo_dag(day)
+    return build_demo_dag(day, tenant=str(params.get("tenant", "default")))

@@ -80,6 +80,18 @@ class ProbeFailure(RuntimeError):
 
 
 @app.task(bind=True)
+def poisoned(self: Any, until_attempt: int = 3) -> int:
+    """Raise the same :class:`ProbeFailure` (one fingerprint: poison, so the task is parked in
+    DEAD_LETTER) on every attempt before ``until_attempt``; from then on return the attempt,
+    as if an operator fixed the cause before retrying."""
+    _effect()
+    attempt = _attempt(self)
+    if attempt < int(until_attempt):
+        raise ProbeFailure("poisoned: the same failure on every attempt")
+    return attempt
+
+
+@app.task(bind=True)
 def fail(self: Any, message: str = "probe failure") -> None:
     """Always raise :class:`ProbeFailure` with ``message``."""
     _effect()

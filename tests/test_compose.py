@@ -32,7 +32,7 @@ EXPECTED_ENV = {
     "ORCHESTRATOR_BROKER_URL": "redis://redis:6379/0",
     "ORCHESTRATOR_DATA_DIR": "/var/lib/orchestrator",
 }
-PROJECT_SERVICES = ("migrate", "schedules", "worker", "beat", "flower")
+PROJECT_SERVICES = ("migrate", "schedules", "worker", "beat", "flower", "serve")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def services(compose: dict[str, Any]) -> dict[str, Any]:
 
 
 #: what the tests pretend the shell running ``docker compose`` has set
-COMPOSE_ENV = {"FLOWER_PASSWORD": "s3cret"}
+COMPOSE_ENV = {"FLOWER_PASSWORD": "s3cret", "ORCHESTRATOR_UI_AUTH": "admin:s3cret"}
 VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:-|:\?)(?P<arg>[^}]*))?\}")
 
 
@@ -92,7 +92,7 @@ def depends(service: dict[str, Any], on: str) -> str | None:
 
 
 def test_services_exist(services: dict[str, Any]) -> None:
-    assert {"postgres", "redis", "migrate", "worker", "beat", "flower"} <= set(services)
+    assert {"postgres", "redis", "migrate", "worker", "beat", "flower", "serve"} <= set(services)
 
 
 def test_postgres(services: dict[str, Any]) -> None:
@@ -213,6 +213,42 @@ def test_flower_requires_basic_auth_from_the_environment(services: dict[str, Any
     assert flower["ports"] == ["127.0.0.1:5555:5555"]
 
 
+def test_flower_reads_every_option_it_is_given(services: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Flower silently drops what it does not know: an argument or a FLOWER_* variable with a typo
+    # (FLOWER_BASICAUTH) would start it without authentication, so each must be one of its options
+    import flower.options  # noqa: F401 - defines Flower's options on tornado's global options
+    from flower.command import apply_env_options, is_flower_envvar, is_flower_option
+    from tornado.options import options
+
+    service = services["flower"]
+    flower_args = argv(service)[4:]
+    assert flower_args and all(a.startswith("--") and is_flower_option(a) for a in flower_args), flower_args
+    names = [k for k in service["environment"] if k.startswith("FLOWER_")]
+    assert names == ["FLOWER_BASIC_AUTH"]
+    assert all(is_flower_envvar(n) for n in names)
+    # the API is never opened without credentials, and no password is written in the file
+    assert "FLOWER_UNAUTHENTICATED_API" not in service["environment"]
+    text = COMPOSE.read_text(encoding="utf-8")
+    assert not re.search(r"\$\{FLOWER_PASSWORD:?-", text), "FLOWER_PASSWORD must have no default"
+    assert not [name for name, svc in services.items() if "FLOWER_PASSWORD" in (svc.get("environment") or {})]
+    assert "FLOWER_PASSWORD:?" in text
+    # an empty password counts as unset: compose refuses it too
+    with pytest.raises(MissingVariableError, match="FLOWER_PASSWORD"):
+        interpolate(service["environment"]["FLOWER_BASIC_AUTH"], {"FLOWER_USER": "admin", "FLOWER_PASSWORD": ""})
+    # and Flower itself turns the variable into its basic_auth option, one user:password pair
+    value = interpolate(service["environment"]["FLOWER_BASIC_AUTH"], COMPOSE_ENV)
+    for name in list(os.environ):
+        if name.startswith("FLOWER_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", value)
+    saved = options.basic_auth
+    try:
+        apply_env_options()
+        assert options.basic_auth == ["admin:s3cret"]
+    finally:
+        options.basic_auth = saved
+
+
 def orchestrator_commands(services: dict[str, Any]) -> list[tuple[str, list[str]]]:
     found = [(name, argv(s)) for name, s in services.items() if "command" in s]
     return [(name, args[1:]) for name, args in found if args and args[0] == "orchestrator"]
@@ -291,3 +327,20 @@ def test_dockerfile_installs_the_project() -> None:
     cmd = [line for line in lines if line.startswith("CMD")]
     assert cmd, "the Dockerfile has no CMD"
     assert cmd[-1] in ('CMD ["orchestrator", "worker"]', "CMD orchestrator worker")
+
+
+def test_serve_requires_credentials_and_publishes_on_loopback(services: dict[str, Any]) -> None:
+    from orchestrator.web import Access
+
+    serve = services["serve"]
+    args = argv(serve)
+    assert args[:2] == ["orchestrator", "serve"]
+    host = args[args.index("--host") + 1]
+    # bound to every interface in its container: it acts only because credentials are required
+    with pytest.raises(MissingVariableError):
+        argv({"command": serve["environment"]["ORCHESTRATOR_UI_AUTH"]}, env={})
+    settings = service_settings(serve)
+    access = Access(settings.ui_auth, host)
+    assert access.enabled and access.can_write and not access.local
+    assert all(str(p).startswith("127.0.0.1:") for p in serve["ports"])
+    assert depends(serve, "migrate") == "service_completed_successfully"

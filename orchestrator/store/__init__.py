@@ -11,6 +11,8 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``attempts``              the worker side: claim, heartbeat (the lease), fenced outcome
 ``hotpath``               on Postgres, the claim and the success as one server-function call
 ``recovery``              the reconciler's actions: due retries, lost dispatches, leases
+``deadlines``             the reconciler's verdict on deadlines that fell due; misses
+                          recorded once (CAS + ``deadline_missed`` event), and read
 ``operator``              retry, give up, skip, cancel
 ``reads``                 runs, tasks and the ledger as domain values; diagnostics
 ``workers``               the worker registry (capacity of live workers)
@@ -41,6 +43,7 @@ from .admission import Admission
 from .attempts import Attempts
 from .backend import make_engine
 from .database import Database, new_run_id
+from .deadlines import Deadlines
 from .deliveries import Deliveries
 from .ledger import Ledger
 from .limits import Limits
@@ -90,6 +93,7 @@ class Store:
         self.tenants = Tenants(self.db)
         self.limits = Limits(self.db)
         self.schedules = ScheduleRows(self.db)
+        self.deadlines = Deadlines(self.db)
 
     @property
     def engine(self) -> Engine:

@@ -53,6 +53,8 @@ def held_name(why: str, head: Any) -> str:
 
 #: "never admitted" sorts first among tenants equally far below their share
 _NEVER = dt.datetime.min.replace(tzinfo=dt.UTC)
+#: picks held back by a limit that one SQLite admission pass looks past at most
+HELD_LOOKS = 1000
 
 _ORC_ADMIT = sa.text("SELECT * FROM orc_admit(:window, :ttl, :depth, :wait, :aging)")
 
@@ -132,7 +134,8 @@ class Admission:
         heads the highest class (with aging), then the tenant furthest below its weighted share
         of the tasks in flight on these queues, then the oldest (``orc_admit_from`` on Postgres).
         A pick that a limit holds back (``limits.held``) is set aside with its run, tenant,
-        pool or rate limit, and the next best head is looked at."""
+        pool or rate limit, and the next best head is looked at: a held pick uses no room, the
+        pass ends when ``room`` tasks moved or no head is left."""
         c = t_tasks.c
         held: dict[str, set[str]] = {"tenant": set(), "run": set(), "pool": set(), "rate": set(), "slots": set()}
         loads: dict[str, int] = {
@@ -144,7 +147,11 @@ class Admission:
             ).all()
         }
         moved: list[Any] = []
-        for _ in range(room):
+        # a held pick uses no room, but the looks are bounded: a backlog of tasks too big for
+        # their pool's free slots is passed over HELD_LOOKS at a time per pass, not all of it
+        looks = 0
+        while len(moved) < room and looks < room + HELD_LOOKS:
+            looks += 1
             heads = []
             for queue in queues:
                 tenant: str | None = None
@@ -195,8 +202,11 @@ class Admission:
                 values={"dispatched_at": db_now()},
                 returning=rows.DISPATCH_COLUMNS,
             )
+            if not rows_:  # no longer READY (cannot happen with one writer): never pick it again
+                held["slots"].add(f"{best.run_id}/{best.key}")
+                continue
             moved.extend(rows_)
-            if rows_ and best.rate_limit is not None:
+            if best.rate_limit is not None:
                 limits.take_token(conn, best.rate_limit)
             loads[best.tenant] = loads.get(best.tenant, 0) + 1
             if len({h.tenant for h in heads}) > 1:

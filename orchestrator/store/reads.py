@@ -12,11 +12,21 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import schema as s
-from ..dbtime import db_after, db_now
+from ..dbtime import aware, db_after, db_now
 from ..errors import RunNotFound, TaskNotFound
 from ..explain import ExplainInput, LimitUse
-from ..models import EventView, RateLimit, RunView, TaskView
-from ..states import RunState
+from ..models import (
+    EventView,
+    MetricsSnapshot,
+    OpenTaskCount,
+    RateLimit,
+    RunView,
+    ScheduleDue,
+    TaskView,
+    WindowEvent,
+    WorkerLoad,
+)
+from ..states import DEADLINE_MISSED, NON_TERMINAL, RunState, TaskState
 from . import rows
 from .database import Database
 from .limits import bucket
@@ -62,11 +72,24 @@ class Reads:
             raise RunNotFound(f"no run with id {run_id!r}")
         return RunState(state)
 
-    def list_runs(self, limit: int = 20, *, tenant: str | None = None) -> list[RunView]:
-        """The newest runs with their per-state task counts (so ``needs_attention`` is true)."""
-        q = sa.select(t_runs).order_by(t_runs.c.created_at.desc()).limit(limit)
+    def list_runs(
+        self,
+        limit: int = 20,
+        *,
+        tenant: str | None = None,
+        dag: str | None = None,
+        state: RunState | None = None,
+        offset: int = 0,
+    ) -> list[RunView]:
+        """The newest runs with their per-state task counts (so ``needs_attention`` is true),
+        optionally of one tenant, DAG or run state; ``offset`` pages further back."""
+        q = sa.select(t_runs).order_by(t_runs.c.created_at.desc(), t_runs.c.id.desc()).limit(limit).offset(offset)
         if tenant:
             q = q.where(t_runs.c.tenant == tenant)
+        if dag:
+            q = q.where(t_runs.c.dag_name == dag)
+        if state is not None:
+            q = q.where(t_runs.c.state == state.value)
 
         def read(conn: Any) -> tuple[Any, dict[str, dict[str, int]]]:
             found = conn.execute(q).all()
@@ -99,10 +122,25 @@ class Reads:
             raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
         return rows.task_view(row)
 
-    def events(self, run_id: str) -> list[EventView]:
-        """The run's ledger, oldest first: task events and the run's own (``key`` None)."""
-        q = sa.select(t_events).where(t_events.c.run_id == run_id).order_by(t_events.c.id)
+    def events(self, run_id: str, *, newest: int | None = None) -> list[EventView]:
+        """The run's ledger, oldest first: task events and the run's own (``key`` None);
+        only the ``newest`` rows when given (live views)."""
+        q = sa.select(t_events).where(t_events.c.run_id == run_id)
+        if newest is not None:
+            inner = q.order_by(t_events.c.id.desc()).limit(newest).subquery()
+            q = sa.select(inner).order_by(inner.c.id)
+        else:
+            q = q.order_by(t_events.c.id)
         return [rows.event_view(r) for r in self.db.read(lambda conn: conn.execute(q).all())]
+
+    def edges(self, run_id: str) -> list[tuple[str, str]]:
+        """The run's dependency edges as (parent key, child key), in a stable order."""
+        q = (
+            sa.select(t_edges.c.parent_key, t_edges.c.child_key)
+            .where(t_edges.c.run_id == run_id)
+            .order_by(t_edges.c.parent_key, t_edges.c.child_key)
+        )
+        return [(p, c) for p, c in self.db.read(lambda conn: conn.execute(q).all())]
 
     def logical_date(self, run_id: str) -> str | None:
         """The run's logical date (ISO 8601), or ``None``."""
@@ -252,6 +290,121 @@ class Reads:
                 ).all()
             )
 
+    # ------------------------------------------------------------------ metrics
+
+    def metrics_snapshot(
+        self, *, window_seconds: float, max_events: int, worker_ttl: float, tenant: str | None = None
+    ) -> MetricsSnapshot:
+        """What ``orchestrator.metrics`` exposes, read in one connection with bounded queries:
+
+        - the tasks not yet terminal per (state, queue, tenant), through the state index: as
+          many rows as there is open work, never the history of finished tasks;
+        - the live workers (seen within ``worker_ttl``) and the tasks RUNNING on each;
+        - the active schedules (``ix_orc_schedules_due``);
+        - the ledger rows of the last ``window_seconds``, at most the newest ``max_events`` of
+          them: a primary-key range below the newest id, each row joined by primary key to its
+          run and its task. When the range ends inside the window, ``window_start`` says where.
+
+        ``tenant`` keeps to one tenant's tasks, ledger rows and schedules; the workers and the
+        reconciler duty are the deployment's and are always read.
+        """
+        c, e, w, sch = t_tasks.c, t_events.c, t_workers.c, s.schedules.c
+        with self.db.engine.connect() as conn:
+            now = _as_time(conn.execute(sa.select(db_now())).scalar_one())
+            # tasks not yet terminal (the state index serves state IN (...))
+            q = (
+                sa.select(c.state, c.queue, c.tenant, sa.func.count(), sa.func.min(c.ready_at))
+                .where(c.state.in_(sorted(st.value for st in NON_TERMINAL)))
+                .group_by(c.state, c.queue, c.tenant)
+            )
+            if tenant:
+                q = q.where(c.tenant == tenant)
+            open_tasks = [
+                OpenTaskCount(st, queue, ten, int(n), aware(oldest) if st == TaskState.READY.value else None)
+                for st, queue, ten, n, oldest in conn.execute(q).all()
+            ]
+            # live workers, and the tasks RUNNING on each (``worker`` is ``<hostname>:<pid>``)
+            running: dict[str, int] = {}
+            for where, n in conn.execute(
+                sa.select(c.worker, sa.func.count()).where(c.state == TaskState.RUNNING.value).group_by(c.worker)
+            ).all():
+                if where:
+                    host = str(where).rsplit(":", 1)[0]
+                    running[host] = running.get(host, 0) + int(n)
+            workers = [
+                WorkerLoad(name, tuple(queues), int(n), running.get(name, 0), _as_time(seen))
+                for name, queues, n, seen in conn.execute(
+                    sa.select(w.name, w.queues, w.concurrency, w.seen_at)
+                    .where(w.seen_at > db_after(-worker_ttl))
+                    .order_by(w.name)
+                ).all()
+            ]
+            q = sa.select(sch.name, sch.tenant, sch.next_at).where(sch.paused.is_(False)).order_by(sch.name)
+            if tenant:
+                q = q.where(sch.tenant == tenant)
+            schedules = [ScheduleDue(name, ten, _as_time(at)) for name, ten, at in conn.execute(q).all()]
+            # the window: the newest ``max_events`` ledger ids, of which those in the last window_seconds
+            window_start = now - dt.timedelta(seconds=window_seconds)
+            events: list[WindowEvent] = []
+            newest = conn.execute(sa.select(sa.func.max(e.id))).scalar()
+            if newest is not None:
+                floor = int(newest) - max(int(max_events), 1)
+                q = (
+                    sa.select(
+                        e.run_id, e.key, e.attempt, e.from_state, e.to_state, e.actor, e.accepted, e.at, e.reason,
+                        t_runs.c.tenant, c.queue, c.attempt, c.ready_at, c.started_at, t_runs.c.created_at, e.kind,
+                    )
+                    .select_from(
+                        t_events.outerjoin(t_runs, t_runs.c.id == e.run_id).outerjoin(
+                            t_tasks, sa.and_(c.run_id == e.run_id, c.key == e.key)
+                        )
+                    )
+                    .where(e.id > floor, e.at >= db_after(-window_seconds))
+                    .order_by(e.id)
+                )  # fmt: skip
+                if tenant:
+                    q = q.where(t_runs.c.tenant == tenant)
+                events = [
+                    WindowEvent(
+                        r[0], r[1], int(r[2]), r[3], r[4], r[5], bool(r[6]), _as_time(r[7]), r[8], r[9] or "",
+                        queue=r[10], task_attempt=r[11], task_ready_at=aware(r[12]), task_started_at=aware(r[13]),
+                        run_created_at=aware(r[14]), kind=r[15],
+                    )
+                    for r in conn.execute(q).all()
+                ]  # fmt: skip
+                if floor > 0:
+                    # the rows below the range: when they are still inside the window, the range
+                    # (max_events rows) covers only its newer part
+                    below = conn.execute(sa.select(e.at).where(e.id <= floor).order_by(e.id.desc()).limit(1)).scalar()
+                    if below is not None and _as_time(below) >= window_start:
+                        first = conn.execute(sa.select(e.at).where(e.id > floor).order_by(e.id).limit(1)).scalar()
+                        window_start = _as_time(first) if first is not None else now
+            # deadline misses of the window, through the partial index of annotations (kind, at)
+            q = (
+                sa.select(e.key.is_(None), t_runs.c.tenant, sa.func.count())
+                .select_from(t_events.join(t_runs, t_runs.c.id == e.run_id))
+                .where(e.kind == DEADLINE_MISSED, e.accepted.is_(True), e.at >= db_after(-window_seconds))
+                .group_by(e.key.is_(None), t_runs.c.tenant)
+            )
+            if tenant:
+                q = q.where(t_runs.c.tenant == tenant)
+            misses: dict[tuple[str, str], int] = {}
+            for is_run, ten, n in conn.execute(q).all():
+                scope = ("run" if is_run else "task", str(ten))
+                misses[scope] = misses.get(scope, 0) + int(n)
+            on_duty = self.db.backend.reconciler_on_duty(conn)
+        return MetricsSnapshot(
+            now=now,
+            open_tasks=open_tasks,
+            workers=workers,
+            schedules=schedules,
+            events=events,
+            window_start=window_start,
+            events_read=len(events),
+            reconciler_on_duty=on_duty,
+            deadline_misses=misses,
+        )
+
 
 def _limit_uses(
     conn: Connection, run_id: str, tenant: str, dag: str, max_active: int | None, ready: Sequence[Any], now: Any
@@ -335,3 +488,12 @@ def _shares(conn: Connection, tenant: str, scopes: dict[str, set[str]]) -> dict[
         if r.tenant == tenant:
             runs[r.run_id] = runs.get(r.run_id, 0) + 1
     return {"shares": shares, "tenant_runs": runs}
+
+
+def _as_time(value: Any) -> dt.datetime:
+    """A database time as an aware datetime (SQLite's ``db_now()`` is text, its columns naive UTC)."""
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    found = aware(value)
+    assert found is not None
+    return found

@@ -75,4 +75,6 @@ def task_view(r: Any) -> TaskView:
 
 
 def event_view(r: Any) -> EventView:
-    return EventView(r.key, r.attempt, r.from_state, r.to_state, r.actor, r.reason, r.accepted, aware(r.at), r.by)
+    return EventView(
+        r.key, r.attempt, r.from_state, r.to_state, r.actor, r.reason, r.accepted, aware(r.at), r.by, r.kind
+    )

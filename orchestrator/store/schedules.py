@@ -12,10 +12,11 @@ backfill trying the same instant finds the run instead of creating another.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from .. import schema as s
@@ -100,18 +101,18 @@ class ScheduleRows:
         )
         return list(self.db.read(lambda conn: conn.execute(query).scalars().all()))
 
-    def next_at(self) -> dt.datetime | None:
-        """The soonest next instant of any schedule that is not paused."""
+    def next_at(self, exclude: Collection[str] = ()) -> dt.datetime | None:
+        """The soonest next instant of any schedule that is not paused (nor in ``exclude``)."""
         c = t_schedules.c
-        found = self.db.read(
-            lambda conn: conn.execute(sa.select(sa.func.min(c.next_at)).where(c.paused.is_(False))).scalar()
-        )
-        return aware(found)
+        query = sa.select(sa.func.min(c.next_at)).where(c.paused.is_(False))
+        if exclude:
+            query = query.where(c.name.not_in(sorted(exclude)))
+        return aware(self.db.read(lambda conn: conn.execute(query).scalar()))
 
     def decide(self, name: str, fn: Callable[[Connection, Any, dt.datetime, list[str]], Any]) -> Any:
         """Under the schedule's row lock: ``fn(conn, row, now, running_run_ids)`` decides and
         writes; returns what ``fn`` returns, or ``None`` when another beat holds the schedule or
-        it is gone."""
+        it is gone. The running runs are the schedule's tenant's."""
 
         def tx(conn: Connection) -> Any:
             row = conn.execute(
@@ -121,7 +122,7 @@ class ScheduleRows:
                 return None
             now = aware(_now(conn))
             assert now is not None
-            return fn(conn, row, now, self.running(conn, name))
+            return fn(conn, row, now, [r.id for r in self.running(conn, name, row.tenant)])
 
         return self.db.transaction(tx)
 
@@ -131,12 +132,17 @@ class ScheduleRows:
         conn.execute(t_schedules.update().where(t_schedules.c.name == name).values(**values))
 
     @staticmethod
-    def running(conn: Connection, name: str) -> list[str]:
-        query = sa.select(t_runs.c.id).where(t_runs.c.schedule == name, t_runs.c.state == RunState.RUNNING.value)
-        return list(conn.execute(query).scalars().all())
+    def running(conn: Connection, name: str, tenant: str) -> list[Any]:
+        """The schedule's RUNNING runs (``id``, ``logical_date``): those of its tenant only (a
+        schedule removed and added again by another tenant does not see the old one's runs)."""
+        c = t_runs.c
+        query = sa.select(c.id, c.logical_date).where(
+            c.schedule == name, c.tenant == tenant, c.state == RunState.RUNNING.value
+        )
+        return list(conn.execute(query).all())
 
-    def running_runs(self, name: str) -> list[str]:
-        return self.db.read(lambda conn: self.running(conn, name))
+    def running_runs(self, name: str, tenant: str) -> list[Any]:
+        return self.db.read(lambda conn: self.running(conn, name, tenant))
 
     @staticmethod
     def record(
@@ -151,16 +157,23 @@ class ScheduleRows:
         overwrite: bool = True,
     ) -> bool:
         """Write the firing of ``name`` at ``at`` (an existing one is overwritten, or with
-        ``overwrite=False`` kept as it is); returns whether this call wrote it."""
+        ``overwrite=False`` kept as it is); returns whether this call wrote it. The insert is
+        insert-if-absent: two writers of one instant (two beats finishing a pending firing, a
+        beat and a backfill) never fail on the primary key."""
         where = (t_firings.c.schedule == name, t_firings.c.logical_date == at)
         values = {"state": state, "kind": kind, "reason": reason, "run_id": run_id, "at": db_now()}
-        if overwrite:
-            if conn.execute(t_firings.update().where(*where).values(**values)).rowcount:
-                return True
-        elif conn.execute(sa.select(t_firings.c.state).where(*where)).first() is not None:
-            return False
-        conn.execute(t_firings.insert().values(schedule=name, logical_date=at, **values))
-        return True
+        if overwrite and conn.execute(t_firings.update().where(*where).values(**values)).rowcount:
+            return True
+        insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(t_firings)
+        query = (
+            insert.values(schedule=name, logical_date=at, **values)
+            .on_conflict_do_nothing(index_elements=[t_firings.c.schedule, t_firings.c.logical_date])
+            .returning(t_firings.c.state)  # (rowcount says -1 here on psycopg)
+        )
+        if conn.execute(query).first() is not None:
+            return True
+        # someone else wrote it meanwhile: overwrite theirs, or keep it
+        return overwrite and bool(conn.execute(t_firings.update().where(*where).values(**values)).rowcount)
 
     def finish(
         self, name: str, at: dt.datetime, kind: str, *, run_id: str | None = None, error: str | None = None
@@ -190,9 +203,10 @@ class ScheduleRows:
         self.update(name, last_error=error, last_error_at=db_now())
 
     def pending(self, older_than: dt.datetime) -> list[Any]:
-        """Firings left ``pending`` (their beat died between deciding and creating the run)."""
+        """Firings left ``pending`` (their beat died between deciding and creating the run), with
+        their ``reason`` (what the decision asked besides the run, e.g. cancel the running ones)."""
         c = t_firings.c
-        query = sa.select(c.schedule, c.logical_date, c.kind).where(c.state == "pending", c.at < older_than)
+        query = sa.select(c.schedule, c.logical_date, c.kind, c.reason).where(c.state == "pending", c.at < older_than)
         return list(self.db.read(lambda conn: conn.execute(query).all()))
 
     def firings(self, name: str, limit: int = 100) -> list[Any]:
@@ -200,29 +214,41 @@ class ScheduleRows:
         query = sa.select(t_firings).where(c.schedule == name).order_by(c.logical_date.desc()).limit(limit)
         return list(self.db.read(lambda conn: conn.execute(query).all()))
 
-    def run_for(self, name: str, logical_date: str) -> tuple[str, str] | None:
-        """The run (id, state) the schedule has for an instant, if any."""
-        query = sa.select(t_runs.c.id, t_runs.c.state).where(
-            t_runs.c.schedule == name, t_runs.c.logical_date == logical_date
-        )
+    def run_for(self, name: str, logical_date: str, tenant: str | None = None) -> tuple[str, str] | None:
+        """The run (id, state) the schedule has for an instant, if any: of ``tenant`` only, when
+        given (the schedule's own runs)."""
+        c = t_runs.c
+        query = sa.select(c.id, c.state).where(c.schedule == name, c.logical_date == logical_date)
+        if tenant is not None:
+            query = query.where(c.tenant == tenant)
         found = self.db.read(lambda conn: conn.execute(query).first())
         return (found.id, found.state) if found is not None else None
 
-    def last_runs(self, names: list[str]) -> dict[str, tuple[str, str]]:
-        """Each schedule's newest run: (run id, state)."""
-        if not names:
+    def run_tenant(self, name: str, logical_date: str) -> str | None:
+        """The tenant of the run the schedule name has for an instant, whoever's it is, if any."""
+        c = t_runs.c
+        query = sa.select(c.tenant).where(c.schedule == name, c.logical_date == logical_date)
+        found: str | None = self.db.read(lambda conn: conn.execute(query).scalar())
+        return found
+
+    def last_runs(self, tenants: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+        """Each schedule's newest run of its tenant (``tenants``: schedule name -> tenant): (run
+        id, state)."""
+        if not tenants:
             return {}
         c = t_runs.c
         newest = (
-            sa.select(c.schedule, sa.func.max(c.logical_date).label("ld"))
-            .where(c.schedule.in_(names))
-            .group_by(c.schedule)
+            sa.select(c.schedule, c.tenant, sa.func.max(c.logical_date).label("ld"))
+            .where(c.schedule.in_(sorted(tenants)))
+            .group_by(c.schedule, c.tenant)
             .subquery()
         )
-        query = sa.select(c.schedule, c.id, c.state).join(
-            newest, sa.and_(newest.c.schedule == c.schedule, newest.c.ld == c.logical_date)
+        query = sa.select(c.schedule, c.tenant, c.id, c.state).join(
+            newest,
+            sa.and_(newest.c.schedule == c.schedule, newest.c.tenant == c.tenant, newest.c.ld == c.logical_date),
         )
-        return {r.schedule: (r.id, r.state) for r in self.db.read(lambda conn: conn.execute(query).all())}
+        found = self.db.read(lambda conn: conn.execute(query).all())
+        return {r.schedule: (r.id, r.state) for r in found if tenants.get(r.schedule) == r.tenant}
 
 
 def _now(conn: Connection) -> Any:

@@ -3,6 +3,7 @@ transaction, idempotent on (DAG name, tenant, idempotency key)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,7 +12,8 @@ from sqlalchemy.engine import Connection
 
 from .. import schema as s
 from ..dag import DAG
-from ..dbtime import db_now
+from ..dbtime import aware, db_now
+from ..errors import ValidationError
 from ..models import SUBMIT
 from ..states import RunState, TaskState
 from .database import Database
@@ -41,13 +43,25 @@ class Submission:
         Returns ``(run_id, created)``; with an ``idempotency_key`` already used for this DAG
         name and tenant, or a ``schedule`` that already has a run for ``logical_date``, the
         existing run id and ``False``. ``queues`` maps node key to queue.
+
+        Deadlines (the DAG's and the nodes') fall due that many seconds after ``logical_date``
+        (an ISO-8601 date or date-time; without a zone it is UTC) or, without one, after the
+        submit by the database clock. Raises :class:`ValidationError`, before anything is
+        written, when a deadline after the logical date is beyond what a date can hold.
         """
+        base = _logical_base(logical_date) if logical_date is not None and dag.has_deadlines else None
+        if base is not None:
+            _due(base, dag)  # a logical date near year 9999: refused before the transaction
 
         def existing(conn: Connection) -> str | None:
             found: str | None = None
             if schedule is not None and logical_date is not None:
                 found = conn.execute(
-                    sa.select(t_runs.c.id).where(t_runs.c.schedule == schedule, t_runs.c.logical_date == logical_date)
+                    sa.select(t_runs.c.id).where(
+                        t_runs.c.schedule == schedule,
+                        t_runs.c.logical_date == logical_date,
+                        t_runs.c.tenant == dag.tenant,
+                    )
                 ).scalar_one_or_none()
             if found is None and idempotency_key is not None:
                 found = conn.execute(
@@ -65,6 +79,7 @@ class Submission:
                 return found, False
             run_id = self.db.new_id()
             now = conn.execute(sa.select(db_now())).scalar_one()
+            due = _due(base if base is not None else _utc(now), dag) if dag.has_deadlines else {}
             conn.execute(
                 t_runs.insert().values(
                     id=run_id,
@@ -81,10 +96,13 @@ class Submission:
                     max_active_tasks=dag.max_active_tasks,
                     created_at=now,
                     schedule=schedule,
+                    deadline_seconds=dag.deadline,
+                    deadline_at=due.get(None),
+                    on_deadline=dag.on_deadline.value if dag.has_deadlines else None,
                 )
             )
             self.ledger.create_run(conn, run_id, SUBMIT)
-            self.db.backend.bulk_insert(conn, t_tasks, _task_rows(dag, run_id, now, queues, wants_upstream))
+            self.db.backend.bulk_insert(conn, t_tasks, _task_rows(dag, run_id, now, queues, wants_upstream, due))
             self.db.backend.bulk_insert(conn, t_edges, _edge_rows(dag, run_id))
             self.ledger.roots_ready(conn, run_id, [n.key for n in dag.nodes.values() if not n.upstream])
             return run_id, True
@@ -100,11 +118,52 @@ class Submission:
             return found, False
 
 
+def _logical_base(logical_date: str) -> dt.datetime:
+    """The instant deadlines count from: the logical date, UTC when it names no zone (a bare
+    date is its midnight). ``submit`` has checked that it is ISO-8601."""
+    try:
+        base = dt.datetime.fromisoformat(logical_date)
+    except ValueError:
+        raise ValidationError(f"logical_date {logical_date!r} is not an ISO-8601 date or date-time") from None
+    return base.replace(tzinfo=dt.UTC) if base.tzinfo is None else base.astimezone(dt.UTC)
+
+
+def _utc(value: Any) -> dt.datetime:
+    """A timestamp read from the database as an aware UTC datetime (SQLite's come back naive)."""
+    moment = aware(value)
+    assert moment is not None
+    return moment.astimezone(dt.UTC)
+
+
+def _due(base: dt.datetime, dag: DAG) -> dict[str | None, dt.datetime]:
+    """When each deadline falls due (UTC): ``None`` for the run's, node keys for the nodes'."""
+    due: dict[str | None, dt.datetime] = {}
+    try:
+        if dag.deadline is not None:
+            due[None] = base + dt.timedelta(seconds=float(dag.deadline))
+        for node in dag.nodes.values():
+            if node.deadline is not None:
+                due[node.key] = base + dt.timedelta(seconds=float(node.deadline))
+    except OverflowError:
+        raise ValidationError(
+            f"deadline: {base.isoformat()} plus the deadline is past the year 9999", dag=dag.name
+        ) from None
+    return due
+
+
 def _task_rows(
-    dag: DAG, run_id: str, now: Any, queues: dict[str, str], wants_upstream: Callable[[str], bool]
+    dag: DAG,
+    run_id: str,
+    now: Any,
+    queues: dict[str, str],
+    wants_upstream: Callable[[str], bool],
+    due: dict[str | None, dt.datetime],
 ) -> Iterator[dict[str, Any]]:
     """The task rows of a new run, one at a time (a 100,000-node run is never all in memory
-    as rows); roots start READY, the others PENDING."""
+    as rows); roots start READY, the others PENDING. The deadline columns are in the rows only
+    when some node has a deadline (every row has the same columns: the COPY takes them from the
+    first)."""
+    node_deadlines = any(n.deadline is not None for n in dag.nodes.values())
     children: dict[str, list[str]] = {}
     for node in dag.nodes.values():
         for parent in node.upstream:
@@ -149,6 +208,7 @@ def _task_rows(
             "pool": node.pool,
             "pool_slots": node.pool_slots,
             "rate_limit": node.rate_limit,
+            **({"deadline_seconds": node.deadline, "deadline_at": due.get(node.key)} if node_deadlines else {}),
         }
 
 

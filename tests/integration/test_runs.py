@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState, TaskState, TriggerRule
 from orchestrator import schema as s
-from orchestrator.engine import os_user
+from orchestrator.engine import local_by
 from orchestrator.protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE, FencingToken, sign
 from tests.integration.conftest import ROOT, WorkerProcess, start_worker, stop_process
 
@@ -327,7 +327,7 @@ def test_cli_operator_conflicts_exit_non_zero_and_the_ledger_names_who(
     assert "only DEAD_LETTER or FAILED" in retry.stderr and "Traceback" not in retry.stderr
     cancel = cli("cancel", run.id)
     assert cancel.returncode == 2 and "already SUCCEEDED" in cancel.stderr, cancel.stderr
-    me = os_user()
+    me = local_by("cli")
     refused = [(e.key, e.actor, e.by) for e in run.events() if not e.accepted]
     assert refused == [("a", "operator", me), (None, "operator", me)]
     ledger = json.loads(cli("events", run.id, "--json").stdout)["events"]

@@ -77,5 +77,5 @@ def test_code_refuses_a_database_behind_the_newest_migration(tmp_path: Path) -> 
         publisher=RecordingPublisher(),
         registry=StaticRegistry(["t"]),
     )
-    with pytest.raises(SchemaMissingError, match=r"revision 0003, this code needs 0007: run `orchestrator db upgrade`"):
+    with pytest.raises(SchemaMissingError, match=r"revision 0003, this code needs 0008: run `orchestrator db upgrade`"):
         orc.store  # noqa: B018 - the first use checks the schema

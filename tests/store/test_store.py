@@ -821,3 +821,25 @@ def test_explain_says_when_other_tenants_are_further_below_their_share(store: St
     assert len(waiting) == 3
     assert waiting[0]["in_flight"] == 3 and waiting[0]["first"] == {"b": {"in_flight": 0, "weight": 1.0}}
     assert waiting[0]["held_by"] == {a_run: 3}
+
+
+def test_a_held_pick_uses_no_room(store: Store) -> None:
+    """Picks that a limit holds back (here: three high-priority tasks whose pools do not exist,
+    and a rate limit with no token) are set aside without taking a free slot: with three slots,
+    three of the free tasks go, not three minus the held picks (Postgres's orc_admit_from counts
+    moved tasks only; SQLite's admission counted the held picks as used room)."""
+    store.workers.unregister("test-worker")
+    store.workers.register("w", default_queues(), 3)
+    store.limits.set_rate_limit("dry", "1/h", burst=1)
+    dag = DAG("held")
+    for i in range(3):
+        dag.task(f"p{i}", "t", priority="high", pool=f"gone-{i}")
+    dag.task("r0", "t", priority="high", rate_limit="dry")
+    dag.task("r1", "t", priority="high", rate_limit="dry")
+    for i in range(5):
+        dag.task(f"f{i}", "t", priority="low")
+    submit(store, dag)
+    first = store.admission.admit_ready(100)
+    # r0 takes the one token; p0-p2 and r1 are held; two free tasks fill the other slots
+    assert sorted(d.key for d in first) == ["f0", "f1", "r0"], [d.key for d in first]
+    assert store.admission.admit_ready(100) == []  # three in flight: the window is full

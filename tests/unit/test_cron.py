@@ -17,7 +17,15 @@ import datetime as dt
 
 import pytest
 
-from orchestrator.cron import ScheduleError, Timing, instants, next_instant, previous_instant
+from orchestrator.cron import (
+    ScheduleError,
+    Timing,
+    count_instants,
+    instants,
+    last_instants,
+    next_instant,
+    previous_instant,
+)
 from orchestrator.firing import Decision, Policy, catch_up, overlap, plan
 
 
@@ -137,6 +145,48 @@ def test_intervals_run_in_absolute_time_whatever_the_zone() -> None:
         z("03-08 00:01:30"),
         z("03-08 00:03:00"),
     ]
+
+
+def test_a_leap_day_cron_finds_its_next_29_february_even_across_2100() -> None:
+    """Eight years ahead at most: 29 February 2096's next is 2104's (2100 is no leap year)."""
+    leap = Timing(cron="0 0 29 2 *")
+    assert next_instant(leap, z("2026-03-01 00:00")) == z("2028-02-29 00:00")
+    in_2104 = dt.datetime(2104, 2, 29, tzinfo=dt.UTC)
+    assert next_instant(leap, z("2096-02-29 00:00")) == in_2104
+    assert previous_instant(leap, in_2104 - dt.timedelta(days=1)) == z("2096-02-29 00:00")
+    assert next_instant(Timing(cron="30 2 29 2 *", tz=NY), z("2026-03-01 00:00")) == z("2028-02-29 07:30")
+
+
+def test_impossible_crons_are_refused_and_long_searches_stay_cheap() -> None:
+    import time
+
+    began = time.monotonic()
+    for cron in ("0 0 30 2 *", "0 0 31 4 *", "0 0 31 2,4,6,9,11 *"):
+        with pytest.raises(ScheduleError, match="never fires"):
+            Timing(cron=cron)
+    leap = Timing(cron="0 0 29 2 *")
+    assert list(instants(leap, z("2097-03-01 00:00"), dt.datetime(2104, 2, 28, tzinfo=dt.UTC))) == []  # 7 empty years
+    minutely = Timing(cron="* * * * *", tz=LONDON)
+    assert next(instants(minutely, z("2026-01-01 00:00"), z("2027-01-01 00:00"))) == z("2026-01-01 00:01")
+    assert time.monotonic() - began < 2
+
+
+def test_the_last_instants_and_a_bounded_count_of_a_long_range() -> None:
+    hourly = Timing(cron="30 * * * *", tz=NY, dst_fold="both")
+    after, until = z("2026-01-01 00:00"), z("2027-01-01 00:00")
+    every = list(instants(hourly, after, until))
+    assert len(every) == 365 * 24 - 1 + 1  # one hour lost in March, one repeated in November
+    assert last_instants(hourly, after, until, 5) == every[-5:]
+    assert last_instants(hourly, z("11-01 04:00"), z("11-01 08:00"), 3) == [
+        z("11-01 05:30"),
+        z("11-01 06:30"),  # 01:30 twice: EDT, then EST
+        z("11-01 07:30"),
+    ]
+    assert count_instants(hourly, after, until, 100_000) == len(every)
+    assert count_instants(hourly, after, until, 1000) == 1000  # "at least"
+    ticks = Timing(every=1)
+    assert count_instants(ticks, after, until, 10) == 365 * 86400  # an interval's count is exact
+    assert last_instants(ticks, after, until, 2) == [until - dt.timedelta(seconds=1), until]
 
 
 @pytest.mark.parametrize(

@@ -154,8 +154,10 @@ SPEC = {
     "tenant": "acme",
     "priority": "high",
     "params": {"day": "2026-04-25"},
+    "deadline": 3600,
+    "on_deadline": "cancel",
     "nodes": [
-        {"key": "a", "task": "t.a", "kwargs": {"day": "2026-04-25"}},
+        {"key": "a", "task": "t.a", "kwargs": {"day": "2026-04-25"}, "deadline": 600.5},
         {
             "key": "b",
             "task": "t.b",
@@ -177,8 +179,15 @@ def test_spec_round_trip() -> None:
     dag.validate(ok)
     b = dag.nodes["b"]
     assert b.max_attempts == 3 and b.backoff.jitter.value == "equal" and b.queue == "special"
+    assert (dag.deadline, dag.on_deadline.value, dag.nodes["a"].deadline, b.deadline) == (3600, "cancel", 600.5, None)
     again = dag_from_spec(dag.to_spec())
     assert again.to_spec() == dag.to_spec()
+    assert again.to_spec()["deadline"] == 3600 and again.to_spec()["on_deadline"] == "cancel"
+    assert dag.with_tenant("other").to_spec() == {**dag.to_spec(), "tenant": "other"}
+    # the defaults leave the fields out of the spec
+    plain = dag_from_spec({"name": "p", "nodes": [{"key": "a", "task": "t.a"}]})
+    assert {"deadline", "on_deadline"}.isdisjoint(plain.to_spec())
+    assert "deadline" not in plain.to_spec()["nodes"][0]
 
 
 def test_spec_files(tmp_path: Path) -> None:
@@ -201,6 +210,11 @@ def test_spec_files(tmp_path: Path) -> None:
         ({"name": "x", "colour": 1, "nodes": []}, "unknown top-level field(s) ['colour']"),
         ({"name": "x", "nodes": [{"key": "a", "task": "t.a", "upstream": "b"}]}, "'upstream' must be a list"),
         ({"name": "x", "nodes": [{"task": "t.a"}]}, "needs a string 'key'"),
+        ({"name": "x", "deadline": "1h", "nodes": []}, "'deadline' must be a number of seconds"),
+        ({"name": "x", "deadline": True, "nodes": []}, "'deadline' must be a number of seconds"),
+        ({"name": "x", "on_deadline": 1, "nodes": []}, "'on_deadline' must be 'alert' or 'cancel'"),
+        ({"name": "x", "nodes": [{"key": "a", "task": "t.a", "deadline": "5m"}]}, "'deadline' must be a number"),
+        ({"name": "x", "nodes": [{"key": "a", "task": "t.a", "deadline": False}]}, "'deadline' must be a number"),
     ],
 )
 def test_bad_specs(spec: Any, fragment: str) -> None:

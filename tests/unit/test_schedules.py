@@ -7,6 +7,7 @@ trigger and backfill. Real beat processes: tests/fault/test_beat.py."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +20,22 @@ from orchestrator import DAG, Orchestrator, RunState, Settings, ValidationError
 from orchestrator import schema as s
 from orchestrator.alerts import schedule_failed
 from orchestrator.cron import ScheduleError
+from orchestrator.firing import RECORD_SKIPPED
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.registry import StaticRegistry
-from orchestrator.schedules import ScheduleNotFound
+from orchestrator.schedules import CANCEL_PREVIOUS, ScheduleNotFound
 from orchestrator.store.schedules import iso
 
 TASKS = ["tasks.probes.noop", "tasks.etl.extract_orders"]
+HERE = "tests.unit.test_schedules"
+
+
+def by_params(logical_date: dt.datetime, params: dict[str, Any]) -> DAG:
+    """A factory (``tests.unit.test_schedules:by_params``) whose DAG the params shape: ``task``
+    (default the no-op probe), ``tenant`` (default none: ``default``)."""
+    dag = DAG("by-params", tenant=str(params.get("tenant", "default")))
+    dag.task("only", str(params.get("task", "tasks.probes.noop")))
+    return dag
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -318,3 +329,252 @@ def test_a_schedule_runs_a_dag_object_declared_in_code(orc: Orchestrator) -> Non
     orc.schedules.tick()
     (run,) = runs_of(orc, "code")
     assert orc.run(run.id).task("a").kwargs == {"when": run.logical_date}
+
+
+# ---------------------------------------------------------------------------- review fixes
+
+
+def run_rows(orc: Orchestrator, name: str) -> list[Any]:
+    with orc.store.engine.connect() as conn:
+        return list(conn.execute(sa.select(s.runs).where(s.runs.c.schedule == name)).all())
+
+
+def test_a_factorys_runs_are_the_schedules_tenant(orc: Orchestrator) -> None:
+    """A factory schedule added by a tenant-bound orchestrator fires, from beat (unbound), runs
+    of that tenant; a DAG the factory builds for another tenant is a failed firing."""
+    acme = Orchestrator(orc.settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS), tenant="acme")
+    try:
+        acme.schedules.add("mine", every=60, dag=f"{HERE}:by_params")
+        acme.schedules.add("escape", every=60, dag=f"{HERE}:by_params", params={"tenant": "beta"})
+    finally:
+        acme.store.dispose()
+    for name in ("mine", "escape"):
+        rewind(orc, name, 61)
+    orc.schedules.tick()  # beat: an unbound orchestrator
+    assert [r.tenant for r in run_rows(orc, "mine")] == ["acme"]
+    assert run_rows(orc, "escape") == []
+    (failed,) = firings(orc, "escape")
+    assert failed.state == "failed" and "tenant 'beta'" in failed.reason and "tenant 'acme'" in failed.reason
+
+
+def test_a_factorys_dag_is_checked_at_firing(orc: Orchestrator) -> None:
+    orc.schedules.add("unknown", every=60, dag=f"{HERE}:by_params", params={"task": "tasks.nope"})
+    rewind(orc, "unknown", 61)
+    orc.schedules.tick()
+    assert run_rows(orc, "unknown") == []
+    (failed,) = firings(orc, "unknown")
+    assert failed.state == "failed" and "not registered" in failed.reason
+    assert "not registered" in (orc.schedules.get("unknown").last_error or "")
+
+
+def test_submit_with_a_schedule_is_the_schedules_own(orc: Orchestrator, spec: Path) -> None:
+    """``submit(schedule=...)`` creates a schedule's run only for an existing schedule of the
+    run's tenant, with a logical date; a bound orchestrator cannot plant a run in another
+    tenant's schedule."""
+    orc.schedules.add("shared", every=60, spec=str(spec))
+    dag = DAG("planted")
+    dag.task("a", "tasks.probes.noop")
+    at = "2026-01-01T00:00:00+00:00"
+    with pytest.raises(ValidationError, match="no schedule named 'nope'"):
+        orc.submit(dag, schedule="nope", logical_date=at)
+    with pytest.raises(ValidationError, match="needs its logical_date"):
+        orc.submit(dag, schedule="shared")
+    acme = Orchestrator(orc.settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS), tenant="acme")
+    try:
+        with pytest.raises(ValidationError, match="no schedule named 'shared' for tenant 'acme'"):
+            acme.submit(dag, schedule="shared", logical_date=at)
+    finally:
+        acme.store.dispose()
+    assert run_rows(orc, "shared") == []
+    assert orc.submit(dag, schedule="shared", logical_date=at).id  # its own tenant's: a backfill by hand
+
+
+def test_a_schedule_name_used_again_by_another_tenant_never_sees_the_old_runs(orc: Orchestrator, spec: Path) -> None:
+    """The (schedule, logical date) run lookups are the schedule's tenant's: a schedule removed
+    and added again by another tenant neither reports nor counts nor cancels the old runs."""
+    orc.schedules.add("reused", cron="30 2 * * *", tz="America/New_York", spec=str(spec))
+    start, end = dt.datetime(2026, 3, 6, tzinfo=dt.UTC), dt.datetime(2026, 3, 8, tzinfo=dt.UTC)
+    old = [f.run_id for f in orc.schedules.backfill("reused", start, end)]
+    assert len(old) == 2 and all(old)
+    orc.schedules.remove("reused")
+    acme = Orchestrator(orc.settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS), tenant="acme")
+    try:
+        acme.schedules.add(
+            "reused", cron="30 2 * * *", tz="America/New_York", spec=str(spec), overlap="cancel_previous"
+        )
+        assert acme.schedules.get("reused").last_run_id is None
+        again = list(acme.schedules.backfill("reused", start, end, max_active=1, timeout=5))
+    finally:
+        acme.store.dispose()
+    assert not any(f.run_id in old for f in again)
+    assert all(f.run_id is None and "not tenant 'acme'" in (f.error or "") for f in again)
+    assert [r.state for r in run_rows(orc, "reused")] == [RunState.RUNNING.value] * 2  # nothing cancelled
+
+
+def test_cancel_previous_cancels_nothing_when_the_new_dag_does_not_build(orc: Orchestrator) -> None:
+    orc.schedules.add("canceller", every=1, dag=f"{HERE}:by_params", overlap="cancel_previous")
+    next_tick(orc, "canceller")
+    (first,) = runs_of(orc, "canceller")
+    # the same timing, another DAG: one that will not submit (its place is kept)
+    orc.schedules.add(
+        "canceller", every=1, dag=f"{HERE}:by_params", params={"task": "tasks.nope"}, overlap="cancel_previous"
+    )
+    next_tick(orc, "canceller")
+    assert [(r.id, r.state) for r in runs_of(orc, "canceller")] == [(first.id, RunState.RUNNING.value)]
+    assert [f.state for f in firings(orc, "canceller")][-1] == "failed"
+
+
+def test_a_pending_cancel_previous_firing_finished_by_another_beat_still_cancels(
+    orc: Orchestrator, spec: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A beat that dies after deciding a cancel_previous instant (its firing left pending):
+    the beat that finishes the firing cancels the running runs too."""
+    orc.schedules.add("canceller", every=1, spec=str(spec), overlap="cancel_previous")
+    next_tick(orc, "canceller")
+    (first,) = runs_of(orc, "canceller")
+
+    def dies(*_: Any, **__: Any) -> Any:
+        raise KeyboardInterrupt("the beat is killed")
+
+    monkeypatch.setattr(orc.schedules, "_fire_one", dies)
+    with pytest.raises(KeyboardInterrupt):
+        next_tick(orc, "canceller")
+    monkeypatch.undo()
+    (pending,) = [f for f in firings(orc, "canceller") if f.state == "pending"]
+    assert pending.reason == CANCEL_PREVIOUS
+    with orc.store.engine.begin() as conn:  # long enough ago for any beat to take it over
+        conn.execute(s.firings.update().where(s.firings.c.state == "pending").values(at=dt.datetime(2020, 1, 1)))
+    orc.schedules.pause("canceller")  # only the pending firing is left to do
+    orc.schedules.tick()
+    states = {r.logical_date: r.state for r in runs_of(orc, "canceller")}
+    assert states[first.logical_date] == RunState.CANCELLED.value
+    assert states[iso(pending.logical_date.replace(tzinfo=dt.UTC))] == RunState.RUNNING.value
+
+
+def test_catch_up_records_a_bounded_number_of_skipped_instants(orc: Orchestrator, spec: Path) -> None:
+    """Two days missed of an every-minute schedule (2,880 instants): the newest skipped ones are
+    recorded one by one, the older ones by one summary firing that counts them."""
+    orc.schedules.add("minutely", every=60, spec=str(spec))
+    rewind(orc, "minutely", 2 * 86400 + 30)
+    orc.schedules.tick()
+    found = firings(orc, "minutely")
+    fired = [f for f in found if f.state == "fired"]
+    skipped = [f for f in found if f.state == "skipped"]
+    assert len(fired) == 1 and len(runs_of(orc, "minutely")) == 1
+    assert len(skipped) == RECORD_SKIPPED + 1, len(skipped)
+    summary = skipped[0]  # the oldest instant stands for the older ones
+    counted = re.search(r"(\d+) in all, not recorded one by one", summary.reason)
+    # 2,880 or 2,881 minute marks in two days and 30 s: one fired, RECORD_SKIPPED recorded
+    assert counted is not None and int(counted.group(1)) in (2880 - 1 - RECORD_SKIPPED, 2881 - 1 - RECORD_SKIPPED)
+    assert all("missed" in f.reason for f in skipped)
+
+
+def test_catch_up_after_a_year_is_quick(orc: Orchestrator, spec: Path) -> None:
+    import time
+
+    orc.schedules.add("cron-minutely", cron="* * * * *", spec=str(spec), catchup="all", max_catchup=3)
+    orc.schedules.add("every-second", every=1, spec=str(spec))
+    for name in ("cron-minutely", "every-second"):
+        rewind(orc, name, 366 * 86400)
+    began = time.monotonic()
+    orc.schedules.tick()
+    assert time.monotonic() - began < 10
+    assert len(runs_of(orc, "cron-minutely")) == 3 and len(runs_of(orc, "every-second")) == 1
+    summary = firings(orc, "cron-minutely")[0]
+    assert "at least 10000 in all" in summary.reason
+    summary = firings(orc, "every-second")[0]
+    counted = re.search(r"(\d+) in all", summary.reason)
+    assert counted is not None and abs(int(counted.group(1)) - (366 * 86400 - 1 - RECORD_SKIPPED)) <= 1
+    assert len(firings(orc, "every-second")) == RECORD_SKIPPED + 2
+
+
+def test_one_schedules_error_never_stops_the_pass(orc: Orchestrator, spec: Path) -> None:
+    """A schedule whose row makes its pass fail (here: a last instant in the year 9999, written
+    by hand) records the error and is left until its next instant; the others fire."""
+    alerts: list[dict[str, Any]] = []
+
+    def receiver(sender: Any = None, alert: Any = None, **_: Any) -> None:
+        alerts.append(alert)
+
+    orc.schedules.add("aaa-corrupt", every=60, spec=str(spec))
+    orc.schedules.add("fine", every=60, spec=str(spec))
+    rewind(orc, "fine", 61)
+    rewind(orc, "aaa-corrupt", 3600)  # the earliest next instant: decided first
+    with orc.store.engine.begin() as conn:
+        corrupt = s.schedules.c.name == "aaa-corrupt"
+        conn.execute(s.schedules.update().where(corrupt).values(last_at=dt.datetime(9999, 12, 31, tzinfo=dt.UTC)))
+    schedule_failed.connect(receiver, weak=False)
+    try:
+        wait = orc.schedules.tick()
+        assert orc.schedules.tick() > 0.5 and wait > 0.5  # the broken one does not spin beat
+    finally:
+        schedule_failed.disconnect(receiver)
+    assert len(runs_of(orc, "fine")) == 1
+    assert "OverflowError" in (orc.schedules.get("aaa-corrupt").last_error or "")
+    assert [a["schedule"] for a in alerts] == ["aaa-corrupt"]  # once: not again at the next pass
+
+
+def test_two_writers_of_one_firing_never_fail(orc: Orchestrator, spec: Path) -> None:
+    """The firing insert is insert-if-absent: a writer that finds the instant written by a
+    concurrent one (committed while it waited) leaves it, no integrity error."""
+    orc.schedules.add("raced", every=60, spec=str(spec))
+    rows = orc.store.schedules
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    results: list[Any] = []
+    first_conn = orc.store.engine.connect()
+    tx = first_conn.begin()
+    assert rows.record(first_conn, "raced", at, "pending", "scheduled", overwrite=False)
+
+    def other() -> None:
+        try:
+            with orc.store.engine.begin() as conn:
+                results.append(rows.record(conn, "raced", at, "skipped", "catchup", reason="x", overwrite=False))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            results.append(exc)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(0.5)  # Postgres: it waits on the first writer's row; SQLite: on the write lock
+    tx.commit()
+    first_conn.close()
+    thread.join(10)
+    assert results == [False]
+    (only,) = firings(orc, "raced")
+    assert only.state == "pending"
+
+
+def test_apply_keeps_a_paused_schedule_paused(orc: Orchestrator, spec: Path, tmp_path: Path) -> None:
+    path = tmp_path / "schedules.yaml"
+    path.write_text(f"schedules:\n  - {{name: nightly, cron: '0 2 * * *', spec: {spec.name}}}\n")
+    orc.schedules.apply(path)
+    orc.schedules.pause("nightly")
+    (again,) = orc.schedules.apply(path)  # the file says nothing of pausing: the flag stays
+    assert again.paused
+    path.write_text(f"schedules:\n  - {{name: nightly, cron: '0 2 * * *', spec: {spec.name}, paused: false}}\n")
+    assert not orc.schedules.apply(path)[0].paused
+    path.write_text(f"schedules:\n  - {{name: nightly, cron: '0 2 * * *', spec: {spec.name}, paused: 'no'}}\n")
+    with pytest.raises(ScheduleError, match="paused must be true or false"):
+        orc.schedules.apply(path)
+
+
+def test_a_leap_day_schedule_is_accepted_and_fires_on_29_february(orc: Orchestrator, spec: Path) -> None:
+    added = orc.schedules.add("leap", cron="0 0 29 2 *", spec=str(spec))
+    assert (added.next_at.month, added.next_at.day) == (2, 29) and added.next_at > orc.store.schedules.now()
+    with pytest.raises(ScheduleError, match="never fires"):
+        orc.schedules.add("never", cron="0 0 30 2 *", spec=str(spec))
+
+
+def test_trigger_reads_the_database_clock_once(orc: Orchestrator, spec: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    orc.schedules.add("manual", every=3600, spec=str(spec))
+    rows = orc.store.schedules
+    readings: list[dt.datetime] = []
+    real = rows.now
+
+    def now() -> dt.datetime:
+        readings.append(real())
+        return readings[-1]
+
+    monkeypatch.setattr(rows, "now", now)
+    fired = orc.schedules.trigger("manual")
+    assert len(readings) == 1
+    assert fired.logical_date == readings[0].replace(microsecond=readings[0].microsecond // 1000 * 1000)

@@ -112,6 +112,7 @@ _field_values = {
     "pool": _mostly(st.sampled_from([None, "fuzz-pool"]), st.one_of(_text, _anything, st.just("no-such-pool"))),
     "pool_slots": _mostly(st.sampled_from([1, 2]), st.one_of(_number, _anything)),
     "rate_limit": _mostly(st.sampled_from([None, "fuzz-rate"]), st.one_of(_text, _anything, st.just("nope"))),
+    "deadline": _mostly(st.sampled_from([None, 60, 0.5, 86400]), st.one_of(_number, _anything, st.just("1h"))),
 }
 
 
@@ -136,6 +137,8 @@ def _api_call(draw: Any) -> dict[str, Any]:
         "tenant": draw(_mostly(st.just("default"), st.one_of(_text, _anything))),
         "params": draw(_mostly(st.just({}), _anything)),
         "max_active_tasks": draw(_mostly(st.sampled_from([None, 1, 5]), st.one_of(_number, _anything))),
+        "deadline": draw(_mostly(st.sampled_from([None, 600, 1.5]), st.one_of(_number, _anything))),
+        "on_deadline": draw(_mostly(st.sampled_from(["alert", "cancel"]), st.one_of(_text, _anything))),
         "nodes": nodes,
         "idempotency_key": draw(_mostly(st.none(), st.one_of(_text, _anything))),
         "logical_date": draw(_mostly(st.sampled_from([None, "2026-11-23"]), st.one_of(_text, _anything))),
@@ -143,7 +146,14 @@ def _api_call(draw: Any) -> dict[str, Any]:
 
 
 def _submit_api(orc: Orchestrator, call: dict[str, Any]) -> None:
-    dag = DAG(call["name"], tenant=call["tenant"], params=call["params"], max_active_tasks=call["max_active_tasks"])
+    dag = DAG(
+        call["name"],
+        tenant=call["tenant"],
+        params=call["params"],
+        max_active_tasks=call["max_active_tasks"],
+        deadline=call["deadline"],
+        on_deadline=call["on_deadline"],
+    )
     for node in call["nodes"]:
         fields = {k: v for k, v in node.items() if k not in ("key", "task")}
         dag.task(node["key"], node["task"], **fields)
@@ -185,6 +195,8 @@ def _spec_property(orc: Orchestrator, tmp: Path, n: int) -> None:
             "tenant": call["tenant"],
             "params": call["params"],
             "max_active_tasks": call["max_active_tasks"],
+            "deadline": call["deadline"],
+            "on_deadline": call["on_deadline"],
             "nodes": call["nodes"],
         }
         text = _render(spec, fmt)
@@ -293,6 +305,9 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
         (lambda d: d.task("a", "t.ok\n"), "not a valid Celery task name"),
         (lambda d: d.task("a", "t.ok", time_limit=1e-299), "at least 1"),
         (lambda d: d.task("a", "t.ok", soft_time_limit=5000), "soft_time_limit 5000s must be below"),
+        (lambda d: d.task("a", "t.ok", deadline=0), "deadline must be a number of seconds above 0"),
+        (lambda d: d.task("a", "t.ok", deadline=1e13), "deadline must be a number of seconds above 0 and at most"),
+        (lambda d: d.task("a", "t.ok", deadline=float("nan")), "deadline must be a number"),
     ],
 )
 def test_named_refusals(orc: Orchestrator, build: Any, says: str) -> None:

@@ -1,0 +1,153 @@
+"""The run page in a real browser: headless Chromium (Debian's chromium + chromium-driver)
+driven by Selenium against a real ``orchestrator serve`` process, a real worker and Postgres.
+
+The test parks a task in DEAD_LETTER, checks that the page draws every node with its state
+from the database, clicks *retry* on the parked task, and follows the run to SUCCEEDED. Its
+screenshot goes to the test's temporary directory; with ``ORCHESTRATOR_DOCS_SCREENSHOT=PATH``
+it is also copied there (how ``docs/run-page.png`` in the README was made).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import DAG, Orchestrator
+from orchestrator.states import RunState, TaskState
+from tests.integration.conftest import ROOT, WorkerProcess, stop_process
+
+P = "tasks.probes."
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(orc: Orchestrator, tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k != "ORCHESTRATOR_UI_AUTH"}
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"orchestrator serve did not start:\n{log.read_text()}")
+                time.sleep(0.2)
+        yield base
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.fail("the browser test needs Debian's chromium and chromium-driver (apt install chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(what: str, check: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def drawn(driver: object) -> dict[str, str]:
+    from selenium.webdriver.common.by import By
+
+    nodes = driver.find_elements(By.CSS_SELECTOR, "#dag svg g.node")  # type: ignore[attr-defined]
+    return {n.get_attribute("data-key"): n.get_attribute("data-state") for n in nodes}
+
+
+def test_run_page_draws_the_dag_and_retries_a_parked_task(
+    orc: Orchestrator, worker: WorkerProcess, server: str, browser: object, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    dag = DAG("nightly_revenue")
+    extract = dag.task("extract", P + "echo", kwargs={"rows": 3})
+    audit = dag.task("audit", P + "echo", upstream=[extract])
+    transform = dag.task("transform", P + "poisoned", kwargs={"until_attempt": 3}, upstream=[extract], max_attempts=3)
+    dag.task("load", P + "echo", upstream=[transform, audit])
+    dag.task("notify", P + "echo", upstream=[transform], trigger_rule="all_done")
+    run = orc.submit(dag)
+    wait_for("transform parked", lambda: run.task("transform").state is TaskState.DEAD_LETTER)
+
+    driver = browser
+    driver.get(f"{server}/runs/{run.id}")  # type: ignore[attr-defined]
+    states = {t.key: t.state.value for t in run.tasks()}
+    assert drawn(driver) == states, (drawn(driver), states)
+    assert states["transform"] == "DEAD_LETTER" and states["load"] == "PENDING"
+    # the box's fill is the state's colour; the all_done rule is written in its box
+    from orchestrator.graph import COLOURS
+
+    box = driver.find_element(By.CSS_SELECTOR, '#dag g.node[data-key="transform"] rect')  # type: ignore[attr-defined]
+    assert box.get_attribute("fill") == COLOURS["DEAD_LETTER"]
+    notify = driver.find_element(By.CSS_SELECTOR, '#dag g.node[data-key="notify"]')  # type: ignore[attr-defined]
+    assert notify.get_attribute("data-rule") == "all_done" and "all_done" in notify.text
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#dag svg path.edge")) == 5  # type: ignore[attr-defined]
+    # a waiting task says why it waits
+    why = driver.find_element(By.CSS_SELECTOR, "#task-load .wait").text  # type: ignore[attr-defined]
+    assert "transform" in why, why
+
+    shot = tmp_path / "run-page.png"
+    assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000  # type: ignore[attr-defined]
+    if os.environ.get("ORCHESTRATOR_DOCS_SCREENSHOT"):
+        shutil.copy(shot, os.environ["ORCHESTRATOR_DOCS_SCREENSHOT"])
+
+    driver.find_element(By.CSS_SELECTOR, '#task-transform button[data-action="retry"]').click()  # type: ignore[attr-defined]
+    banner = driver.find_element(By.CSS_SELECTOR, ".banner.ok").text  # type: ignore[attr-defined]
+    assert "transform: retry done" in banner
+    assert run.wait(timeout=60).state is RunState.SUCCEEDED
+    retried = [e for e in run.events() if e.key == "transform" and e.actor == "operator"]
+    assert len(retried) == 1 and retried[0].to_state == "READY"
+    assert retried[0].by == "anonymous (web from 127.0.0.1)"
+
+    driver.get(f"{server}/runs/{run.id}")  # type: ignore[attr-defined]
+    assert drawn(driver) == dict.fromkeys(states, "SUCCEEDED")
+    assert driver.find_element(By.ID, "run-state").text == "SUCCEEDED"  # type: ignore[attr-defined]
+    # a final run offers no actions
+    assert not driver.find_elements(By.CSS_SELECTOR, "button.action, #cancel-run")  # type: ignore[attr-defined]
+    driver.save_screenshot(str(tmp_path / "run-page-final.png"))  # type: ignore[attr-defined]
