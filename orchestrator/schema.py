@@ -46,6 +46,10 @@ runs = sa.Table(
     sa.UniqueConstraint("schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
 )
 sa.Index("ix_orc_runs_created", runs.c.created_at)
+#: the runs list filtered by tenant, DAG or state, newest first (the web app, `orchestrator runs`)
+sa.Index("ix_orc_runs_tenant_created", runs.c.tenant, runs.c.created_at)
+sa.Index("ix_orc_runs_dag_created", runs.c.dag_name, runs.c.created_at)
+sa.Index("ix_orc_runs_state_created", runs.c.state, runs.c.created_at)
 sa.Index("ix_orc_runs_schedule_state", runs.c.schedule, runs.c.state)
 #: the reconciler's deadline check: runs whose deadline is not judged yet, by due time (partial:
 #: runs without a deadline, and runs already judged, are not in it)

@@ -2,7 +2,8 @@
 the run's ``on_deadline`` (``alert`` or ``cancel``), the reconciler's verdict
 (``deadline_checked_at``: the compare-and-set that makes a miss recorded once) and the miss
 (``deadline_missed_at``), with partial indexes of the deadlines not judged yet; and the ledger's
-``kind`` column, which marks an annotation event (``deadline_missed``) apart from transitions.
+``kind`` column, which marks an annotation event (``deadline_missed``) apart from transitions;
+and indexes for the runs list filtered by tenant, DAG or state.
 
 Revision ID: 0008
 Revises: 0007
@@ -36,6 +37,9 @@ def upgrade() -> None:
     op.create_index(
         "ix_orc_tasks_deadline_due", "orc_tasks", ["deadline_at"], postgresql_where=where, sqlite_where=where
     )
+    # the runs list filtered by tenant, DAG or state, newest first (orc_runs: one row per run)
+    for name, column in (("tenant", "tenant"), ("dag", "dag_name"), ("state", "state")):
+        op.create_index(f"ix_orc_runs_{name}_created", "orc_runs", [column, "created_at"])
     annotations = sa.text("kind IS NOT NULL")
     op.create_index(
         "ix_orc_task_events_kind",
@@ -47,6 +51,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    for name in ("tenant", "dag", "state"):
+        op.drop_index(f"ix_orc_runs_{name}_created", "orc_runs")
     op.drop_index("ix_orc_task_events_kind", "orc_task_events")
     op.drop_index("ix_orc_tasks_deadline_due", "orc_tasks")
     op.drop_index("ix_orc_runs_deadline_due", "orc_runs")
