@@ -10,7 +10,8 @@ Pages (server-rendered, no build step, nothing from a CDN):
 JSON for scripts (the pages' data, same addresses under ``/api``):
 
 * ``GET /api/runs?tenant=&dag=&state=&limit=&offset=`` - ``{"runs": [...]}``;
-* ``GET /api/runs/RUN_ID`` - ``{"run", "tasks", "edges", "waiting", "events"}``;
+* ``GET /api/runs/RUN_ID[?events=N]`` - ``{"run", "tasks", "edges", "waiting", "events"}`` (the
+  newest ``N`` ledger rows, or all);
 * ``GET /api/runs/RUN_ID/graph?format=svg|dot|mermaid`` - the picture;
 * ``POST /api/runs/RUN_ID/cancel`` and ``POST /api/runs/RUN_ID/tasks/KEY/retry|skip|fail`` -
   ``{"ok": true, ...}``, or ``{"error": ...}`` with 400/403/404/409;
@@ -415,7 +416,8 @@ class ApiRun(_Base):
     api = True
 
     async def get(self, run_id: str) -> None:
-        self.write(await self.blocking(run_document, self.orc, run_id))
+        newest = _int_arg(self, "events", 0, 0, 1_000_000) or None  # 0 (default): the whole ledger
+        self.write(await self.blocking(run_document, self.orc, run_id, events=newest))
 
 
 class ApiGraph(_Base):

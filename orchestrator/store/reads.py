@@ -295,7 +295,8 @@ class Reads:
     def metrics_snapshot(
         self, *, window_seconds: float, max_events: int, worker_ttl: float, tenant: str | None = None
     ) -> MetricsSnapshot:
-        """What ``orchestrator.metrics`` exposes, read in one connection with bounded queries:
+        """What ``orchestrator.metrics`` exposes, read in one read-only transaction (one snapshot on
+        Postgres: REPEATABLE READ) with bounded queries:
 
         - the tasks not yet terminal per (state, queue, tenant), through the state index: as
           many rows as there is open work, never the history of finished tasks;
@@ -310,6 +311,9 @@ class Reads:
         """
         c, e, w, sch = t_tasks.c, t_events.c, t_workers.c, s.schedules.c
         with self.db.engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                # every query below sees one snapshot (SQLite's one transaction already does)
+                conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
             now = _as_time(conn.execute(sa.select(db_now())).scalar_one())
             # tasks not yet terminal (the state index serves state IN (...))
             q = (

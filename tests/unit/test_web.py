@@ -123,6 +123,9 @@ class TestLocal(WebCase):
         assert sorted(map(tuple, doc["edges"])) == [("a", "b"), ("a", "c"), ("c", "d")]
         assert {t["key"]: t["state"] for t in doc["tasks"]}["b"] == "FAILED"
         assert doc["events"][0]["to"] == "RUNNING" and doc["waiting"] == {}
+        newest = json.loads(self.get(f"/api/runs/{run_id}?events=2").body)["events"]
+        assert newest == doc["events"][-2:]
+        assert self.get(f"/api/runs/{run_id}?events=-1").code == 400
         dot = self.get(f"/api/runs/{run_id}/graph?format=dot")
         assert dot.code == 200 and b"rankdir=LR" in dot.body and b"style=dashed" in dot.body
         mermaid = self.get(f"/api/runs/{run_id}/graph?format=mermaid").body.decode()
