@@ -234,11 +234,11 @@ def to_svg(graph: Graph, *, href: Callable[[str], str] | None = None) -> str:
         ".edge.rule{stroke-dasharray:5,3}</style>",
     ]
     where = {b.id: b for b in graph.boxes}
-    for src, dst in graph.arrows:
+    for src, dst, dashed in _arrows(graph):
         a, b = where[src], where[dst]
         x1, y1, x2, y2 = a.x + BOX_W, a.y + BOX_H // 2, b.x, b.y + BOX_H // 2
         mid = (x1 + x2) // 2
-        cls = "edge rule" if b.trigger_rule != DEFAULT_RULE and not b.collapsed else "edge"
+        cls = "edge rule" if dashed else "edge"
         out.append(
             f'<path class="{cls}" data-from="{e(src)}" data-to="{e(dst)}" marker-end="url(#arrow)"'
             f' d="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>'
@@ -269,6 +269,20 @@ def to_svg(graph: Graph, *, href: Callable[[str], str] | None = None) -> str:
     return "\n".join(out)
 
 
+def _text(b: Box) -> list[str]:
+    """A box's lines of text in dot and Mermaid: its label, then its state (and a trigger rule
+    other than the default), or a collapsed layer's counts per state."""
+    if b.collapsed:
+        return [b.label, ", ".join(f"{n} {s.lower()}" for s, n in b.counts.items())]
+    return [b.label, b.state.lower()] + ([] if b.trigger_rule == DEFAULT_RULE else [b.trigger_rule])
+
+
+def _arrows(graph: Graph) -> list[tuple[str, str, bool]]:
+    """(from, to, dashed): an arrow into a task with a trigger rule other than the default is dashed."""
+    where = {b.id: b for b in graph.boxes}
+    return [(a, b, where[b].trigger_rule != DEFAULT_RULE and not where[b].collapsed) for a, b in graph.arrows]
+
+
 def to_dot(graph: Graph, name: str = "run") -> str:
     """Graphviz ``dot`` source (``dot -Tpng``)."""
 
@@ -282,17 +296,10 @@ def to_dot(graph: Graph, name: str = "run") -> str:
     ]
     for b in graph.boxes:
         ink = "white" if b.state in DARK else "black"
-        if b.collapsed:
-            label = f"{b.label}\\n" + ", ".join(f"{n} {s.lower()}" for s, n in b.counts.items())
-        else:
-            rule = "" if b.trigger_rule == DEFAULT_RULE else f"\\n{b.trigger_rule}"
-            label = f"{b.label}\\n{b.state.lower()}{rule}"
-        label = label.replace('"', '\\"')
+        label = "\\n".join(_text(b)).replace('"', '\\"')
         lines.append(f'  {q(b.id)} [label="{label}", fillcolor="{COLOURS.get(b.state, "#ffffff")}", fontcolor={ink}];')
-    where = {b.id: b for b in graph.boxes}
-    for src, dst in graph.arrows:
-        style = " [style=dashed]" if where[dst].trigger_rule != DEFAULT_RULE and not where[dst].collapsed else ""
-        lines.append(f"  {q(src)} -> {q(dst)}{style};")
+    for src, dst, dashed in _arrows(graph):
+        lines.append(f"  {q(src)} -> {q(dst)}{' [style=dashed]' if dashed else ''};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -302,17 +309,10 @@ def to_mermaid(graph: Graph) -> str:
     ids = {b.id: f"n{n}" for n, b in enumerate(graph.boxes)}
     lines = ["flowchart LR"]
     for b in graph.boxes:
-        if b.collapsed:
-            text = f"{b.label}<br/>" + ", ".join(f"{n} {s.lower()}" for s, n in b.counts.items())
-        else:
-            rule = "" if b.trigger_rule == DEFAULT_RULE else f"<br/>{b.trigger_rule}"
-            text = f"{b.label}<br/>{b.state.lower()}{rule}"
-        text = text.replace('"', "#quot;")
+        text = "<br/>".join(_text(b)).replace('"', "#quot;")
         lines.append(f'  {ids[b.id]}["{text}"]')
-    where = {b.id: b for b in graph.boxes}
-    for src, dst in graph.arrows:
-        arrow = "-.->" if where[dst].trigger_rule != DEFAULT_RULE and not where[dst].collapsed else "-->"
-        lines.append(f"  {ids[src]} {arrow} {ids[dst]}")
+    for src, dst, dashed in _arrows(graph):
+        lines.append(f"  {ids[src]} {'-.->' if dashed else '-->'} {ids[dst]}")
     for state, fill in COLOURS.items():
         ink = "#fff" if state in DARK else "#111"
         lines.append(f"  classDef {state.lower()} fill:{fill},color:{ink},stroke:#333")

@@ -49,6 +49,32 @@ def ensure_database(name: str) -> str:
     return f"{PG_BASE}/{name}"
 
 
+def empty_tables(engine: sa.engine.Engine) -> None:
+    """Delete every row of every table (children first): a clean database without migrating."""
+    from orchestrator import schema
+
+    with engine.begin() as conn:
+        for table in reversed(schema.metadata.sorted_tables):
+            conn.execute(table.delete())
+
+
+def backend_orchestrator(request: pytest.FixtureRequest, data_dir: str, task_names: list[str]) -> object:
+    """An orchestrator on SQLite (``request.param == "sqlite"``) or the emptied test Postgres
+    database, with an in-memory publisher and a static registry of ``task_names``."""
+    from orchestrator import Orchestrator, Settings
+    from orchestrator.publisher import RecordingPublisher
+    from orchestrator.registry import StaticRegistry
+
+    if request.param == "sqlite":
+        settings = Settings.from_env({}, data_dir=data_dir)
+    else:
+        settings = Settings.from_env({}, data_dir=data_dir, database_url=request.getfixturevalue("pg_url"))
+    orc = Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(task_names))
+    if request.param != "sqlite":
+        empty_tables(orc.store.engine)
+    return orc
+
+
 def reset_schema(url: str) -> None:
     """Drop everything and migrate from scratch with Alembic."""
     from orchestrator import migrate

@@ -24,6 +24,7 @@ from orchestrator.routing import default_queues, route
 from orchestrator.states import DEADLINE_MISSED
 from orchestrator.store import Store
 from orchestrator.store.deadlines import iso_utc
+from tests.conftest import empty_tables
 
 T = TaskState
 #: a logical date whose deadlines are long past
@@ -43,9 +44,7 @@ def store(url: str) -> Iterator[Store]:
     if url.startswith("sqlite"):
         st.create_schema()
     else:
-        with st.engine.begin() as conn:
-            for table in reversed(s.metadata.sorted_tables):
-                conn.execute(table.delete())
+        empty_tables(st.engine)
     st.workers.register("test-worker", default_queues(), 10_000)
     yield st
     st.dispose()

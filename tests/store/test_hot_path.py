@@ -9,10 +9,10 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG
-from orchestrator import schema as s
 from orchestrator.routing import default_queues, route
 from orchestrator.states import TriggerRule, UpstreamCounts, decide
 from orchestrator.store import Store
+from tests.conftest import empty_tables
 
 pytestmark = pytest.mark.postgres
 
@@ -20,9 +20,7 @@ pytestmark = pytest.mark.postgres
 @pytest.fixture
 def store(pg_url: str) -> Iterator[Store]:
     st = Store(pg_url)
-    with st.engine.begin() as conn:
-        for table in reversed(s.metadata.sorted_tables):
-            conn.execute(table.delete())
+    empty_tables(st.engine)
     st.workers.register("w", default_queues(), 100)
     yield st
     if st.attempts.hot is not None:

@@ -25,6 +25,7 @@ from orchestrator.reconciler import ReconcilerService
 from orchestrator.registry import StaticRegistry
 from orchestrator.routing import default_queues
 from orchestrator.store import Store
+from tests.conftest import backend_orchestrator
 
 T = TaskState
 NAMES = ["t.ok", "t.fail"]
@@ -35,15 +36,8 @@ Samples = dict[str, dict[frozenset[tuple[str, str]], float]]
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def orc(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Orchestrator]:
-    if request.param == "sqlite":
-        settings = Settings.from_env({}, data_dir=str(tmp_path))
-    else:
-        url = request.getfixturevalue("pg_url")
-        settings = Settings.from_env({}, data_dir=str(tmp_path), database_url=url)
-    o = Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(NAMES))
-    with o.store.engine.begin() as conn:
-        for table in reversed(s.metadata.sorted_tables):
-            conn.execute(table.delete())
+    o = backend_orchestrator(request, str(tmp_path), NAMES)
+    assert isinstance(o, Orchestrator)
     yield o
     o.store.dispose()
 

@@ -10,10 +10,10 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import Orchestrator, Settings
-from orchestrator import schema as s
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.reconciler import ReconcilerService
 from orchestrator.registry import StaticRegistry
+from tests.conftest import empty_tables
 
 pytestmark = pytest.mark.postgres
 
@@ -25,9 +25,7 @@ def orc(pg_url: str) -> Iterator[Orchestrator]:
         publisher=RecordingPublisher(),
         registry=StaticRegistry(["t"]),
     )
-    with o.store.engine.begin() as conn:
-        for table in reversed(s.metadata.sorted_tables):
-            conn.execute(table.delete())
+    empty_tables(o.store.engine)
     yield o
     o.store.dispose()
 

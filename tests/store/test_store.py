@@ -18,6 +18,7 @@ from orchestrator.models import operator
 from orchestrator.routing import default_queues, route
 from orchestrator.states import RunState
 from orchestrator.store import Store
+from tests.conftest import empty_tables
 
 T = TaskState
 OP = operator("alice")
@@ -31,9 +32,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         st.create_schema()
     else:
         st = Store(request.getfixturevalue("pg_url"), dispatch_depth=1)
-        with st.engine.begin() as conn:
-            for table in reversed(s.metadata.sorted_tables):
-                conn.execute(table.delete())
+        empty_tables(st.engine)
     st.workers.register("test-worker", default_queues(), 10_000)
     yield st
     st.dispose()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from orchestrator import DAG, Orchestrator, RunState, Settings, ValidationError
+from orchestrator import DAG, Orchestrator, RunState, ValidationError
 from orchestrator import schema as s
 from orchestrator.alerts import schedule_failed
 from orchestrator.cron import ScheduleError
@@ -25,6 +25,7 @@ from orchestrator.publisher import RecordingPublisher
 from orchestrator.registry import StaticRegistry
 from orchestrator.schedules import CANCEL_PREVIOUS, ScheduleNotFound
 from orchestrator.store.schedules import iso
+from tests.conftest import backend_orchestrator
 
 TASKS = ["tasks.probes.noop", "tasks.etl.extract_orders"]
 HERE = "tests.unit.test_schedules"
@@ -40,15 +41,8 @@ def by_params(logical_date: dt.datetime, params: dict[str, Any]) -> DAG:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def orc(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Orchestrator]:
-    if request.param == "sqlite":
-        settings = Settings.from_env({}, data_dir=str(tmp_path))
-    else:
-        url = request.getfixturevalue("pg_url")
-        settings = Settings.from_env({}, data_dir=str(tmp_path), database_url=url)
-    o = Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS))
-    with o.store.engine.begin() as conn:
-        for table in reversed(s.metadata.sorted_tables):
-            conn.execute(table.delete())
+    o = backend_orchestrator(request, str(tmp_path), TASKS)
+    assert isinstance(o, Orchestrator)
     yield o
     o.store.dispose()
 
