@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +71,9 @@ class Reconciler:
         self.publisher = publisher
         self.settings = settings
         self.after = after or (lambda outcome, run_id, key: self.publisher.publish(outcome.dispatches))
+        #: stale dispatches seen behind an idle slot, and when first (monotonic): re-published
+        #: only when a later pass, half a tick on at least, sees them so again
+        self._idle_seen: dict[tuple[str, str, int, Any], float] = {}
 
     def run_pass(self) -> dict[str, int]:
         """One pass; returns how many items each action handled (``errors``: items that failed)."""
@@ -86,7 +90,7 @@ class Reconciler:
 
         report["released"] = guarded("releasing due retries", recovery.release_due_retries) or 0
         stale = guarded("finding lost dispatches", lambda: recovery.stale_queued(s.dispatch_timeout)) or []
-        for run_id, key, attempt, version in stale:
+        for run_id, key, attempt, version in self._confirmed(stale):
             d = guarded(f"re-publishing {run_id}.{key}", lambda: recovery.redispatch(run_id, key, attempt, version))  # noqa: B023
             if d is not None:
                 report["republished"] += self.publisher.publish([d])
@@ -110,6 +114,22 @@ class Reconciler:
         report["runs_finalized"] = finalized or 0
         self._deadlines(report, guarded)
         return report
+
+    def _confirmed(self, stale: list[Any]) -> list[tuple[str, str, int, Any]]:
+        """The stale dispatches to re-publish now: those overtaken by a later message at once;
+        those behind an idle slot once a pass at least half a tick after the first has seen
+        them so (a slot between one task's end and its next claim looks idle for a moment)."""
+        now, settle = time.monotonic(), self.settings.tick_seconds / 2
+        seen, self._idle_seen = self._idle_seen, {}
+        ready = []
+        for item in stale:
+            ident = (item.run_id, item.key, item.attempt, item.dispatched_at)
+            first = seen.get(ident, now)
+            if item.overtaken or now - first >= settle:
+                ready.append(ident)
+            else:
+                self._idle_seen[ident] = first
+        return ready
 
     def _deadlines(self, report: dict[str, int], guarded: Callable[[str, Callable[[], Any]], Any]) -> None:
         """Judge the deadlines that fell due: those met are closed in bulk; each miss is

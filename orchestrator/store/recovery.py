@@ -5,7 +5,7 @@ acting on the same item act once: the loser records a rejected event."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -23,6 +23,17 @@ from .settlement import Settlement
 
 T = TaskState
 t_tasks, t_runs = s.tasks, s.runs
+
+
+class Stale(NamedTuple):
+    """A QUEUED task unclaimed past the dispatch timeout that looks lost (see ``stale_queued``)."""
+
+    run_id: str
+    key: str
+    attempt: int
+    dispatched_at: Any
+    #: a task published later to its queue already runs: certainly skipped (else: an idle slot)
+    overtaken: bool
 
 
 class Recovery:
@@ -61,15 +72,17 @@ class Recovery:
 
         return self.db.transaction(tx)
 
-    def stale_queued(self, dispatch_timeout: float, limit: int = 500) -> list[tuple[str, str, int, Any]]:
-        """QUEUED tasks whose message was lost: (run, key, attempt, dispatched_at).
+    def stale_queued(self, dispatch_timeout: float, limit: int = 500) -> list[Stale]:
+        """QUEUED tasks whose message looks lost: (run, key, attempt, dispatched_at, overtaken).
 
         Unclaimed for longer than ``dispatch_timeout`` is not enough: with a dispatch depth
         above 1 a message may wait behind long tasks. A QUEUED task counts as lost when, past
         the timeout, either a task published *later* to its queue is already running (the
         broker delivers a queue in order, so this one was skipped), or the workers that
         consume its queue have an idle slot (nothing is in the way). A deep backlog behind
-        busy slots is neither, and is never re-published.
+        busy slots is neither, and is never re-published. ``overtaken`` is the first, certain,
+        case; an idle slot is one instant's look (between a task's end and the next claim a busy
+        slot looks idle too), which the reconciler confirms on a later pass before it acts.
         """
         with self.db.engine.connect() as conn:
             candidates = conn.execute(
@@ -97,7 +110,7 @@ class Recovery:
             slots = sum(n for _, n in serving)
             used = sum(running.get(q, (0, None))[0] for q in set().union(*(qs for qs, _ in serving)))
             if overtaken or used < slots:
-                lost.append((c.run_id, c.key, c.attempt, c.dispatched_at))
+                lost.append(Stale(c.run_id, c.key, c.attempt, c.dispatched_at, overtaken))
         return lost
 
     def redispatch(self, run_id: str, key: str, attempt: int, dispatched_at: Any) -> Dispatch | None:

@@ -311,9 +311,9 @@ def test_stale_dispatch_is_republished_once(store: Store) -> None:
     store.admission.admit_ready(100)
     time.sleep(0.05)
     stale = store.recovery.stale_queued(0.01)
-    assert [(r, k, a) for r, k, a, _ in stale] == [(run_id, "a", 1)]
-    first = store.recovery.redispatch(*stale[0])
-    second = store.recovery.redispatch(*stale[0])  # a second reconciler with the same stale read
+    assert [(r, k, a, overtaken) for r, k, a, _, overtaken in stale] == [(run_id, "a", 1, False)]  # an idle slot
+    first = store.recovery.redispatch(*stale[0][:4])
+    second = store.recovery.redispatch(*stale[0][:4])  # a second reconciler with the same stale read
     assert first is not None and first.task_id == f"{run_id}.a.1" and second is None
     ledger = [(e.from_state, e.to_state, e.accepted) for e in store.reads.events(run_id) if e.actor == "reconciler"]
     assert ledger == [("QUEUED", "QUEUED", True), ("QUEUED", "QUEUED", False)]

@@ -101,6 +101,9 @@ def test_reconciler_republishes_a_lost_dispatch(orc: Orchestrator) -> None:
     run = orc.submit(dag)
     assert sent(orc) == [] and run.task("a").state is T.QUEUED
     time.sleep(0.3)  # past the dispatch timeout
+    # the worker's slots are idle: seen once, then confirmed by a pass half a tick later
+    assert orc.reconcile()["republished"] == 0
+    time.sleep(orc.settings.tick_seconds)
     report = orc.reconcile()
     assert report["republished"] == 1
     (msg,) = sent(orc)
