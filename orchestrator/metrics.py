@@ -230,24 +230,18 @@ def _window(snap: MetricsSnapshot) -> Iterator[Metric]:
     yield rows
 
     events = snap.events
-    lags: dict[str, list[float]] = {}
-    for e, seconds in dispatch_lags(events):
-        lags.setdefault(e.queue or "", []).append(seconds)
     yield _histogram(
         "orchestrator_dispatch_lag_seconds",
         "Seconds from READY to the claim by a worker, for the claims in the window",
         "queue",
-        lags,
+        _by_queue(dispatch_lags(events)),
         LAG_BUCKETS,
     )
-    durations: dict[str, list[float]] = {}
-    for e, seconds in attempt_durations(events):
-        durations.setdefault(e.queue or "", []).append(seconds)
     yield _histogram(
         "orchestrator_task_duration_seconds",
         "Seconds from the claim to the outcome of the attempts that ended in the window",
         "queue",
-        durations,
+        _by_queue(attempt_durations(events)),
         DURATION_BUCKETS,
     )
     outcomes = GaugeMetricFamily(
@@ -296,6 +290,14 @@ def _window(snap: MetricsSnapshot) -> Iterator[Metric]:
     for (scope, tenant), n in sorted(snap.deadline_misses.items()):
         misses.add_metric([scope, tenant], n)
     yield misses
+
+
+def _by_queue(timed: Iterable[tuple[WindowEvent, float]]) -> dict[str, list[float]]:
+    """Seconds grouped by the event's queue."""
+    grouped: dict[str, list[float]] = {}
+    for e, seconds in timed:
+        grouped.setdefault(e.queue or "", []).append(seconds)
+    return grouped
 
 
 def dispatch_lags(events: Sequence[WindowEvent]) -> Iterator[tuple[WindowEvent, float]]:

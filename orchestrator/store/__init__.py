@@ -93,7 +93,7 @@ class Store:
         self.tenants = Tenants(self.db)
         self.limits = Limits(self.db)
         self.schedules = ScheduleRows(self.db)
-        self.deadlines = Deadlines(self.db)
+        self.deadlines = Deadlines(self.db, self.ledger)
 
     @property
     def engine(self) -> Engine:

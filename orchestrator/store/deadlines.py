@@ -35,10 +35,9 @@ from .. import schema as s
 from ..dag import OnDeadline
 from ..dbtime import aware, db_now
 from ..models import RECONCILER
-from ..states import DEADLINE_MISSED, TERMINAL, RunState, check_annotation
-from .backend import EVENTS_AT_DB_NOW
+from ..states import DEADLINE_MISSED, TERMINAL, RunState
 from .database import Database
-from .ledger import RUN_EVENT_ATTEMPT
+from .ledger import RUN_EVENT_ATTEMPT, Ledger
 
 t_runs, t_tasks, t_events = s.runs, s.tasks, s.events
 _TERMINAL = [st.value for st in TERMINAL]
@@ -128,8 +127,9 @@ class DeadlineMiss:
 class Deadlines:
     """The reconciler's deadline step and the reads of misses (see the module docstring)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, ledger: Ledger) -> None:
         self.db = db
+        self.ledger = ledger
 
     # ------------------------------------------------------------------ the reconciler's step
 
@@ -204,7 +204,6 @@ class Deadlines:
         """Record one miss: the compare-and-set of its verdict and its ``deadline_missed``
         event, in one transaction. ``None`` when it was recorded already (another reconciler
         got there first) or is not a miss (any more)."""
-        check_annotation(DEADLINE_MISSED, RECONCILER.role)
 
         def tx(conn: Connection) -> DeadlineMiss | None:
             stamp = {"deadline_checked_at": db_now(), "deadline_missed_at": db_now()}
@@ -241,21 +240,7 @@ class Deadlines:
                 if run_state is None:
                     run_state = conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == item.run_id)).scalar()
                 reason += f"; on_deadline=cancel: the run is {run_state}"
-            conn.execute(
-                EVENTS_AT_DB_NOW,
-                {
-                    "run_id": item.run_id,
-                    "key": item.key,
-                    "attempt": attempt,
-                    "from_state": row.state,
-                    "to_state": row.state,
-                    "actor": RECONCILER.role,
-                    "by": None,
-                    "reason": reason,
-                    "accepted": True,
-                    "kind": DEADLINE_MISSED,
-                },
-            )
+            self.ledger.annotate(conn, item.run_id, item.key, attempt, row.state, RECONCILER, DEADLINE_MISSED, reason)
             return DeadlineMiss(
                 item.run_id, item.key, attempt, item.dag, item.tenant, item.deadline_seconds, item.deadline_at,
                 _utc(row.deadline_missed_at), row.state, item.on_deadline, reason,

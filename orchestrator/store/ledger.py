@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 
 from .. import schema as s
 from ..models import Actor
-from ..states import RunState, TaskState, check_run_transition, check_transition
+from ..states import RunState, TaskState, check_annotation, check_run_transition, check_transition
 from .backend import EVENTS_AT_DB_NOW
 from .database import Database
 
@@ -239,6 +239,31 @@ class Ledger:
             text = f"{reason + '; ' if reason else ''}run is {held}"
             self._run_event(conn, run_id, RunState(held), dst, actor, text, False)
         return False
+
+    def annotate(
+        self,
+        conn: Connection,
+        run_id: str,
+        key: str | None,
+        attempt: int,
+        state: str,
+        actor: Actor,
+        kind: str,
+        reason: str,
+    ) -> None:
+        """Record a fact about a task (``key``) or the run (``key`` None) that changes no state:
+        an accepted event from ``state`` to ``state`` marked with ``kind`` (``states.ANNOTATIONS``)."""
+        check_annotation(kind, actor.role)
+        conn.execute(
+            EVENTS_AT_DB_NOW,
+            {
+                "run_id": run_id,
+                "key": key,
+                "attempt": attempt,
+                "kind": kind,
+                **_event_constants(state, state, actor, reason, True),
+            },
+        )
 
     def _run_event(
         self,
