@@ -14,12 +14,13 @@ from typing import Any
 
 from .backoff import Backoff, Jitter
 from .config import Settings
-from .dag import DAG, Limits, Node, OnDeadline, load_spec
+from .dag import DAG, Limits, Node, OnDeadline, SizeLimits, load_spec
 from .engine import Orchestrator, RunHandle
 from .errors import (
     ConfigurationError,
     ConflictError,
     CycleError,
+    IdempotencyConflict,
     OperatorError,
     OrchestratorError,
     RunNotFound,
@@ -63,6 +64,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "CycleError",
+    "IdempotencyConflict",
     "Jitter",
     "Limits",
     "Node",
@@ -77,6 +79,7 @@ __all__ = [
     "RunTimeout",
     "SchemaMissingError",
     "Settings",
+    "SizeLimits",
     "SpecError",
     "TaskNotFound",
     "TaskState",

@@ -15,9 +15,12 @@ of Celery's own ``beat_schedule`` are not used (the project's app has none).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery.beat import Scheduler
+
+if TYPE_CHECKING:
+    from .engine import Orchestrator
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +29,11 @@ class DatabaseScheduler(Scheduler):  # type: ignore[misc]
     """Fires the schedules of ``orc_schedules`` through the app's orchestrator."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._orc: Any = None
+        self._orc: Orchestrator | None = None
         super().__init__(*args, **kwargs)
 
     @property
-    def orchestrator(self) -> Any:
+    def orchestrator(self) -> Orchestrator:
         if self._orc is None:
             from .process import current_orchestrator
 

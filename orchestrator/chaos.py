@@ -30,7 +30,6 @@ import sqlalchemy as sa
 from . import migrate
 from .dag import DAG
 from .engine import Orchestrator
-from .invariants import check_runs
 from .protocol import FencingToken, send_options, sign
 from .store import Store, make_engine
 
@@ -228,12 +227,12 @@ class Injector:
             db.dispose()
 
     def duplicate_publish(self) -> None:
-        found = self.orc.store.reads.in_flight(1)
+        found = self.orc.reads.in_flight(1)
         if not found:
             return
         row = found[0]
         token = FencingToken(row.run_id, row.key, row.attempt)
-        signature = sign(self.orc.store.signing_key, row.task_name, token)
+        signature = sign(self.orc.signing_key, row.task_name, token)
         options = send_options(token, queue=row.queue, soft_time_limit=None, time_limit=None, signature=signature)
         self.orc.app.send_task(row.task_name, **options)
 
@@ -313,13 +312,13 @@ def run_chaos(
 
 
 def _live_workers(orc: Orchestrator) -> int:
-    return orc.store.workers.live()
+    return orc.live_workers()
 
 
 def _finished(orc: Orchestrator, run_ids: list[str]) -> int:
     for _ in range(5):
         try:
-            return orc.store.reads.finished_runs(run_ids)
+            return orc.reads.finished_runs(run_ids)
         except sa.exc.DBAPIError:
             time.sleep(0.2)
     return 0
@@ -328,7 +327,7 @@ def _finished(orc: Orchestrator, run_ids: list[str]) -> int:
 def _safe_check(orc: Orchestrator, run_ids: list[str]) -> list[str]:
     for _ in range(5):
         try:
-            return check_runs(orc.store, run_ids)
+            return orc.verify(run_ids)
         except sa.exc.DBAPIError:
             time.sleep(0.5)
     return ["invariant check could not read the database"]
@@ -337,7 +336,7 @@ def _safe_check(orc: Orchestrator, run_ids: list[str]) -> list[str]:
 def _summary(
     orc: Orchestrator, run_ids: list[str], problems: list[str], faults: Counter[str], recovered: float, took: float
 ) -> dict[str, Any]:
-    reads = orc.store.reads
+    reads = orc.reads
     states = reads.task_states(run_ids)
     executions = sum(int(e[3]) for e in reads.snapshot(run_ids).effects)
     rejected = reads.rejected_events(run_ids)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .errors import OrchestratorError
 
+if TYPE_CHECKING:
+    from .engine import Orchestrator
+    from .scheduling import Schedules
 
-def _orc() -> Any:
+
+def _orc() -> Orchestrator:
     from . import default
 
     return default()
@@ -71,7 +75,7 @@ def main(as_tenant: str | None) -> None:
     """Durable DAG workflows on Celery.
 
     Configuration comes from ORCHESTRATOR_* environment variables; with none set, the
-    embedded default (SQLite + a file-based broker under ./.orchestrator) is used.
+    embedded default (an embedded PostgreSQL + a file-based broker under ./.orchestrator) is used.
     """
     if as_tenant is not None:
         import os
@@ -203,10 +207,62 @@ def check() -> None:
     click.echo(f"schema matches orchestrator/schema.py at revision {head}")
 
 
-def _ready_store() -> Any:
-    orc = _orc()
-    orc.store  # noqa: B018 - migrates the embedded default, checks any other schema
-    return orc
+@main.group()
+def embedded() -> None:
+    """The embedded default's PostgreSQL (ORCHESTRATOR_DATABASE_URL unset): the first process
+    that needs it starts it, the others attach, and it stays up until `embedded stop`."""
+
+
+def _embedded_dir() -> Any:
+    from . import embedded as emb
+    from .config import Settings
+
+    settings = Settings.from_env()
+    if not settings.embedded:
+        raise OrchestratorError(
+            "ORCHESTRATOR_DATABASE_URL names a database server: the embedded PostgreSQL is not in use"
+        )
+    return emb.data_dir_of(settings.database_url)
+
+
+@embedded.command("start")
+def embedded_start() -> None:
+    """Start the embedded PostgreSQL (initialising its data directory the first time)."""
+    from . import embedded as emb
+
+    pgdata = _embedded_dir()
+    emb.ensure(pgdata)
+    st = emb.status(pgdata)
+    click.echo(f"embedded PostgreSQL running (pid {st.pid}) in {pgdata}")
+
+
+@embedded.command("status")
+def embedded_status() -> None:
+    """Say whether the embedded PostgreSQL runs; exit 3 when it does not."""
+    from . import embedded as emb
+
+    pgdata = _embedded_dir()
+    st = emb.status(pgdata)
+    if not st.running:
+        click.echo(f"embedded PostgreSQL not running ({pgdata})")
+        sys.exit(3)
+    click.echo(f"embedded PostgreSQL running (pid {st.pid}) in {pgdata}, socket in {st.socket_dir}")
+
+
+@embedded.command("stop")
+def embedded_stop() -> None:
+    """Stop the embedded PostgreSQL (stop the workers, beat and serve that use it first)."""
+    from . import embedded as emb
+
+    pgdata = _embedded_dir()
+    if emb.stop(pgdata):
+        click.echo(f"embedded PostgreSQL stopped ({pgdata})")
+    else:
+        click.echo(f"embedded PostgreSQL was not running ({pgdata})")
+
+
+def _ready_store() -> Orchestrator:
+    return _orc().ready()  # migrates the embedded default, checks any other schema
 
 
 @main.command()
@@ -253,12 +309,16 @@ def status(run_id: str, as_json: bool) -> None:
 
     orc = _ready_store()
     view = orc.visible(run_id)
-    tasks = orc.store.reads.get_tasks(run_id)
+    tasks = orc.tasks(run_id)
     if as_json:
         _dump({"run": view.to_json(), "tasks": [t.to_json() for t in tasks]})
         return
     attention = "  (needs attention)" if view.needs_attention else ""
-    click.echo(f"run {view.id}  dag {view.dag}  tenant {view.tenant}  state {view.state.value}{attention}")
+    fired = f"  schedule {view.schedule}" if view.schedule else ""
+    logical = f"  logical date {view.logical_date}" if view.logical_date else ""
+    click.echo(
+        f"run {view.id}  dag {view.dag}  tenant {view.tenant}  state {view.state.value}{attention}{fired}{logical}"
+    )
     click.echo(format_tasks(tasks))
 
 
@@ -376,8 +436,7 @@ def reconcile(once: bool, interval: float | None, name: str | None) -> None:
 def events(run_id: str, as_json: bool) -> None:
     """Show the ledger of a run: every transition, accepted or rejected."""
     orc = _ready_store()
-    orc.visible(run_id)
-    rows = orc.store.reads.events(run_id)
+    rows = orc.events(run_id)
     if as_json:
         _dump({"events": [e.to_json() for e in rows]})
         return
@@ -591,11 +650,9 @@ def verify(run_ids: tuple[str, ...], limit: int) -> None:
     for a person) and its ledger ending in its state. Prints each violation and exits 1 if there
     is any; prints a summary and exits 0 otherwise.
     """
-    from .invariants import check_runs
-
     orc = _ready_store()
-    ids = [orc.visible(r).id for r in run_ids] if run_ids else [v.id for v in orc.runs(limit)]
-    problems = check_runs(orc.store, ids, allow_dead_letter=True, in_progress_ok=True)
+    ids = list(run_ids) if run_ids else [v.id for v in orc.runs(limit)]
+    problems = orc.verify(ids, allow_dead_letter=True, in_progress_ok=True)
     for line in problems:
         click.echo(f"violation: {line}")
     if problems:
@@ -645,7 +702,7 @@ def fail_task(run_id: str, key: str) -> None:
     click.echo(f"{run_id}.{key} FAILED")
 
 
-def _schedules() -> Any:
+def _schedules() -> Schedules:
     return _ready_store().schedules
 
 
@@ -770,12 +827,17 @@ def schedule_show(name: str, as_json: bool, limit: int) -> None:
             "run_id": f.run_id,
             "reason": f.reason,
         }
-        for f in sched.rows.firings(name, limit)
+        for f in sched.firings(name, limit)
     ]
     if as_json:
         _dump({"schedule": found.to_json(), "firings": firings})
         return
-    click.echo(json.dumps(found.to_json(), indent=2))
+    for field, value in found.to_json().items():
+        if value is None or value == {}:
+            continue
+        shown = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, bool)) else value
+        click.echo(f"{field + ':':<17} {shown}")
+    click.echo(f"firings ({len(firings)}, newest first):" if firings else "firings: none yet")
     for f in firings:
         click.echo(f"{f['logical_date']}  {f['state']:<8} {f['kind']:<9} {f['run_id'] or ''}  {f['reason'] or ''}")
 
@@ -882,7 +944,7 @@ def backfill(name: str, start: str, end: str, max_active: int, wait_: bool, dry_
             bar.__exit__(None, None, None)
     summary = {"instants": total, "created": created, "existing": existing, "failed": failed}
     if wait_:
-        states = [sched.orc.run(r).wait(None).state.value for r in runs]
+        states = [_ready_store().run(r).wait(None).state.value for r in runs]
         summary["succeeded"] = states.count("SUCCEEDED")
     if lines:
         click.echo(json.dumps({"summary": summary}))

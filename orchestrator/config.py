@@ -1,7 +1,8 @@
 """Settings from ``ORCHESTRATOR_*`` environment variables.
 
-With none set, the embedded default applies: a SQLite file and kombu's filesystem
-transport under ``ORCHESTRATOR_DATA_DIR`` (``./.orchestrator``) - no server needed.
+With none set, the embedded default applies: an embedded PostgreSQL (``orchestrator.embedded``)
+and kombu's filesystem transport, both under ``ORCHESTRATOR_DATA_DIR`` (``./.orchestrator``):
+no server to install, nothing written outside that directory.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .dag import Limits
+from . import embedded
+from .dag import SizeLimits
 from .errors import ConfigurationError
 
 PREFIX = "ORCHESTRATOR_"
@@ -87,11 +89,11 @@ class Settings:
 
     @property
     def embedded(self) -> bool:
-        return self.database_url.startswith("sqlite")
+        return self.database_url.startswith(embedded.SCHEME)
 
     @property
-    def limits(self) -> Limits:
-        return Limits(self.max_nodes, self.max_node_bytes, self.max_params_bytes)
+    def limits(self) -> SizeLimits:
+        return SizeLimits(self.max_nodes, self.max_node_bytes, self.max_params_bytes)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -109,7 +111,7 @@ class Settings:
 
     def with_defaults(self) -> Settings:
         data = Path(self.data_dir).absolute()
-        db = self.database_url or f"sqlite:///{data / 'orchestrator.db'}"
+        db = self.database_url or embedded.url_for(data)
         broker = self.broker_url or "filesystem://"
         return _replace(self, database_url=db, broker_url=broker, data_dir=str(data))
 
@@ -120,6 +122,8 @@ class Settings:
                 "data_folder_in": str(folder),
                 "data_folder_out": str(folder),
                 "processed_folder": str(Path(self.data_dir) / "processed"),
+                # the exchange tables (kombu's default: ./control in the working directory)
+                "control_folder": str(Path(self.data_dir) / "control"),
                 "store_processed": False,
                 "polling_interval": 0.05,
             }

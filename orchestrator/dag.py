@@ -68,12 +68,17 @@ class OnDeadline(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Size limits applied by :meth:`DAG.validate`; the defaults accept a 100,000-node DAG."""
+class SizeLimits:
+    """Size limits applied by :meth:`DAG.validate`; the defaults accept a 100,000-node DAG.
+    (Not the store's ``limits`` role: pools, rate limits and per-DAG limits.)"""
 
     max_nodes: int = 100_000
     max_node_bytes: int = 64 * 1024
     max_params_bytes: int = 256 * 1024
+
+
+#: the former name of :class:`SizeLimits` (public API: ``orchestrator.Limits``), kept for callers
+Limits = SizeLimits
 
 
 @dataclass(frozen=True)
@@ -198,7 +203,11 @@ class DAG:
         """Add a node and return it (pass it in another node's ``upstream``).
 
         ``task`` is a Celery signature (``extract.s(day=...)``), a Celery task object or a
-        registered task name. Arguments of a signature are merged with ``args``/``kwargs``.
+        registered task name. Arguments of a signature are merged with ``args``/``kwargs``;
+        of its options (``sig.set(...)``), ``queue``, ``priority`` (a priority class: ``"high"``,
+        ``"default"``, ``"low"``), ``soft_time_limit`` and ``time_limit`` become the node's (a
+        keyword of this method may repeat one, not contradict it), and the others are refused
+        or ignored as :data:`SIGNATURE_OPTIONS` says.
         ``pool`` (with ``pool_slots``) and ``rate_limit`` name a pool and a rate limit that
         must exist when the DAG is submitted (``orchestrator pool set``, ``limit set``).
         ``deadline`` is the number of seconds after the run's logical date (or its submit) by
@@ -223,7 +232,25 @@ class DAG:
                 raise ValidationError(
                     f"upstream holds a {type(parent).__name__}: list nodes or node keys", dag=self.name, node=key
                 )
-        name, sig_args, sig_kwargs = _task_parts(task, self.name, key)
+        name, sig_args, sig_kwargs, sig_options = _task_parts(task, self.name, key)
+        if sig_options:
+            given: dict[str, Any] = {
+                "queue": queue,
+                "priority": priority,
+                "soft_time_limit": soft_time_limit,
+                "time_limit": time_limit,
+            }
+            for option, value in sig_options.items():
+                if given[option] is not None and given[option] != value:
+                    raise ValidationError(
+                        f"{option} is set twice: {short(value)} on the signature, {short(given[option])} as"
+                        " the keyword; keep one",
+                        dag=self.name,
+                        node=key,
+                    )
+                given[option] = value
+            queue, priority = given["queue"], given["priority"]
+            soft_time_limit, time_limit = given["soft_time_limit"], given["time_limit"]
         node = Node(
             key=key,
             task=name,
@@ -253,7 +280,7 @@ class DAG:
     def validate(
         self,
         is_registered: Callable[[str], bool] | None = None,
-        limits: Limits = Limits(),
+        limits: SizeLimits = SizeLimits(),
     ) -> None:
         """Check the whole DAG; raise the first problem as a typed :class:`ValidationError`.
 
@@ -332,7 +359,7 @@ def _validate_node(
     node: Node,
     dag: DAG,
     is_registered: Callable[[str], bool] | None,
-    limits: Limits,
+    limits: SizeLimits,
     known: set[str] | None = None,
 ) -> None:
     d, k = dag.name, node.key
@@ -577,20 +604,107 @@ def _backoff(value: Backoff | Mapping[str, Any] | None, dag: str, key: str) -> B
     )
 
 
-def _task_parts(task: Any, dag: str, key: str) -> tuple[str, Sequence[Any], Mapping[str, Any]]:
-    """Split a signature, task object or name into (name, args, kwargs) without importing Celery."""
+#: What :meth:`DAG.task` does with each option of a Celery signature (``sig.set(...)``);
+#: any other option is refused too. The orchestrator publishes every message itself, one
+#: per attempt, with its own task id, headers and routing, and keeps every delay in the
+#: database: an option that would change that would break the promise, and is refused with
+#: a :class:`ValidationError` naming the node and the option; one that only tunes how Celery
+#: would have published or stored a result changes nothing here, and is ignored.
+SIGNATURE_OPTIONS: dict[str, str] = {
+    # honoured: they become the node's fields of the same name
+    "queue": "honoured",
+    "priority": "honoured",
+    "soft_time_limit": "honoured",
+    "time_limit": "honoured",
+    # ignored, harmless: no result backend is read, and publishing (retries included) is the orchestrator's
+    "ignore_result": "ignored",
+    "add_to_parent": "ignored",
+    "retry": "ignored",
+    "retry_policy": "ignored",
+    "compression": "ignored",
+    "serializer": "ignored",  # "json" only: every message is JSON
+    # refused
+    "countdown": "the orchestrator never leaves a delay (an ETA) in the broker: delays live in the database",
+    "eta": "the orchestrator never leaves a delay (an ETA) in the broker: delays live in the database",
+    "expires": "a message that expires is dropped and its task would never finish",
+    "link": "a callback runs outside the DAG: make it a downstream node",
+    "link_error": "an error callback runs outside the DAG: make it a downstream node (trigger_rule 'one_failed')",
+    "task_id": "the orchestrator sets each attempt's task id",
+    "headers": "the orchestrator sets the message headers",
+    "shadow": "the task is shown under its real name",
+    "exchange": "routing is by queue: set queue",
+    "routing_key": "routing is by queue: set queue",
+    "exchange_type": "routing is by queue: set queue",
+    "chain": "a chain is not one node: make each part a node and link them with upstream",
+    "chord": "a chord is not one node: make each part a node and link them with upstream",
+    "group_id": "a group is not one node: make each part a node",
+    "group_index": "a group is not one node: make each part a node",
+    "parent_id": "the orchestrator publishes each attempt itself",
+    "root_id": "the orchestrator publishes each attempt itself",
+}
+
+
+def _task_parts(task: Any, dag: str, key: str) -> tuple[str, Sequence[Any], Mapping[str, Any], dict[str, Any]]:
+    """Split a signature, task object or name into (name, args, kwargs, node options) without
+    importing Celery; the options are the signature's honoured ones (:data:`SIGNATURE_OPTIONS`)."""
     if isinstance(task, str):
-        return task, (), {}
+        return task, (), {}, {}
     if isinstance(task, Mapping) and "task" in task:  # a celery Signature is a dict
-        return str(task["task"]), tuple(task.get("args") or ()), dict(task.get("kwargs") or {})
+        kind = task.get("subtask_type")
+        if kind is not None:
+            raise ValidationError(
+                f"a Celery {kind} is not one task: make each of its parts a node and link them with upstream",
+                dag=dag,
+                node=key,
+            )
+        options = _signature_options(task.get("options"), dag, key)
+        return str(task["task"]), tuple(task.get("args") or ()), dict(task.get("kwargs") or {}), options
     name = getattr(task, "name", None)
     if isinstance(name, str):
-        return name, (), {}
+        return name, (), {}, {}
     raise ValidationError(
         f"task must be a Celery signature, task or task name, not {type(task).__name__}",
         dag=dag,
         node=key,
     )
+
+
+def _signature_options(options: Any, dag: str, key: str) -> dict[str, Any]:
+    """The node fields a signature's ``options`` set; raise :class:`ValidationError` for an
+    option that is refused (:data:`SIGNATURE_OPTIONS`) or unknown."""
+    if not options:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ValidationError(f"signature options must be a mapping, not {type(options).__name__}", dag=dag, node=key)
+    found: dict[str, Any] = {}
+    for option, value in options.items():
+        what = SIGNATURE_OPTIONS.get(option) if isinstance(option, str) else None
+        if what == "honoured":
+            if option == "priority":
+                if not isinstance(value, (str, Priority)):
+                    raise ValidationError(
+                        f"signature option priority={short(value)}: give a priority class ('high', 'default'"
+                        " or 'low'); a number means opposite things on Redis and RabbitMQ",
+                        dag=dag,
+                        node=key,
+                    )
+                value = _enum(Priority, value, "signature option priority", dag, key)
+            found[option] = value
+        elif what == "ignored":
+            if option == "serializer" and value not in (None, "json"):
+                raise ValidationError(
+                    f"signature option serializer={short(value)} is refused: every message is JSON", dag=dag, node=key
+                )
+        elif what is not None:
+            raise ValidationError(f"signature option {option!r} is refused: {what}", dag=dag, node=key)
+        else:
+            raise ValidationError(
+                f"signature option {short(option)} is refused: the orchestrator does not honour it"
+                " (honoured: queue, priority, soft_time_limit, time_limit)",
+                dag=dag,
+                node=key,
+            )
+    return found
 
 
 NODE_FIELDS = {

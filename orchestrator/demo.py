@@ -89,7 +89,7 @@ def run_demo(echo: Callable[[str], None] = print, timeout: float = 120.0) -> int
     orc = current_orchestrator(app)
     # the flaky extract's first attempt fails on purpose; the table below reports it
     logging.getLogger("celery.app.trace").setLevel(logging.CRITICAL)
-    echo(f"database: {redact.url(orc.store.engine.url.render_as_string(hide_password=False))}")
+    echo(f"database: {redact.url(orc.database_url)}")
     echo(f"broker:   {redact.url(orc.settings.broker_url)}")
     with start_worker(
         app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="ERROR", shutdown_timeout=30

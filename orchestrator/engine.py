@@ -4,6 +4,11 @@
 talk to. It owns no Celery code: messages leave through a :class:`~orchestrator.publisher.Publisher`
 and task names are checked against a :class:`~orchestrator.registry.TaskRegistry`, both given
 by the caller (``app=`` wires the Celery ones; unit tests pass in-memory ones).
+
+It is the wall around the store: no other module of the package reaches ``Orchestrator.store``.
+Bound to a tenant, it reads and acts through the store's roles scoped to that tenant
+(``Reads.scoped``, ``OperatorActions.scoped``, ``ScheduleRows.scoped``), so a run or a schedule
+of another tenant is not found wherever it is asked for, by whichever caller.
 """
 
 from __future__ import annotations
@@ -20,9 +25,21 @@ from .alerts import raise_alert
 from .config import Settings
 from .crashpoints import crash_point
 from .dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, TENANT_RE, text_problem
-from .errors import ConfigurationError, ConflictError, RunNotFound, RunTimeout, TaskNotFound, ValidationError
+from .errors import ConfigurationError, ConflictError, RunTimeout, TaskNotFound, ValidationError
 from .explain import Explanation, explain
-from .models import WORKER, Actor, Claim, EventView, Outcome, Pool, RateLimit, RunView, TaskView, operator
+from .models import (
+    WORKER,
+    Actor,
+    Claim,
+    EventView,
+    MetricsSnapshot,
+    Outcome,
+    Pool,
+    RateLimit,
+    RunView,
+    TaskView,
+    operator,
+)
 from .protocol import FencingToken
 from .publisher import CeleryPublisher, Publisher
 from .reconciler import Reconciler
@@ -30,9 +47,11 @@ from .registry import CeleryRegistry, TaskRegistry
 from .routing import queue_tenant, route
 from .states import RunState, TaskState
 from .store import Store
+from .store.operator import OperatorActions
+from .store.reads import Reads
 
 if TYPE_CHECKING:
-    from .schedules import Schedules
+    from .scheduling import Schedules
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +94,10 @@ class Orchestrator:
 
     ``tenant`` (default ``ORCHESTRATOR_TENANT``) binds the orchestrator to one tenant: it submits
     as that tenant, and a run of another tenant is :class:`RunNotFound` to it, for reads and
-    operator actions alike. Unbound, it acts for every tenant (the deployment's operator).
+    operator actions alike (the store's roles it works through are scoped to the tenant, so no
+    caller has to remember a check). Unbound, it acts for every tenant (the deployment's
+    operator). Metrics of a bound orchestrator are its tenant's; the deployment's (workers,
+    reconciler duty) are the operator's only.
     """
 
     def __init__(
@@ -106,8 +128,9 @@ class Orchestrator:
 
     @cached_property
     def store(self) -> Store:
-        """The store, checked once: the embedded default migrates itself; any other database
-        must have been migrated (``orchestrator db upgrade``) or :class:`SchemaMissingError` is raised."""
+        """The store, checked once: the embedded default migrates itself (one process at a time);
+        any other database must have been migrated (``orchestrator db upgrade``) or
+        :class:`SchemaMissingError` is raised."""
         s = self.settings
         store = self._store or Store(
             s.database_url,
@@ -119,12 +142,45 @@ class Orchestrator:
             retry_seconds=s.lease_seconds,
             priority_aging=s.priority_aging_seconds,
         )
-        if store.engine.dialect.name == "sqlite":
+        if s.embedded and self._store is None:
             from . import migrate
 
             migrate.upgrade(store.engine)
         store.check_schema()
         return store
+
+    def ready(self) -> Orchestrator:
+        """Open the store now (migrating the embedded default, checking any other schema)
+        rather than on first use; returns ``self``."""
+        self.store  # noqa: B018 - the check is in the property
+        return self
+
+    @cached_property
+    def reads(self) -> Reads:
+        """The read port: the store's reads as this orchestrator may see them (its tenant's runs
+        only, when bound). Besides the facade's own reads, it has the diagnostics the chaos
+        soak and the tests use (``snapshot``, ``in_flight``, ``task_states``, ...)."""
+        return self.store.reads.scoped(self.tenant)
+
+    @cached_property
+    def _operator(self) -> OperatorActions:
+        """The store's operator actions as this orchestrator may take them (its tenant's runs)."""
+        return self.store.operator.scoped(self.tenant)
+
+    @property
+    def signing_key(self) -> bytes:
+        """The deployment's key for the fencing headers' signature."""
+        return self.store.signing_key
+
+    @property
+    def database_url(self) -> str:
+        """The database this orchestrator uses, password included (redact it before showing)."""
+        return str(self.store.engine.url.render_as_string(hide_password=False))
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the database is out for a while (a lost or refused connection),
+        rather than that the call was wrong."""
+        return bool(self.store.db.transient(exc))
 
     def after_fork(self) -> None:
         """In a forked child: drop the parent's pooled connections without closing them."""
@@ -167,12 +223,12 @@ class Orchestrator:
                 raise ValidationError(f"logical_date {problem}", dag=dag.name)
         if schedule is not None:
             # a schedule's run: its tenant's schedule only (another tenant's is "no schedule")
-            found = self.store.schedules.get(schedule) if isinstance(schedule, str) else None
+            found = self.store.schedule_rows.get(schedule) if isinstance(schedule, str) else None
             if found is None or found.tenant != dag.tenant:
                 raise ValidationError(f"no schedule named {schedule!r} for tenant {dag.tenant!r}", dag=dag.name)
             if logical_date is None:
                 raise ValidationError(f"a run of schedule {schedule!r} needs its logical_date", dag=dag.name)
-            holder = self.store.schedules.run_tenant(schedule, logical_date)
+            holder = self.store.schedule_rows.run_tenant(schedule, logical_date)
             if holder is not None and holder != dag.tenant:
                 raise ValidationError(
                     f"schedule {schedule!r} already has a run for {logical_date} that is not tenant {dag.tenant!r}'s",
@@ -297,6 +353,18 @@ class Orchestrator:
         """A worker is going away: its capacity no longer counts."""
         self.store.workers.unregister(name)
 
+    def live_workers(self) -> int:
+        """How many workers are registered and alive."""
+        return int(self.store.workers.live())
+
+    def count_delivery(self, message_id: str, task_name: str) -> int:
+        """Count one more delivery of a broker message; returns how many there were."""
+        return int(self.store.deliveries.count(message_id, task_name))
+
+    def park_delivery(self, message_id: str, evidence: dict[str, Any]) -> None:
+        """Record a message parked for too many deliveries, with the evidence."""
+        self.store.deliveries.park(message_id, evidence)
+
     def _after(self, outcome: Outcome, run_id: str, key: str) -> None:
         """After a committed outcome: publish what it admitted, alert if it parked the task."""
         self.publisher.publish(outcome.dispatches)
@@ -324,11 +392,11 @@ class Orchestrator:
         """DEAD_LETTER or FAILED -> READY with ``attempt + 1``. ``by`` names who asked
         (default: the OS user). Raises :class:`ConflictError` (a rejected event is in the
         ledger) when the task's state does not allow it, whether it never did or another writer
-        changed it first, and :class:`OperatorError` when children were already decided."""
-        self.visible(run_id)
+        changed it first, :class:`OperatorError` when children were already decided, and
+        :class:`RunNotFound` for a run this orchestrator does not see (nothing written)."""
         actor = operator(by or local_by())
         self._operator_done(
-            self.store.operator.retry_task(run_id, key, self.settings.dispatch_window, actor), run_id, key, "retry"
+            self._operator.retry_task(run_id, key, self.settings.dispatch_window, actor), run_id, key, "retry"
         )
 
     def skip_task(self, run_id: str, key: str, *, by: str | None = None) -> None:
@@ -340,10 +408,9 @@ class Orchestrator:
         self._resolve(run_id, key, TaskState.FAILED, by)
 
     def _resolve(self, run_id: str, key: str, to: TaskState, by: str | None) -> None:
-        self.visible(run_id)
         actor = operator(by or local_by())
-        outcome = self.store.operator.resolve_dead_letter(run_id, key, to, self.settings.dispatch_window, actor)
-        self._operator_done(outcome, run_id, key, to.value.lower())
+        outcome = self._operator.resolve_dead_letter(run_id, key, to, self.settings.dispatch_window, actor)
+        self._operator_done(outcome, run_id, key, "skip" if to is TaskState.SKIPPED else "fail")
 
     def _operator_done(self, outcome: Outcome, run_id: str, key: str, action: str) -> None:
         self._after(outcome, run_id, key)
@@ -355,8 +422,7 @@ class Orchestrator:
         with terminate (their late results are then rejected); the worker slots, pool slots and
         limits they held go to other READY work at once. Returns how many were revoked.
         Raises :class:`RunNotFound`, or :class:`ConflictError` when the run is already final."""
-        self.visible(run_id)
-        in_flight, conflict = self.store.operator.cancel_run(run_id, operator(by or local_by()))
+        in_flight, conflict = self._operator.cancel_run(run_id, operator(by or local_by()))
         if conflict is not None:
             raise ConflictError(conflict)
         if in_flight:  # their slots first: the revoke is best effort, the rows are already final
@@ -414,9 +480,9 @@ class Orchestrator:
     def schedules(self) -> Schedules:
         """The deployment's schedules (:mod:`orchestrator.schedules`): add, pause, trigger,
         backfill, and the scheduler's pass that ``orchestrator beat`` runs."""
-        from .schedules import Schedules
+        from .scheduling import Schedules
 
-        return Schedules(self)
+        return Schedules(self, self.store.schedule_rows.scoped(self.tenant))
 
     # ------------------------------------------------------------------ pools and limits
 
@@ -481,9 +547,8 @@ class Orchestrator:
     def explain(self, run_id: str, key: str | None = None) -> list[Explanation]:
         """Why each task of the run (or only ``key``) is where it is: see :mod:`orchestrator.explain`.
         Raises :class:`RunNotFound`, or :class:`TaskNotFound` for a ``key`` the run does not have."""
-        self.visible(run_id)
         s = self.settings
-        found = explain(self.store.reads.explain_input(run_id, worker_ttl=s.worker_ttl, depth=s.dispatch_depth), key)
+        found = explain(self.reads.explain_input(run_id, worker_ttl=s.worker_ttl, depth=s.dispatch_depth), key)
         if key is not None and not found:
             raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
         return found
@@ -491,10 +556,53 @@ class Orchestrator:
     def visible(self, run_id: str) -> RunView:
         """The run, if this orchestrator may see it; :class:`RunNotFound` otherwise (a run of
         another tenant is not found, exactly like a run that does not exist)."""
-        view = self.store.reads.get_run(run_id)
-        if self.tenant is not None and view.tenant != self.tenant:
-            raise RunNotFound(f"no run with id {run_id!r}")
-        return view
+        return self.reads.get_run(run_id)
+
+    def tasks(self, run_id: str) -> list[TaskView]:
+        """The run's tasks; raises :class:`RunNotFound`."""
+        return self.reads.get_tasks(run_id)
+
+    def task(self, run_id: str, key: str) -> TaskView:
+        """One task of the run; raises :class:`RunNotFound` or :class:`TaskNotFound`."""
+        return self.reads.get_task(run_id, key)
+
+    def events(self, run_id: str, *, newest: int | None = None) -> list[EventView]:
+        """The run's ledger, oldest first (only the ``newest`` rows when given); raises
+        :class:`RunNotFound`."""
+        return self.reads.events(run_id, newest=newest)
+
+    def edges(self, run_id: str) -> list[tuple[str, str]]:
+        """The run's dependency edges (parent key, child key); raises :class:`RunNotFound`."""
+        return self.reads.edges(run_id)
+
+    def logical_date(self, run_id: str) -> str | None:
+        """The run's logical date (ISO 8601), or ``None`` (also for a run it does not see)."""
+        return self.reads.logical_date(run_id)
+
+    def run_state(self, run_id: str) -> RunState:
+        """The run's state (one row by primary key); raises :class:`RunNotFound`."""
+        return self.reads.run_state(run_id)
+
+    def verify(
+        self, run_ids: Sequence[str], *, allow_dead_letter: bool = False, in_progress_ok: bool = False
+    ) -> list[str]:
+        """The promise checked from the database for ``run_ids`` (see
+        :func:`orchestrator.invariants.check_runs`): one line per violation. Raises
+        :class:`RunNotFound` for a run this orchestrator does not see, before checking any."""
+        from .invariants import check_runs
+
+        ids = list(run_ids)
+        for run_id in ids:
+            self.reads.run_state(run_id)  # RunNotFound for a run it does not see
+        return check_runs(self.store, ids, allow_dead_letter=allow_dead_letter, in_progress_ok=in_progress_ok)
+
+    def metrics_snapshot(self, *, window_seconds: float, max_events: int) -> MetricsSnapshot:
+        """What :mod:`orchestrator.metrics` exposes, as this orchestrator may see it: a bound
+        one its tenant's tasks, ledger and schedules, without the deployment's workers and
+        reconciler duty (see :meth:`~orchestrator.store.reads.Reads.metrics_snapshot`)."""
+        return self.reads.metrics_snapshot(
+            window_seconds=window_seconds, max_events=max_events, worker_ttl=self.settings.worker_ttl
+        )
 
     def run(self, run_id: str) -> RunHandle:
         """A handle on a run this orchestrator may see; raises :class:`RunNotFound`."""
@@ -512,10 +620,6 @@ class Orchestrator:
     ) -> list[RunView]:
         """Recent runs, newest first: of ``tenant``, or of every tenant; a bound orchestrator
         lists its own tenant's only. ``dag`` and ``state`` filter, ``offset`` pages back."""
-        if self.tenant is not None:
-            if tenant not in (None, self.tenant):
-                return []
-            tenant = self.tenant
         if isinstance(state, str):
             try:
                 state = RunState(state.upper())
@@ -523,7 +627,7 @@ class Orchestrator:
                 raise ValidationError(f"unknown run state {state!r}; one of {', '.join(RunState)}") from None
         if limit < 1 or offset < 0:
             raise ValidationError("limit must be at least 1 and offset not negative")
-        return self.store.reads.list_runs(limit, tenant=tenant, dag=dag, state=state, offset=offset)
+        return self.reads.list_runs(limit, tenant=tenant, dag=dag, state=state, offset=offset)
 
 
 class RunHandle:
@@ -541,16 +645,16 @@ class RunHandle:
 
     @property
     def state(self) -> RunState:
-        return self.orchestrator.store.reads.run_state(self.id)
+        return self.orchestrator.run_state(self.id)
 
     def tasks(self) -> list[TaskView]:
-        return self.orchestrator.store.reads.get_tasks(self.id)
+        return self.orchestrator.tasks(self.id)
 
     def task(self, key: str) -> TaskView:
-        return self.orchestrator.store.reads.get_task(self.id, key)
+        return self.orchestrator.task(self.id, key)
 
     def events(self) -> list[EventView]:
-        return self.orchestrator.store.reads.events(self.id)
+        return self.orchestrator.events(self.id)
 
     def cancel(self, *, by: str | None = None) -> int:
         return self.orchestrator.cancel(self.id, by=by)
@@ -577,7 +681,7 @@ class RunHandle:
                 if self.state.terminal:  # one row by primary key per poll; the counts once, at the end
                     return self.status()
             except Exception as exc:
-                if not self.orchestrator.store.db.transient(exc):
+                if not self.orchestrator.is_transient(exc):
                     raise
                 log.warning("waiting for run %s: the database is unreachable (%s); still waiting", self.id, exc)
             if deadline is not None and time.monotonic() >= deadline:

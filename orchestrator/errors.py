@@ -55,6 +55,17 @@ class SpecError(ValidationError):
     """A DAG spec file (YAML/JSON) cannot be read or has the wrong shape."""
 
 
+class IdempotencyConflict(ValidationError):
+    """The idempotency key was already used, for the same DAG name and tenant, by a run of
+    another DAG body or other ``params``; nothing was written. ``run_id`` is that run's id
+    (submit the same DAG and params to get it back, or use another key)."""
+
+    def __init__(self, message: str, *, run_id: str, idempotency_key: str, dag: str | None = None) -> None:
+        self.run_id = run_id
+        self.idempotency_key = idempotency_key
+        super().__init__(message, dag=dag)
+
+
 class RunNotFound(OrchestratorError):
     """No run has the given id."""
 

@@ -195,11 +195,16 @@ def layout(tasks: Sequence[TaskInfo], edges: Sequence[tuple[str, str]]) -> Graph
 
 
 class _TaskLike(Protocol):
-    key: str
-    task: str
-    state: TaskState
-    trigger_rule: str
-    attempt: int
+    @property
+    def key(self) -> str: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def state(self) -> TaskState: ...
+    @property
+    def trigger_rule(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
 
 
 def from_views(tasks: Iterable[_TaskLike], edges: Sequence[tuple[str, str]]) -> Graph:

@@ -225,7 +225,7 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
         headers = message.headers
         orc = current_orchestrator(self.app)
         try:
-            deliveries = orc.store.deliveries.count(headers["id"], headers["task"])
+            deliveries = orc.count_delivery(headers["id"], headers["task"])
         except Exception:
             log.exception("could not count the redelivery of %s; running it", headers["id"])
             return False
@@ -251,7 +251,7 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
                     content_type=message.content_type,
                     content_encoding=message.content_encoding,
                 )
-            orc.store.deliveries.park(headers["id"], evidence)
+            orc.park_delivery(headers["id"], evidence)
         except Exception:
             log.exception("could not park message %s; running it", headers["id"])
             return False

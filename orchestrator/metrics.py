@@ -71,8 +71,12 @@ def render(
     distributions are typed ``gaugehistogram``; without it the classic text format (0.0.4) is
     returned, where prometheus_client writes a gauge histogram's buckets under ``# TYPE …
     histogram`` and its ``_gcount`` / ``_gsum`` as gauges (windowed all the same: never ``rate()``
-    them). Every call reads the database (see :meth:`Reads.metrics_snapshot`); an orchestrator
-    bound to a tenant shows that tenant's tasks, runs and schedules only.
+    them). Every call reads the database (see :meth:`Reads.metrics_snapshot`).
+
+    What a caller bound to a tenant sees: its tenant's tasks, runs, schedules and deadline
+    misses only; the deployment's families (workers, their slots, the reconciler duty) are the
+    operator's (an unbound orchestrator) and are absent for it. The scope is applied by the
+    store's reads, not here.
     """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector(lambda: snapshot(orc, window_seconds, max_events)))
@@ -84,9 +88,7 @@ def snapshot(
     orc: Orchestrator, window_seconds: float = WINDOW_SECONDS, max_events: int = MAX_EVENTS
 ) -> MetricsSnapshot:
     """The database's state for one scrape (see :meth:`Reads.metrics_snapshot`)."""
-    return orc.store.reads.metrics_snapshot(
-        window_seconds=window_seconds, max_events=max_events, worker_ttl=orc.settings.worker_ttl, tenant=orc.tenant
-    )
+    return orc.metrics_snapshot(window_seconds=window_seconds, max_events=max_events)
 
 
 class DatabaseCollector(Collector):
@@ -194,7 +196,7 @@ def _workers(snap: MetricsSnapshot) -> Iterator[Metric]:
     yield seen
     duty = GaugeMetricFamily(
         "orchestrator_reconciler_on_duty",
-        "1 for the reconciler holding the duty (Postgres; absent on SQLite, where every reconciler acts)",
+        "1 for the reconciler holding the duty (one at a time, an advisory lock)",
         labels=["reconciler"],
     )
     for label in snap.reconciler_on_duty:

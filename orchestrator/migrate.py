@@ -20,10 +20,16 @@ def _config() -> Config:
     return cfg
 
 
+#: advisory lock key held while migrating: two processes starting at once (the embedded
+#: default migrates itself) migrate one after the other, the second finding nothing to do
+MIGRATION_LOCK = 0x6F7263_03
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate the database to ``revision`` (default: the newest)."""
+    """Migrate the database to ``revision`` (default: the newest), one migrator at a time."""
     cfg = _config()
     with engine.begin() as conn:
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
@@ -67,3 +73,10 @@ def schema_diff(engine: Engine) -> list[Any]:
 
 def head() -> str | None:
     return ScriptDirectory.from_config(_config()).get_current_head()
+
+
+def is_ahead(revision: str | None) -> bool:
+    """Whether ``revision`` is one this code does not know: a newer release migrated the database."""
+    if revision is None:
+        return False
+    return revision not in {s.revision for s in ScriptDirectory.from_config(_config()).walk_revisions()}

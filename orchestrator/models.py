@@ -143,6 +143,10 @@ class RunView:
     created_at: dt.datetime | None
     finished_at: dt.datetime | None
     counts: dict[str, int] = field(default_factory=dict)
+    #: the instant the run stands for (ISO 8601, as submitted or fired), or ``None``
+    logical_date: str | None = None
+    #: the name of the schedule that fired the run, or ``None``
+    schedule: str | None = None
 
     @property
     def needs_attention(self) -> bool:
@@ -163,6 +167,8 @@ class RunView:
             "needs_attention": self.needs_attention,
             "created_at": _iso(self.created_at),
             "finished_at": _iso(self.finished_at),
+            "logical_date": self.logical_date,
+            "schedule": self.schedule,
         }
 
 
@@ -318,7 +324,7 @@ class MetricsSnapshot:
     window_start: dt.datetime
     #: ledger rows read for the window
     events_read: int
-    #: labels of the sessions holding the reconciler duty (Postgres; empty on SQLite)
+    #: labels of the sessions holding the reconciler duty (at most one)
     reconciler_on_duty: list[str] = field(default_factory=list)
     #: deadline misses recorded in the window (not cut by the row limit): (scope, tenant) -> count,
     #: scope ``run`` or ``task``

@@ -14,8 +14,7 @@ cannot wait in line behind user tasks. One service at a time is on duty across t
 deployment: it holds a Postgres session-level advisory lock on a dedicated connection. When
 the process on duty is killed its connection closes and the lock is free at once, so the
 next service to tick takes the duty; when it is paused, the server ends its idle session
-after ``reconciler_stall_seconds`` and the duty moves too. On SQLite (the embedded default,
-one machine) every service is on duty.
+after ``reconciler_stall_seconds`` and the duty moves too.
 """
 
 from __future__ import annotations
@@ -198,8 +197,6 @@ class ReconcilerService:
 
     def _hold_duty(self) -> bool:
         backend = self.store.db.backend
-        if not backend.duty_lock:
-            return True
         if self._duty is not None:
             try:
                 backend.touch_duty_session(self._duty)  # still ours; also resets the idle clock

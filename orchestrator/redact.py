@@ -21,7 +21,7 @@ def url(value: str) -> str:
         return "<unparsable URL>"
     netloc = parts.netloc
     if "@" not in netloc and not (parts.query and _SECRET_PARAM.search(parts.query)):
-        return value  # nothing to hide (urlunsplit would not give back sqlite:////path or filesystem://)
+        return value  # nothing to hide (urlunsplit would not give back embedded:///path or filesystem://)
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)
         user = userinfo.split(":", 1)[0]

@@ -58,7 +58,6 @@ sa.Index(
     "ix_orc_runs_deadline_due",
     runs.c.deadline_at,
     postgresql_where=sa.text(DEADLINE_PENDING),
-    sqlite_where=sa.text(DEADLINE_PENDING),
 )
 
 tasks = sa.Table(
@@ -123,7 +122,6 @@ sa.Index(
     "ix_orc_tasks_deadline_due",
     tasks.c.deadline_at,
     postgresql_where=sa.text(DEADLINE_PENDING),
-    sqlite_where=sa.text(DEADLINE_PENDING),
 )
 #: admission: each tenant's first READY task of a queue, and the tasks in flight per queue
 sa.Index(
@@ -143,7 +141,7 @@ sa.Index("ix_orc_edges_child", edges.c.run_id, edges.c.child_key)
 events = sa.Table(
     "orc_task_events",
     metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("id", sa.BigInteger(), primary_key=True, autoincrement=True),
     sa.Column("run_id", sa.String(32), nullable=False),
     #: null for a transition of the run itself
     sa.Column("key", sa.String(200), nullable=True),
@@ -169,7 +167,6 @@ sa.Index(
     events.c.kind,
     events.c.at,
     postgresql_where=sa.text("kind IS NOT NULL"),
-    sqlite_where=sa.text("kind IS NOT NULL"),
 )
 
 #: live Celery workers and what they can take: the dispatch window is their free capacity

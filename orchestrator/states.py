@@ -8,7 +8,6 @@ definition of which state changes are legal; the store's one transition writer
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 from .errors import OrchestratorError
 
@@ -128,7 +127,8 @@ def check_annotation(kind: str, actor: str) -> None:
 
 
 class TriggerRule(enum.StrEnum):
-    """When a task with upstream tasks may run (Airflow's semantics)."""
+    """When a task with upstream tasks may run (Airflow's semantics). The rules are decided on
+    the server, from the task's upstream counters, by ``orc_decide_v1`` (``store/sql/decide.sql``)."""
 
     ALL_SUCCESS = "all_success"
     ALL_DONE = "all_done"
@@ -136,57 +136,6 @@ class TriggerRule(enum.StrEnum):
     ONE_FAILED = "one_failed"
     NONE_FAILED = "none_failed"
     ALL_FAILED = "all_failed"
-
-
-@dataclass(frozen=True)
-class UpstreamCounts:
-    """How a task's upstream tasks ended so far.
-
-    ``failed`` counts FAILED and UPSTREAM_FAILED parents; ``done`` counts every terminal parent.
-    """
-
-    total: int
-    done: int
-    succeeded: int
-    failed: int
-    skipped: int
-
-
-def decide(rule: TriggerRule, c: UpstreamCounts) -> TaskState | None:
-    """Return READY, SKIPPED or UPSTREAM_FAILED once ``rule`` is decided, else ``None`` (wait).
-
-    Follows Airflow: ``all_success`` fails upstream on any failure and skips on any skip;
-    ``one_*`` rules fire early as soon as they can; a rule that can no longer be met skips
-    (or, for ``all_success``/``none_failed``, becomes UPSTREAM_FAILED on failure).
-    """
-    all_done = c.done >= c.total
-    if rule is TriggerRule.ALL_SUCCESS:
-        if c.failed:
-            return T.UPSTREAM_FAILED
-        if c.skipped:
-            return T.SKIPPED
-        return T.READY if all_done else None
-    if rule is TriggerRule.ALL_DONE:
-        return T.READY if all_done else None
-    if rule is TriggerRule.ONE_SUCCESS:
-        if c.succeeded:
-            return T.READY
-        if all_done:
-            return T.UPSTREAM_FAILED if c.failed else T.SKIPPED
-        return None
-    if rule is TriggerRule.ONE_FAILED:
-        if c.failed:
-            return T.READY
-        return T.SKIPPED if all_done else None
-    if rule is TriggerRule.NONE_FAILED:
-        if c.failed:
-            return T.UPSTREAM_FAILED
-        return T.READY if all_done else None
-    if rule is TriggerRule.ALL_FAILED:
-        if c.succeeded or c.skipped:
-            return T.SKIPPED
-        return T.READY if all_done else None
-    raise AssertionError(rule)  # pragma: no cover
 
 
 def run_outcome(failed_tasks: int) -> RunState:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -21,6 +21,9 @@ from rich.text import Text
 
 from .models import EventView, RunView, TaskView
 from .states import RunState, TaskState
+
+if TYPE_CHECKING:
+    from .engine import Orchestrator
 
 #: rich styles by state (the run page's colours, as near as a terminal gets)
 STYLES: dict[str, str] = {
@@ -87,16 +90,15 @@ def view(run: RunView, tasks: list[TaskView], events: list[EventView], now: dt.d
 
 
 def watch(
-    orc: Any, run_id: str, *, poll: float = 0.5, timeout: float | None = None, console: Console | None = None
+    orc: Orchestrator, run_id: str, *, poll: float = 0.5, timeout: float | None = None, console: Console | None = None
 ) -> RunState:
     """Redraw the run until it is final (or ``timeout`` seconds pass); return its state."""
-    reads = orc.store.reads
     console = console or Console()
     start = time.monotonic()
 
     def frame() -> tuple[Group, RunState]:
         run = orc.visible(run_id)
-        return view(run, reads.get_tasks(run_id), reads.events(run_id, newest=RECENT_EVENTS)), run.state
+        return view(run, orc.tasks(run_id), orc.events(run_id, newest=RECENT_EVENTS)), run.state
 
     shown, state = frame()
     with Live(shown, console=console, refresh_per_second=4, transient=False) as live:

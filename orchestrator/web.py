@@ -17,6 +17,12 @@ JSON for scripts (the pages' data, same addresses under ``/api``):
   ``{"ok": true, ...}``, or ``{"error": ...}`` with 400/403/404/409;
 * ``GET /metrics`` - Prometheus text (:mod:`orchestrator.metrics`); ``GET /healthz``.
 
+Tenants: the app shows and acts as its orchestrator does. Served by an orchestrator bound to a
+tenant (``orchestrator --tenant T serve``, ``ORCHESTRATOR_TENANT``), every page, JSON document
+and action of another tenant's run answers 404 exactly like a run that does not exist (the
+orchestrator's reads and actions are scoped to the tenant in the store), the runs list holds the
+tenant's runs only, and ``/metrics`` the tenant's families (not the deployment's workers).
+
 Access (``ORCHESTRATOR_UI_AUTH``): ``user:password`` asks for HTTP basic authentication on
 every address but ``/healthz``; a bare token is accepted as ``Authorization: Bearer TOKEN``
 (scripts) or through the ``/login`` form (a signed cookie). Without it, the app acts (POST)
@@ -42,7 +48,7 @@ import secrets
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 import tornado.web
@@ -58,6 +64,9 @@ from .errors import (
     ValidationError,
 )
 from .states import RunState, TaskState
+
+if TYPE_CHECKING:
+    from .engine import Orchestrator
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +142,8 @@ class _Base(tornado.web.RequestHandler):
     api = False
 
     @property
-    def orc(self) -> Any:
-        return self.settings["orc"]
+    def orc(self) -> Orchestrator:
+        return self.settings["orc"]  # type: ignore[no-any-return]
 
     @property
     def access(self) -> Access:
@@ -253,12 +262,11 @@ def _int_arg(handler: _Base, name: str, default: int, low: int, high: int) -> in
     return value
 
 
-def run_document(orc: Any, run_id: str, *, events: int | None = None) -> dict[str, Any]:
+def run_document(orc: Orchestrator, run_id: str, *, events: int | None = None) -> dict[str, Any]:
     """Everything the run page shows, as JSON: the run, its tasks, edges, why the waiting
     tasks wait, and the ledger (the newest ``events`` rows, or all)."""
     view = orc.visible(run_id)
-    reads = orc.store.reads
-    tasks = reads.get_tasks(run_id)
+    tasks = orc.tasks(run_id)
     waiting: dict[str, Any] = {}
     if any(not t.state.terminal and t.state is not TaskState.RUNNING for t in tasks):
         waiting = {
@@ -266,17 +274,17 @@ def run_document(orc: Any, run_id: str, *, events: int | None = None) -> dict[st
             for e in orc.explain(run_id)
             if not e.state.terminal and e.state is not TaskState.RUNNING
         }
-    ledger = reads.events(run_id, newest=events)
+    ledger = orc.events(run_id, newest=events)
     return {
         "run": view.to_json(),
         "tasks": [t.to_json() for t in tasks],
-        "edges": [list(e) for e in reads.edges(run_id)],
+        "edges": [list(e) for e in orc.edges(run_id)],
         "waiting": waiting,
         "events": [e.to_json() for e in ledger],
     }
 
 
-def run_page_data(orc: Any, run_id: str) -> tuple[dict[str, Any], str]:
+def run_page_data(orc: Orchestrator, run_id: str) -> tuple[dict[str, Any], str]:
     """The run page's document and its SVG, built off the IO loop (one read of the tasks)."""
     doc = run_document(orc, run_id, events=LEDGER_ROWS)
     tasks = [drawing.TaskInfo(t["key"], t["task"], t["state"], t["trigger_rule"], t["attempt"]) for t in doc["tasks"]]
@@ -301,10 +309,8 @@ def safe_next(target: str) -> str:
     return target
 
 
-def run_graph(orc: Any, run_id: str) -> drawing.Graph:
-    orc.visible(run_id)
-    reads = orc.store.reads
-    return drawing.from_views(reads.get_tasks(run_id), reads.edges(run_id))
+def run_graph(orc: Orchestrator, run_id: str) -> drawing.Graph:
+    return drawing.from_views(orc.tasks(run_id), orc.edges(run_id))
 
 
 class Home(_Base):
@@ -455,7 +461,7 @@ KEY = r"([A-Za-z0-9_-]{1,200})"
 VERB = r"(retry|skip|fail)"
 
 
-def make_app(orc: Any, *, auth: str = "", bind: str = "127.0.0.1", cookie_secret: str | None = None) -> Any:
+def make_app(orc: Orchestrator, *, auth: str = "", bind: str = "127.0.0.1", cookie_secret: str | None = None) -> Any:
     """The Tornado application (tests drive it directly; :func:`serve` listens)."""
     access = Access(auth, bind)
     return tornado.web.Application(
@@ -484,7 +490,9 @@ def make_app(orc: Any, *, auth: str = "", bind: str = "127.0.0.1", cookie_secret
     )
 
 
-def serve(orc: Any, *, host: str, port: int, auth: str = "", ready: Callable[[str], None] | None = None) -> None:
+def serve(
+    orc: Orchestrator, *, host: str, port: int, auth: str = "", ready: Callable[[str], None] | None = None
+) -> None:
     """Listen on ``host:port`` until interrupted."""
     import tornado.ioloop
 

@@ -227,7 +227,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         hb = _heartbeater(orc)
         hb.track(token)
         context = _context.set(
-            TaskContext(token.run_id, token.key, token.attempt, claim.upstream_results, orc.store.reads.logical_date)
+            TaskContext(token.run_id, token.key, token.attempt, claim.upstream_results, orc.logical_date)
         )
         tracked = True
         try:
@@ -305,7 +305,7 @@ def verified_token(task: Any, request: Any) -> FencingToken | None:
         raise Ignore() from None
     if token is None:
         return None
-    key = current_orchestrator(task.app).store.signing_key
+    key = current_orchestrator(task.app).signing_key
     if not verify(key, task.name, token, getattr(request, HEADER_SIGNATURE, None)):
         log.error(
             "dropping message %s of %s: the fencing headers' signature does not verify (forged, or made"

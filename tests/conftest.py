@@ -15,8 +15,10 @@ import sqlalchemy as sa
 
 PG_BASE = os.environ.get("ORCHESTRATOR_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
 REDIS_BASE = os.environ.get("ORCHESTRATOR_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-IT_DB = "orchestrator_it"
-STORE_DB = "orchestrator_test"
+#: a suffix keeps two test runs on one server apart (each its own databases)
+_SUFFIX = os.environ.get("ORCHESTRATOR_TEST_DB_SUFFIX", "")
+IT_DB = "orchestrator_it" + _SUFFIX
+STORE_DB = "orchestrator_test" + _SUFFIX
 IT_DATABASE_URL = f"{PG_BASE}/{IT_DB}"
 STORE_DATABASE_URL = f"{PG_BASE}/{STORE_DB}"
 IT_BROKER_URL = f"{REDIS_BASE}/3"
@@ -32,6 +34,11 @@ os.environ.update(
         "ORCHESTRATOR_HAZARD_PROBES": "1",
     }
 )
+
+
+def test_database(name: str) -> str:
+    """A test database's name, kept apart from another test run's by ORCHESTRATOR_TEST_DB_SUFFIX."""
+    return name + _SUFFIX
 
 
 def ensure_database(name: str) -> str:
@@ -59,20 +66,23 @@ def empty_tables(engine: sa.engine.Engine) -> None:
 
 
 def backend_orchestrator(request: pytest.FixtureRequest, data_dir: str, task_names: list[str]) -> object:
-    """An orchestrator on SQLite (``request.param == "sqlite"``) or the emptied test Postgres
-    database, with an in-memory publisher and a static registry of ``task_names``."""
+    """An orchestrator on the emptied test database, with an in-memory publisher and a static
+    registry of ``task_names``."""
     from orchestrator import Orchestrator, Settings
     from orchestrator.publisher import RecordingPublisher
     from orchestrator.registry import StaticRegistry
 
-    if request.param == "sqlite":
-        settings = Settings.from_env({}, data_dir=data_dir)
-    else:
-        settings = Settings.from_env({}, data_dir=data_dir, database_url=request.getfixturevalue("pg_url"))
-    orc = Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(task_names))
-    if request.param != "sqlite":
-        empty_tables(orc.store.engine)
-    return orc
+    settings = Settings.from_env({}, data_dir=data_dir, database_url=request.getfixturevalue("pg_clean"))
+    return Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(task_names))
+
+
+def stop_embedded(data_dir: str | os.PathLike[str]) -> None:
+    """Stop the embedded PostgreSQL a test started under ``data_dir`` (it outlives its processes)."""
+    from pathlib import Path
+
+    from orchestrator import embedded
+
+    embedded.stop(Path(data_dir).absolute() / "pg")
 
 
 def reset_schema(url: str) -> None:
@@ -87,11 +97,40 @@ def reset_schema(url: str) -> None:
         engine.dispose()
 
 
+_migrated: list[str] = []
+
+
+def migrated_test_database() -> str:
+    """The store tests' database, migrated from scratch once per test session."""
+    if not _migrated:
+        url = ensure_database(STORE_DB)
+        reset_schema(url)
+        _migrated.append(url)
+    return _migrated[0]
+
+
+def clean_test_database() -> str:
+    """The store tests' database, emptied: a clean state without migrating again."""
+    from orchestrator.store import make_engine
+
+    url = migrated_test_database()
+    engine = make_engine(url)
+    try:
+        empty_tables(engine)
+    finally:
+        engine.dispose()
+    return url
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> str:
-    url = ensure_database(STORE_DB)
-    reset_schema(url)
-    return url
+    return migrated_test_database()
+
+
+@pytest.fixture
+def pg_clean() -> str:
+    """The test database, emptied for this test."""
+    return clean_test_database()
 
 
 @pytest.fixture(scope="session")

@@ -170,7 +170,7 @@ def test_beat_carries_no_reconciler_duty(tmp_path: Path) -> None:
 
 
 def test_beat_uses_the_database_scheduler_and_the_schedules_file_applies(
-    services: dict[str, Any], tmp_path: Path
+    services: dict[str, Any], tmp_path: Path, pg_clean: str
 ) -> None:
     from orchestrator import Orchestrator
     from orchestrator.celery_app import create_app
@@ -182,7 +182,7 @@ def test_beat_uses_the_database_scheduler_and_the_schedules_file_applies(
     assert apply[:3] == ["orchestrator", "schedule", "apply"]
     path = ROOT / apply[3]
     assert path.is_file()
-    settings = Settings.from_env({}, data_dir=str(tmp_path))
+    settings = Settings.from_env({}, data_dir=str(tmp_path), database_url=pg_clean)
     orc = Orchestrator(settings, app=create_app(settings, main="compose-schedules"))
     try:
         applied = orc.schedules.apply(path)

@@ -13,17 +13,21 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``recovery``              the reconciler's actions: due retries, lost dispatches, leases
 ``deadlines``             the reconciler's verdict on deadlines that fell due; misses
                           recorded once (CAS + ``deadline_missed`` event), and read
-``operator``              retry, give up, skip, cancel
+``operator``              retry, give up, skip, cancel (``scoped(tenant)``: a tenant's runs only)
 ``reads``                 runs, tasks and the ledger as domain values; diagnostics
+                          (``scoped(tenant)``: a tenant's runs only)
 ``workers``               the worker registry (capacity of live workers)
 ``deliveries``            redelivered broker messages counted, parked ones with evidence
 ``tenants``               tenants' weights in the fair share of admission, their limits
 ``limits``                pools, rate limits (token buckets), per-DAG limits
-``schedules``             schedules and their firings (decided under each schedule's row lock)
+``schedules``             ``Store.schedule_rows``: schedules and their firings (decided under
+                          each schedule's row lock; ``scoped(tenant)``: a tenant's only)
 ``rows``                  rows -> domain values (the only place)
-``backend``               the Postgres / SQLite seam (the only place that tells them apart;
-                          on Postgres settlement and admission are the server functions of
-                          migrations 0004 to 0006)
+``backend``               what is Postgres-specific: engines (and the embedded server's
+                          ``embedded://`` URL), COPY, the reconciler's duty lock
+``functions``             the server functions' one home, ``sql/*.sql`` (claim, succeed,
+                          settle, admit, admit_from, pass_slot, limit_held, reject, decide),
+                          versioned ``orc_<name>_v<N>``; migrations install frozen copies
 ========================  ==============================================================
 
 Times come from the database (``dbtime``). :class:`Store` wires the roles together.
@@ -58,7 +62,7 @@ from .workers import WorkerRegistry
 
 
 class Store:
-    """The roles of the store over one database (Postgres or SQLite)."""
+    """The roles of the store over one Postgres database."""
 
     def __init__(
         self,
@@ -92,7 +96,7 @@ class Store:
         self.deliveries = Deliveries(self.db)
         self.tenants = Tenants(self.db)
         self.limits = Limits(self.db)
-        self.schedules = ScheduleRows(self.db)
+        self.schedule_rows = ScheduleRows(self.db)
         self.deadlines = Deadlines(self.db, self.ledger)
 
     @property

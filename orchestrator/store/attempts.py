@@ -39,8 +39,8 @@ class Attempts:
         self.settlement = settlement
         self.admission = admission
         self.poison_threshold = poison_threshold
-        #: on Postgres, the claim and the success are server functions (one round trip each)
-        self.hot = HotPath(db.engine, retry_seconds=db.retry_seconds) if db.backend.server_functions else None
+        #: the claim and the success are server functions (one round trip each)
+        self.hot = HotPath(db.engine, retry_seconds=db.retry_seconds)
 
     def claim(
         self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float, task_name: str
@@ -52,50 +52,14 @@ class Attempts:
         claimed, another task's message): a rejected event is recorded when the task exists,
         nothing is written for an unknown one, and the caller must not run the body.
         """
-        if self.hot is not None:
-            check_transition(T.QUEUED, T.RUNNING, WORKER.role)
-            got = self.hot.claim(run_id, key, attempt, worker, lease_seconds, task_name)
-            if not got["claimed"]:
-                return None
-            return Claim(
-                run_id, key, attempt, list(got["args"]), dict(got["kwargs"]), bool(got["wants_upstream"]),
-                dict(got["upstream"]),
-            )  # fmt: skip
-
-        def tx(conn: Connection) -> Claim | None:
-            values = {
-                "started_at": db_now(),
-                "heartbeat_at": db_now(),
-                "lease_expires_at": db_after(lease_seconds),
-                "worker": worker,
-            }
-            moved = self.ledger.move(
-                conn, run_id, key, attempt, T.QUEUED, T.RUNNING, WORKER,
-                reason=f"claim by {worker}", values=values, fence=(t_tasks.c.task_name == task_name,),
-                returning=(t_tasks.c.args, t_tasks.c.kwargs, t_tasks.c.wants_upstream),
-            )  # fmt: skip
-            if not moved:
-                return None
-            row = moved.row
-            upstream: dict[str, Any] = {}
-            if row.wants_upstream:
-                upstream = dict(
-                    conn.execute(
-                        sa.select(t_tasks.c.key, t_tasks.c.result)
-                        .join(
-                            t_edges,
-                            sa.and_(t_edges.c.run_id == t_tasks.c.run_id, t_edges.c.parent_key == t_tasks.c.key),
-                        )
-                        .where(
-                            t_edges.c.run_id == run_id,
-                            t_edges.c.child_key == key,
-                            t_tasks.c.state == T.SUCCEEDED.value,
-                        )
-                    ).all()
-                )
-            return Claim(run_id, key, attempt, list(row.args), dict(row.kwargs), bool(row.wants_upstream), upstream)
-
-        return self.db.transaction(tx)
+        check_transition(T.QUEUED, T.RUNNING, WORKER.role)
+        got = self.hot.claim(run_id, key, attempt, worker, lease_seconds, task_name)
+        if not got["claimed"]:
+            return None
+        return Claim(
+            run_id, key, attempt, list(got["args"]), dict(got["kwargs"]), bool(got["wants_upstream"]),
+            dict(got["upstream"]),
+        )  # fmt: skip
 
     def heartbeat(self, run_id: str, key: str, attempt: int, lease_seconds: float) -> bool:
         """Push the lease deadline forward while the row still holds ``attempt`` in RUNNING;
@@ -109,24 +73,14 @@ class Attempts:
             return res.rowcount == 1
 
     def succeed(self, run_id: str, key: str, attempt: int, result: Any, window: int) -> Outcome:
-        """CAS RUNNING -> SUCCEEDED with ``result``, settle the children, admit ready tasks."""
-        if self.hot is not None:
-            check_transition(T.RUNNING, T.SUCCEEDED, WORKER.role)
-            a = self.admission
-            out = self.hot.succeed(run_id, key, attempt, result, window, a.worker_ttl, a.depth, a.aging)
-            if not out["accepted"]:
-                return Outcome(False, None, [], out["conflict"])
-            return Outcome(True, T.SUCCEEDED, [rows.dispatch(d) for d in out["dispatches"]])
-
-        def tx(conn: Connection) -> Outcome:
-            values = {"result": result, "finished_at": db_now(), "lease_expires_at": None}
-            moved = self.ledger.move(conn, run_id, key, attempt, T.RUNNING, T.SUCCEEDED, WORKER, values=values)
-            if not moved:
-                return Outcome(False, None, [], moved.conflict)
-            self.settlement.settle(conn, run_id, [(key, T.SUCCEEDED, moved.row.children or [])], WORKER)
-            return Outcome(True, T.SUCCEEDED, self.admission.admit(conn, window))
-
-        return self.db.transaction(tx)
+        """CAS RUNNING -> SUCCEEDED with ``result``, settle the children, admit ready tasks
+        (``orc_succeed_v1``)."""
+        check_transition(T.RUNNING, T.SUCCEEDED, WORKER.role)
+        a = self.admission
+        out = self.hot.succeed(run_id, key, attempt, result, window, a.worker_ttl, a.depth, a.aging)
+        if not out["accepted"]:
+            return Outcome(False, None, [], out["conflict"])
+        return Outcome(True, T.SUCCEEDED, [rows.dispatch(d) for d in out["dispatches"]])
 
     def fail(
         self,

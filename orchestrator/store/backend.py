@@ -1,16 +1,12 @@
-"""The one seam between Postgres and SQLite.
-
-Everything that differs between the two backends is a method here: how an engine is made,
-how many rows are inserted, whether the hot moves run as server functions (migration 0004, which
-also holds admission's advisory lock), and the reconciler's duty lock. No other store module
-asks which database it talks to.
+"""What is Postgres-specific in the store: how an engine is made, COPY for bulk inserts, and
+the reconciler's duty lock (a session advisory lock). Postgres is the only backend; the hot
+moves, settlement and admission are its server functions (``store/sql/``, ``functions.py``).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,92 +14,38 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from .. import schema as s
-from ..dbtime import db_now, register_sqlite_functions
+from ..dbtime import db_now
+from ..errors import ConfigurationError
 
 #: advisory lock key held by the one reconciler on duty
 RECONCILER_LOCK = 0x6F7263_02
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for ``url``: psycopg 3 pool with pre-ping on Postgres, WAL SQLite otherwise."""
-    if url.startswith("sqlite"):
-        path = sa.engine.make_url(url).database
-        if path and path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False}, pool_pre_ping=False)
+    """An engine for ``url``: psycopg 3, pooled, with pre-ping. ``embedded://DIR`` is the
+    embedded server whose data directory is ``DIR`` (started when it is not running)."""
+    if url.startswith("embedded:"):
+        from .. import embedded
 
-        @sa.event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-            register_sqlite_functions(dbapi_conn)
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=60000")
-            cur.close()
-
-        @sa.event.listens_for(engine, "begin")
-        def _on_begin(conn: Connection) -> None:
-            # one writer at a time, taken up front: no lock upgrades, no SQLITE_BUSY deadlocks
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
+        url = embedded.ensure(embedded.data_dir_of(url))
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    if not url.startswith("postgresql+psycopg://"):
+        raise ConfigurationError(
+            f"unsupported database URL {url.split(':', 1)[0]!r}: Postgres (15 to 18) is the only backend;"
+            " give postgresql+psycopg://... or leave ORCHESTRATOR_DATABASE_URL unset for the embedded one"
+        )
     return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
 
 
-def backend_for(engine: Engine) -> Backend:
-    return PostgresBackend() if engine.dialect.name == "postgresql" else SqliteBackend()
-
-
 class Backend:
-    """What differs between databases. The base implementation is portable SQL."""
+    """Postgres: COPY, and the reconciler's duty as a session advisory lock."""
 
-    name = "portable"
-    #: whether one reconciler is on duty at a time (an advisory lock); without it, every
-    #: reconciler service acts (the embedded default: one machine, passes are CAS-safe anyway)
-    duty_lock = False
-    #: whether the hot moves, settlement and admission run as server functions (migration 0004)
-    server_functions = False
-
-    def bulk_insert(self, conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]]) -> None:
-        """Insert ``rows`` (consumed once, in chunks: never all in memory at once)."""
-        stream = iter(rows)
-        while chunk := list(itertools.islice(stream, 1000)):
-            conn.execute(table.insert(), chunk)
+    name = "postgresql"
 
     def touch_duty_session(self, conn: Connection) -> None:
         """One round trip on the duty session: raises when the session is gone."""
         conn.execute(sa.text("SELECT 1"))
-
-    def try_reconciler_lock(self, conn: Connection) -> bool:
-        """Take the reconciler's duty on ``conn`` (held until released or the session ends)."""
-        return True
-
-    def release_reconciler_lock(self, conn: Connection) -> None:
-        return None
-
-    def reconciler_on_duty(self, conn: Connection) -> list[str]:
-        """Labels of the sessions holding the reconciler duty in this database (none without a lock)."""
-        return []
-
-    def prepare_duty_session(self, conn: Connection, *, label: str, stall_seconds: float) -> None:
-        """Label the reconciler's duty session, and arrange that the server ends it when it
-        stays silent for ``stall_seconds`` (a paused process), releasing its locks."""
-        return None
-
-
-class SqliteBackend(Backend):
-    """The embedded default: one machine, one writer at a time (``BEGIN IMMEDIATE``)."""
-
-    name = "sqlite"
-
-
-class PostgresBackend(Backend):
-    name = "postgresql"
-    duty_lock = True
-    server_functions = True
 
     def bulk_insert(self, conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]]) -> None:
         """COPY: a 10,000-node DAG in one stream, rows consumed as they are written."""

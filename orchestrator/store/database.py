@@ -1,4 +1,4 @@
-"""Plumbing shared by every store role: the engine, the backend seam, transactions, ids."""
+"""Plumbing shared by every store role: the engine, the Postgres specifics, transactions, ids."""
 
 from __future__ import annotations
 
@@ -14,10 +14,14 @@ from sqlalchemy.engine import Connection, Engine
 
 from .. import schema as s
 from ..errors import SchemaMissingError
-from .backend import Backend, backend_for, make_engine
+from .backend import Backend, make_engine
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+
+
+#: the oldest PostgreSQL the server functions are written for (``server_version_num``)
+MIN_SERVER_VERSION = 150000
 
 
 def new_run_id() -> str:
@@ -25,13 +29,13 @@ def new_run_id() -> str:
 
 
 class Database:
-    """One database (Postgres or SQLite): its engine, its backend seam and transactions."""
+    """One Postgres database: its engine, its specifics (``backend``) and transactions."""
 
     def __init__(
         self, url_or_engine: str | Engine, *, id_factory: Callable[[], str] = new_run_id, retry_seconds: float = 0.0
     ) -> None:
         self.engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
-        self.backend: Backend = backend_for(self.engine)
+        self.backend = Backend()
         self.new_id = id_factory
         #: how long a transaction keeps retrying through a lost connection (an outage, a
         #: restart) before the error reaches the caller; at least ``attempts`` tries are made
@@ -91,20 +95,28 @@ class Database:
                 backoff_sleep(i)
 
     def create_schema(self) -> None:
-        """Create the tables directly (tests); production and the embedded default use Alembic."""
+        """Create the tables directly, without the server functions (a schema comparison);
+        everything that runs tasks needs ``migrate.upgrade``."""
         s.metadata.create_all(self.engine)
 
     def check_schema(self) -> None:
-        """Raise :class:`SchemaMissingError` when the tables do not exist, or when the database
-        is not at the newest migration (the code needs what it installs, e.g. the server
-        functions of the hot path on Postgres)."""
+        """Raise :class:`SchemaMissingError` when the tables do not exist, when the database is
+        behind the newest migration this code knows (the code needs what it installs, e.g. the
+        server functions it calls), or when the server is older than Postgres 15. A database
+        ahead of this code (a newer release migrated it: a rolling upgrade) is accepted: a
+        migration keeps the functions older releases call (``store/functions.py``)."""
         from .. import migrate
 
         where = self.engine.url.render_as_string(hide_password=True)
         if not self.read(lambda conn: sa.inspect(conn).has_table(s.runs.name)):
             raise SchemaMissingError(f"the database {where} has no orchestrator schema: run `orchestrator db upgrade`")
+        version = self.read(lambda conn: int(conn.execute(sa.text("SHOW server_version_num")).scalar_one()))
+        if version < MIN_SERVER_VERSION:
+            raise SchemaMissingError(
+                f"the database {where} runs PostgreSQL {version // 10000}: the orchestrator needs 15 to 18"
+            )
         at, head = self.retrying(lambda: migrate.current(self.engine)), migrate.head()
-        if at != head:
+        if at != head and not migrate.is_ahead(at):
             raise SchemaMissingError(
                 f"the database {where} is at schema revision {at}, this code needs {head}:"
                 " run `orchestrator db upgrade`"
@@ -133,4 +145,4 @@ def retryable(exc: sa.exc.DBAPIError) -> bool:
         return True
     if isinstance(exc, sa.exc.OperationalError) and code is None and exc.orig is not None:
         return type(exc.orig).__module__.startswith("psycopg")  # no session at all: connection refused
-    return "database is locked" in str(exc.orig)
+    return False

@@ -1,7 +1,7 @@
 """The hot path on Postgres: the claim and the success in one round trip each.
 
-The server functions of migrations 0004 and 0005 (``orc_claim``, ``orc_succeed``, which settles and
-admits) do on the server what ``attempts.py`` does from Python on SQLite. They are called on
+The server functions ``orc_claim_v1`` and ``orc_succeed_v1`` (``store/sql/``; the success settles
+and admits) are the only implementation of the claim and the success. They are called on
 a dedicated psycopg connection per process and thread, in autocommit (a single statement is
 atomic: no BEGIN, no COMMIT), as prepared statements, without SQLAlchemy's per-call cost and
 without a pool pre-ping. A dropped or refused connection is replaced and the call retried, with
@@ -26,8 +26,8 @@ from .database import backoff_sleep
 
 log = logging.getLogger(__name__)
 
-_CLAIM = "SELECT orc_claim(%s::text, %s::text, %s::int, %s::text, %s::float8, %s::text)"
-_SUCCEED = "SELECT orc_succeed(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int, %s::float8)"
+_CLAIM = "SELECT orc_claim_v1(%s::text, %s::text, %s::int, %s::text, %s::float8, %s::text)"
+_SUCCEED = "SELECT orc_succeed_v1(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int, %s::float8)"
 
 #: connections a forked child inherited from its parent: kept referenced, never closed, so
 #: that garbage collection in the child cannot end the parent's session

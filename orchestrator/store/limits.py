@@ -7,8 +7,8 @@ kept beside them: a slot frees exactly when its task ends, its lease expires or 
 cancelled, so nothing can leak after a crash. A rate limit's bucket holds ``burst`` tokens and
 refills at ``rate`` per second; admission takes one token per task it moves to QUEUED.
 
-:func:`held` and :func:`take_token` are the SQLite admission's checks; Postgres runs the same
-rules in ``orc_limit_held`` and ``orc_admit_from`` (migration 0006), under the admission lock.
+Admission checks them in the server functions ``orc_limit_held_v1`` and ``orc_admit_from_v1``
+(``store/sql/``), under the admission lock; this module keeps the rows.
 """
 
 from __future__ import annotations
@@ -70,62 +70,6 @@ def bucket(row: Any, now: dt.datetime) -> float:
     """Tokens in a rate limit's bucket at ``now``."""
     elapsed = max((now - aware(row.refilled_at)).total_seconds(), 0.0)  # type: ignore[operator]
     return float(min(row.burst, row.tokens + row.rate * elapsed))
-
-
-def _in_flight_count(conn: Connection, *where: Any, what: Any = None) -> int:
-    query = sa.select(sa.func.coalesce(sa.func.sum(what), 0) if what is not None else sa.func.count())
-    query = query.select_from(t_tasks).where(t_tasks.c.state.in_(IN_FLIGHT), *where)
-    return int(conn.execute(query).scalar_one())
-
-
-def held(conn: Connection, head: Any, tenant_limit: int | None) -> str | None:
-    """What holds back the READY task ``head`` (run_id, key, tenant, pool, pool_slots,
-    rate_limit) that admission picked, or ``None``: ``tenant``, ``run`` (its run's
-    ``max_active_tasks`` or its DAG's limit), ``pool`` (full or gone), ``slots`` (fewer free
-    than it asks), ``rate`` (no token, or the limit is gone). SQLite admission; Postgres:
-    ``orc_limit_held``."""
-    c = t_tasks.c
-    run = conn.execute(
-        sa.select(t_runs.c.max_active_tasks, t_runs.c.dag_name).where(t_runs.c.id == head.run_id)
-    ).first()
-    run_limit = run.max_active_tasks if run is not None else None
-    dag_limit = None
-    if run is not None:
-        dag_limit = conn.execute(
-            sa.select(t_dag_limits.c.max_running).where(
-                t_dag_limits.c.tenant == head.tenant, t_dag_limits.c.dag_name == run.dag_name
-            )
-        ).scalar()
-    if tenant_limit is not None and _in_flight_count(conn, c.tenant == head.tenant) >= tenant_limit:
-        return "tenant"
-    if run_limit is not None and _in_flight_count(conn, c.run_id == head.run_id) >= run_limit:
-        return "run"
-    if dag_limit is not None and run is not None:
-        runs_of_dag = sa.select(t_runs.c.id).where(t_runs.c.tenant == head.tenant, t_runs.c.dag_name == run.dag_name)
-        if _in_flight_count(conn, c.run_id.in_(runs_of_dag)) >= dag_limit:
-            return "run"
-    if head.pool is not None:
-        slots = conn.execute(sa.select(t_pools.c.slots).where(t_pools.c.name == head.pool)).scalar()
-        if slots is None:
-            return "pool"
-        free = slots - _in_flight_count(conn, c.pool == head.pool, what=c.pool_slots)
-        if free <= 0:
-            return "pool"
-        if free < head.pool_slots:
-            return "slots"
-    if head.rate_limit is not None:
-        row = conn.execute(sa.select(t_rates).where(t_rates.c.key == head.rate_limit)).first()
-        if row is None or bucket(row, dt.datetime.now(dt.UTC)) < 1:
-            return "rate"
-    return None
-
-
-def take_token(conn: Connection, key: str) -> None:
-    """Take one token of rate limit ``key`` (:func:`held` found one)."""
-    now = dt.datetime.now(dt.UTC)
-    row = conn.execute(sa.select(t_rates).where(t_rates.c.key == key)).first()
-    if row is not None:
-        conn.execute(t_rates.update().where(t_rates.c.key == key).values(tokens=bucket(row, now) - 1, refilled_at=now))
 
 
 class Limits:

@@ -5,6 +5,11 @@ first, or it never applied) changes nothing: it writes a rejected event naming t
 returns ``accepted=False`` with the ``conflict``, which the engine raises as a
 ``ConflictError`` once the rejected event is committed. Only a retry that would orphan
 decided children raises :class:`OperatorError` (nothing written).
+
+Actions may be scoped to a tenant (:meth:`OperatorActions.scoped`, what an orchestrator bound
+to a tenant acts through): each action's transaction first reads the run ``WHERE id = :run AND
+tenant = :tenant``, so a run of another tenant is :class:`RunNotFound`, like a run that does not
+exist, and nothing is written (not even a rejected event).
 """
 
 from __future__ import annotations
@@ -30,11 +35,33 @@ t_tasks, t_runs, t_edges = s.tasks, s.runs, s.edges
 
 
 class OperatorActions:
-    def __init__(self, db: Database, ledger: Ledger, settlement: Settlement, admission: Admission) -> None:
+    def __init__(
+        self, db: Database, ledger: Ledger, settlement: Settlement, admission: Admission, *, tenant: str | None = None
+    ) -> None:
         self.db = db
         self.ledger = ledger
         self.settlement = settlement
         self.admission = admission
+        #: the tenant whose runs these actions may touch (``None``: every tenant's)
+        self.tenant = tenant
+
+    def scoped(self, tenant: str | None) -> OperatorActions:
+        """These actions as ``tenant`` may take them (``None``: on every tenant's runs)."""
+        if tenant == self.tenant:
+            return self
+        return OperatorActions(self.db, self.ledger, self.settlement, self.admission, tenant=tenant)
+
+    def _run_where(self, run_id: str) -> list[Any]:
+        where = [t_runs.c.id == run_id]
+        if self.tenant is not None:
+            where.append(t_runs.c.tenant == self.tenant)
+        return where
+
+    def _gate(self, conn: Connection, run_id: str) -> None:
+        """Raise :class:`RunNotFound` (before anything is written) unless the run exists and
+        these actions may touch it."""
+        if conn.execute(sa.select(t_runs.c.id).where(*self._run_where(run_id))).first() is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
 
     def retry_task(self, run_id: str, key: str, window: int, actor: Actor) -> Outcome:
         """DEAD_LETTER or FAILED -> READY with ``attempt + 1``.
@@ -45,6 +72,7 @@ class OperatorActions:
         """
 
         def tx(conn: Connection) -> Outcome:
+            self._gate(conn, run_id)
             task = self._task_row(conn, run_id, key)
             src = TaskState(task.state)
             if src not in (T.DEAD_LETTER, T.FAILED):
@@ -113,6 +141,7 @@ class OperatorActions:
         """DEAD_LETTER -> FAILED or SKIPPED; descendants follow their trigger rules."""
 
         def tx(conn: Connection) -> Outcome:
+            self._gate(conn, run_id)
             task = self._task_row(conn, run_id, key)
             if task.state != T.DEAD_LETTER.value:
                 return self._refuse(
@@ -140,7 +169,7 @@ class OperatorActions:
         """
 
         def tx(conn: Connection) -> tuple[list[str], str | None]:
-            run = conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id).with_for_update()).first()
+            run = conn.execute(sa.select(t_runs.c.state).where(*self._run_where(run_id)).with_for_update()).first()
             if run is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
             if run.state != RunState.RUNNING.value:

@@ -18,7 +18,7 @@ probe_metadata = sa.MetaData()
 probe_effects = sa.Table(
     "orc_probe_effects",
     probe_metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("id", sa.BigInteger(), primary_key=True, autoincrement=True),
     sa.Column("run_id", sa.String(32), nullable=False),
     sa.Column("key", sa.String(200), nullable=False),
     sa.Column("attempt", sa.Integer, nullable=False),

@@ -1,5 +1,12 @@
 """Reads: runs, tasks and the ledger as domain values, and the raw rows the invariant
-checker and the chaos soak inspect."""
+checker and the chaos soak inspect.
+
+A :class:`Reads` may be scoped to a tenant (:meth:`Reads.scoped`, what an orchestrator bound to
+a tenant reads through): then every read of one run is gated in its own query (``WHERE id = :run
+AND tenant = :tenant``), so a run of another tenant is :class:`RunNotFound` exactly like a run
+that does not exist, whoever the caller is and whatever it remembers; the runs list, the metrics
+and explain keep to the tenant's rows.
+"""
 
 from __future__ import annotations
 
@@ -48,15 +55,33 @@ class Snapshot:
 
 
 class Reads:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, tenant: str | None = None) -> None:
         self.db = db
+        #: the tenant these reads see (``None``: every tenant, the deployment's operator)
+        self.tenant = tenant
+
+    def scoped(self, tenant: str | None) -> Reads:
+        """These reads as ``tenant`` sees them (``None``: every tenant)."""
+        return self if tenant == self.tenant else Reads(self.db, tenant=tenant)
+
+    def _run_where(self, run_id: str) -> list[Any]:
+        """The condition on ``orc_runs`` of a run these reads may see."""
+        where = [t_runs.c.id == run_id]
+        if self.tenant is not None:
+            where.append(t_runs.c.tenant == self.tenant)
+        return where
+
+    def _gate(self, conn: Any, run_id: str) -> None:
+        """Raise :class:`RunNotFound` unless the run exists and these reads may see it."""
+        if conn.execute(sa.select(t_runs.c.id).where(*self._run_where(run_id))).first() is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
 
     def get_run(self, run_id: str) -> RunView:
         """The run with per-state task counts; raise :class:`RunNotFound`. Like every read here,
         it rides out a database restart within the store's ``retry_seconds``."""
 
         def read(conn: Any) -> tuple[Any, dict[str, int]]:
-            row = conn.execute(sa.select(t_runs).where(t_runs.c.id == run_id)).first()
+            row = conn.execute(sa.select(t_runs).where(*self._run_where(run_id))).first()
             return row, (self._counts(conn, [run_id]).get(run_id, {}) if row is not None else {})
 
         row, counts = self.db.read(read)
@@ -65,9 +90,8 @@ class Reads:
         return rows.run_view(row, counts)
 
     def run_state(self, run_id: str) -> RunState:
-        state = self.db.read(
-            lambda conn: conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id)).scalar_one_or_none()
-        )
+        query = sa.select(t_runs.c.state).where(*self._run_where(run_id))
+        state = self.db.read(lambda conn: conn.execute(query).scalar_one_or_none())
         if state is None:
             raise RunNotFound(f"no run with id {run_id!r}")
         return RunState(state)
@@ -82,7 +106,12 @@ class Reads:
         offset: int = 0,
     ) -> list[RunView]:
         """The newest runs with their per-state task counts (so ``needs_attention`` is true),
-        optionally of one tenant, DAG or run state; ``offset`` pages further back."""
+        optionally of one tenant, DAG or run state; ``offset`` pages further back. Scoped reads
+        list their tenant's runs only (another ``tenant``: none)."""
+        if self.tenant is not None:
+            if tenant not in (None, self.tenant):
+                return []
+            tenant = self.tenant
         q = sa.select(t_runs).order_by(t_runs.c.created_at.desc(), t_runs.c.id.desc()).limit(limit).offset(offset)
         if tenant:
             q = q.where(t_runs.c.tenant == tenant)
@@ -111,40 +140,53 @@ class Reads:
             out.setdefault(run_id, {})[state] = int(n)
         return out
 
+    def _of_run(self, run_id: str, query: Any) -> Any:
+        """Rows of one run these reads may see (:class:`RunNotFound` otherwise), in one connection."""
+
+        def read(conn: Any) -> Any:
+            self._gate(conn, run_id)
+            return conn.execute(query).all()
+
+        return self.db.read(read)
+
     def get_tasks(self, run_id: str) -> list[TaskView]:
+        """The run's tasks; raise :class:`RunNotFound`."""
         q = sa.select(t_tasks).where(t_tasks.c.run_id == run_id).order_by(t_tasks.c.started_at, t_tasks.c.key)
-        return [rows.task_view(r) for r in self.db.read(lambda conn: conn.execute(q).all())]
+        return [rows.task_view(r) for r in self._of_run(run_id, q)]
 
     def get_task(self, run_id: str, key: str) -> TaskView:
+        """One task; raise :class:`RunNotFound` or :class:`TaskNotFound`."""
         q = sa.select(t_tasks).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
-        row = self.db.read(lambda conn: conn.execute(q).first())
+        found = self._of_run(run_id, q)
+        row = found[0] if found else None
         if row is None:
             raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
         return rows.task_view(row)
 
     def events(self, run_id: str, *, newest: int | None = None) -> list[EventView]:
         """The run's ledger, oldest first: task events and the run's own (``key`` None);
-        only the ``newest`` rows when given (live views)."""
+        only the ``newest`` rows when given (live views). Raise :class:`RunNotFound`."""
         q = sa.select(t_events).where(t_events.c.run_id == run_id)
         if newest is not None:
             inner = q.order_by(t_events.c.id.desc()).limit(newest).subquery()
             q = sa.select(inner).order_by(inner.c.id)
         else:
             q = q.order_by(t_events.c.id)
-        return [rows.event_view(r) for r in self.db.read(lambda conn: conn.execute(q).all())]
+        return [rows.event_view(r) for r in self._of_run(run_id, q)]
 
     def edges(self, run_id: str) -> list[tuple[str, str]]:
-        """The run's dependency edges as (parent key, child key), in a stable order."""
+        """The run's dependency edges as (parent key, child key), in a stable order; raise
+        :class:`RunNotFound`."""
         q = (
             sa.select(t_edges.c.parent_key, t_edges.c.child_key)
             .where(t_edges.c.run_id == run_id)
             .order_by(t_edges.c.parent_key, t_edges.c.child_key)
         )
-        return [(p, c) for p, c in self.db.read(lambda conn: conn.execute(q).all())]
+        return [(p, c) for p, c in self._of_run(run_id, q)]
 
     def logical_date(self, run_id: str) -> str | None:
         """The run's logical date (ISO 8601), or ``None``."""
-        query = sa.select(t_runs.c.logical_date).where(t_runs.c.id == run_id)
+        query = sa.select(t_runs.c.logical_date).where(*self._run_where(run_id))
         found: str | None = self.db.read(lambda conn: conn.execute(query).scalar())
         return found
 
@@ -154,7 +196,7 @@ class Reads:
         with self.db.engine.connect() as conn:
             found_run = conn.execute(
                 sa.select(t_runs.c.state, t_runs.c.tenant, t_runs.c.dag_name, t_runs.c.max_active_tasks).where(
-                    t_runs.c.id == run_id
+                    *self._run_where(run_id)
                 )
             ).first()
             if found_run is None:
@@ -204,13 +246,13 @@ class Reads:
                 ).all()
             }
             now = conn.execute(sa.select(db_now())).scalar_one()
-            if isinstance(now, str):  # SQLite's db_now() is text
-                now = dt.datetime.fromisoformat(now)
             ready = [t for t in tasks if t.state == "READY"]
             limits = _limit_uses(conn, run_id, str(tenant), str(dag_name), max_active, ready, now) if ready else {}
             if ready:
                 scopes = {q: set().union(*(g for g in groups if q in g)) or {q} for q in {t.queue for t in ready}}
                 limits.update(_shares(conn, str(tenant), scopes))
+            if self.tenant is not None:
+                limits = _veiled(limits, str(tenant), {r.run_id for r in _flying_of(conn, self.tenant)})
         return ExplainInput(
             run_state, tasks, edges, workers, ahead, in_flight, depth, now, tenant=str(tenant), dag=str(dag_name),
             **limits,
@@ -275,7 +317,7 @@ class Reads:
 
     def reconciler_on_duty(self) -> list[str]:
         """Which reconciler holds the duty (``orchestrator-reconciler:<name>``); empty when
-        none does, or on a backend without the duty lock (SQLite)."""
+        none does."""
         with self.db.engine.connect() as conn:
             return self.db.backend.reconciler_on_duty(conn)
 
@@ -292,11 +334,9 @@ class Reads:
 
     # ------------------------------------------------------------------ metrics
 
-    def metrics_snapshot(
-        self, *, window_seconds: float, max_events: int, worker_ttl: float, tenant: str | None = None
-    ) -> MetricsSnapshot:
-        """What ``orchestrator.metrics`` exposes, read in one read-only transaction (one snapshot on
-        Postgres: REPEATABLE READ) with bounded queries:
+    def metrics_snapshot(self, *, window_seconds: float, max_events: int, worker_ttl: float) -> MetricsSnapshot:
+        """What ``orchestrator.metrics`` exposes, read in one read-only REPEATABLE READ
+        transaction (one snapshot) with bounded queries:
 
         - the tasks not yet terminal per (state, queue, tenant), through the state index: as
           many rows as there is open work, never the history of finished tasks;
@@ -306,14 +346,15 @@ class Reads:
           them: a primary-key range below the newest id, each row joined by primary key to its
           run and its task. When the range ends inside the window, ``window_start`` says where.
 
-        ``tenant`` keeps to one tenant's tasks, ledger rows and schedules; the workers and the
-        reconciler duty are the deployment's and are always read.
+        Scoped reads keep to their tenant's tasks, ledger rows and schedules, and leave out what
+        is the deployment's (the workers, whose slots every tenant's tasks use, and the
+        reconciler duty): those are the operator's (an unscoped read).
         """
         c, e, w, sch = t_tasks.c, t_events.c, t_workers.c, s.schedules.c
+        tenant = self.tenant
         with self.db.engine.connect() as conn:
-            if conn.dialect.name == "postgresql":
-                # every query below sees one snapshot (SQLite's one transaction already does)
-                conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            # every query below sees one snapshot
+            conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
             now = _as_time(conn.execute(sa.select(db_now())).scalar_one())
             # tasks not yet terminal (the state index serves state IN (...))
             q = (
@@ -327,22 +368,25 @@ class Reads:
                 OpenTaskCount(st, queue, ten, int(n), aware(oldest) if st == TaskState.READY.value else None)
                 for st, queue, ten, n, oldest in conn.execute(q).all()
             ]
-            # live workers, and the tasks RUNNING on each (``worker`` is ``<hostname>:<pid>``)
-            running: dict[str, int] = {}
-            for where, n in conn.execute(
-                sa.select(c.worker, sa.func.count()).where(c.state == TaskState.RUNNING.value).group_by(c.worker)
-            ).all():
-                if where:
-                    host = str(where).rsplit(":", 1)[0]
-                    running[host] = running.get(host, 0) + int(n)
-            workers = [
-                WorkerLoad(name, tuple(queues), int(n), running.get(name, 0), _as_time(seen))
-                for name, queues, n, seen in conn.execute(
-                    sa.select(w.name, w.queues, w.concurrency, w.seen_at)
-                    .where(w.seen_at > db_after(-worker_ttl))
-                    .order_by(w.name)
-                ).all()
-            ]
+            # live workers, and the tasks RUNNING on each (``worker`` is ``<hostname>:<pid>``):
+            # the deployment's, for the operator only
+            workers: list[WorkerLoad] = []
+            if tenant is None:
+                running: dict[str, int] = {}
+                for where, n in conn.execute(
+                    sa.select(c.worker, sa.func.count()).where(c.state == TaskState.RUNNING.value).group_by(c.worker)
+                ).all():
+                    if where:
+                        host = str(where).rsplit(":", 1)[0]
+                        running[host] = running.get(host, 0) + int(n)
+                workers = [
+                    WorkerLoad(name, tuple(queues), int(n), running.get(name, 0), _as_time(seen))
+                    for name, queues, n, seen in conn.execute(
+                        sa.select(w.name, w.queues, w.concurrency, w.seen_at)
+                        .where(w.seen_at > db_after(-worker_ttl))
+                        .order_by(w.name)
+                    ).all()
+                ]
             q = sa.select(sch.name, sch.tenant, sch.next_at).where(sch.paused.is_(False)).order_by(sch.name)
             if tenant:
                 q = q.where(sch.tenant == tenant)
@@ -396,7 +440,7 @@ class Reads:
             for is_run, ten, n in conn.execute(q).all():
                 scope = ("run" if is_run else "task", str(ten))
                 misses[scope] = misses.get(scope, 0) + int(n)
-            on_duty = self.db.backend.reconciler_on_duty(conn)
+            on_duty = self.db.backend.reconciler_on_duty(conn) if tenant is None else []
         return MetricsSnapshot(
             now=now,
             open_tasks=open_tasks,
@@ -464,6 +508,44 @@ def _limit_uses(
     return out
 
 
+def _flying_of(conn: Connection, tenant: str) -> list[Any]:
+    c = t_tasks.c
+    return list(conn.execute(sa.select(c.run_id).where(c.state.in_(["QUEUED", "RUNNING"]), c.tenant == tenant)).all())
+
+
+#: how explain names what another tenant holds, to a caller bound to a tenant
+OTHERS = "another tenant"
+
+
+def _veiled(limits: dict[str, Any], tenant: str, own_runs: set[str]) -> dict[str, Any]:
+    """``limits`` as a caller bound to ``tenant`` may read them: the pool slots other tenants'
+    tasks hold are counted under :data:`OTHERS` (not by run), and the other tenants of the fair
+    share are not named."""
+    out = dict(limits)
+    if "pools" in out:
+        pools: dict[str, LimitUse | None] = {}
+        for name, use in out["pools"].items():
+            if use is None:
+                pools[name] = None
+                continue
+            holders: dict[str, int] = {}
+            for holder, n in use.holders.items():
+                shown = holder if holder.split("/", 1)[0] in own_runs else OTHERS
+                holders[shown] = holders.get(shown, 0) + n
+            pools[name] = LimitUse(use.limit, use.in_flight, holders)
+        out["pools"] = pools
+    if "shares" in out:
+        names: dict[str, str] = {}
+        for per_queue in out["shares"].values():
+            for other in sorted(per_queue):
+                if other != tenant and other not in names:
+                    names[other] = f"{OTHERS} {len(names) + 1}"
+        out["shares"] = {
+            queue: {names.get(n, n): v for n, v in per_queue.items()} for queue, per_queue in out["shares"].items()
+        }
+    return out
+
+
 def _shares(conn: Connection, tenant: str, scopes: dict[str, set[str]]) -> dict[str, Any]:
     """Per queue, the tenants' tasks in flight on the queues of the workers consuming it, their
     weights and whether they have READY work there; and ``tenant``'s tasks in flight by run."""
@@ -495,9 +577,7 @@ def _shares(conn: Connection, tenant: str, scopes: dict[str, set[str]]) -> dict[
 
 
 def _as_time(value: Any) -> dt.datetime:
-    """A database time as an aware datetime (SQLite's ``db_now()`` is text, its columns naive UTC)."""
-    if isinstance(value, str):
-        value = dt.datetime.fromisoformat(value)
+    """A database time as an aware datetime."""
     found = aware(value)
     assert found is not None
     return found

@@ -47,6 +47,8 @@ def run_view(row: Any, counts: dict[str, int]) -> RunView:
         created_at=aware(row.created_at),
         finished_at=aware(row.finished_at),
         counts=counts,
+        logical_date=row.logical_date,
+        schedule=row.schedule,
     )
 
 

@@ -1,12 +1,17 @@
 """Schedules (``orc_schedules``) and their firings (``orc_schedule_firings``).
 
 Every change of a schedule's firing state happens under its row lock (``SELECT … FOR UPDATE SKIP
-LOCKED`` on Postgres: two beats never decide the same schedule at once; SQLite has one writer at
-a time): which instants came due (judged by the database clock), which fire and which are
-recorded as skipped, the next instant. A firing is written ``pending`` before its run is created
-and ``fired`` (with the run id) after; the run itself is unique per (schedule, logical date)
-(``uq_orc_runs_schedule_instant``), so a beat that dies between the two, a second beat or a
-backfill trying the same instant finds the run instead of creating another.
+LOCKED``: two beats never decide the same schedule at once): which instants came due (judged by
+the database clock), which fire and which are recorded as skipped, the next instant. A firing is
+written ``pending`` before its run is created and ``fired`` (with the run id) after; the run
+itself is unique per (schedule, logical date) (``uq_orc_runs_schedule_instant``), so a beat that
+dies between the two, a second beat or a backfill trying the same instant finds the run instead
+of creating another.
+
+:class:`ScheduleRows` may be scoped to a tenant (:meth:`ScheduleRows.scoped`, what an
+orchestrator bound to a tenant works through): every query then carries ``tenant = :tenant``,
+so another tenant's schedule is not found, cannot be changed, paused, fired or removed, and a
+beat bound to a tenant fires its tenant's schedules only.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from .. import schema as s
 from ..dbtime import aware, db_now
+from ..errors import ValidationError
 from ..states import RunState
 from .database import Database
 
@@ -33,14 +39,25 @@ def iso(at: dt.datetime) -> str:
 
 
 class ScheduleRows:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, tenant: str | None = None) -> None:
         self.db = db
+        #: the tenant whose schedules these rows are (``None``: every tenant's)
+        self.tenant = tenant
+
+    def scoped(self, tenant: str | None) -> ScheduleRows:
+        """These rows as ``tenant`` sees them (``None``: every tenant's)."""
+        return self if tenant == self.tenant else ScheduleRows(self.db, tenant=tenant)
+
+    def _mine(self, *where: Any) -> list[Any]:
+        """``where`` and, when scoped, the schedule's tenant."""
+        found = list(where)
+        if self.tenant is not None:
+            found.append(t_schedules.c.tenant == self.tenant)
+        return found
 
     def now(self) -> dt.datetime:
         """The database's clock: due-ness is judged by it, never by the beat host's."""
         value = self.db.read(lambda conn: conn.execute(sa.select(db_now())).scalar_one())
-        if isinstance(value, str):  # SQLite's db_now() is text
-            value = dt.datetime.fromisoformat(value)
         found = aware(value)
         assert found is not None
         return found
@@ -48,12 +65,16 @@ class ScheduleRows:
     def put(self, name: str, values: dict[str, Any], *, timing_changed: bool) -> bool:
         """Create the schedule or change it; returns whether it was new. A schedule whose timing
         changed starts again from its next instant (``values['next_at']``); one whose timing is
-        the same keeps its place (what it decided, what is buffered)."""
+        the same keeps its place (what it decided, what is buffered). Scoped rows refuse
+        (:class:`ValidationError`) a name another tenant's schedule holds (names are the
+        deployment's), saying nothing more about it."""
 
         def tx(conn: Connection) -> bool:
             found = conn.execute(
-                sa.select(t_schedules.c.name).where(t_schedules.c.name == name).with_for_update()
+                sa.select(t_schedules.c.name, t_schedules.c.tenant).where(t_schedules.c.name == name).with_for_update()
             ).first()
+            if found is not None and self.tenant is not None and found.tenant != self.tenant:
+                raise ValidationError(f"schedule name {name!r} is taken: choose another name")
             now = db_now()
             if found is None:
                 conn.execute(t_schedules.insert().values(name=name, created_at=now, updated_at=now, **values))
@@ -69,23 +90,31 @@ class ScheduleRows:
         return self.db.transaction(tx)
 
     def get(self, name: str) -> Any:
-        return self.db.read(lambda conn: conn.execute(sa.select(t_schedules).where(t_schedules.c.name == name)).first())
+        query = sa.select(t_schedules).where(*self._mine(t_schedules.c.name == name))
+        return self.db.read(lambda conn: conn.execute(query).first())
 
-    def all(self, tenant: str | None = None) -> list[Any]:
-        query = sa.select(t_schedules).order_by(t_schedules.c.name)
-        if tenant is not None:
-            query = query.where(t_schedules.c.tenant == tenant)
+    def all(self) -> list[Any]:
+        query = sa.select(t_schedules).where(*self._mine()).order_by(t_schedules.c.name)
         return list(self.db.read(lambda conn: conn.execute(query).all()))
 
     def update(self, name: str, **values: Any) -> bool:
         def tx(conn: Connection) -> bool:
-            query = t_schedules.update().where(t_schedules.c.name == name).values(updated_at=db_now(), **values)
+            query = (
+                t_schedules.update()
+                .where(*self._mine(t_schedules.c.name == name))
+                .values(updated_at=db_now(), **values)
+            )
             return bool(conn.execute(query).rowcount)
 
         return self.db.transaction(tx)
 
     def remove(self, name: str) -> bool:
         def tx(conn: Connection) -> bool:
+            mine = conn.execute(
+                sa.select(t_schedules.c.name).where(*self._mine(t_schedules.c.name == name)).with_for_update()
+            ).first()
+            if mine is None:
+                return False
             conn.execute(t_firings.delete().where(t_firings.c.schedule == name))
             return bool(conn.execute(t_schedules.delete().where(t_schedules.c.name == name)).rowcount)
 
@@ -96,7 +125,7 @@ class ScheduleRows:
         c = t_schedules.c
         query = (
             sa.select(c.name)
-            .where(c.paused.is_(False), sa.or_(c.next_at <= now, c.buffered_at.is_not(None)))
+            .where(*self._mine(c.paused.is_(False), sa.or_(c.next_at <= now, c.buffered_at.is_not(None))))
             .order_by(c.next_at)
         )
         return list(self.db.read(lambda conn: conn.execute(query).scalars().all()))
@@ -104,7 +133,7 @@ class ScheduleRows:
     def next_at(self, exclude: Collection[str] = ()) -> dt.datetime | None:
         """The soonest next instant of any schedule that is not paused (nor in ``exclude``)."""
         c = t_schedules.c
-        query = sa.select(sa.func.min(c.next_at)).where(c.paused.is_(False))
+        query = sa.select(sa.func.min(c.next_at)).where(*self._mine(c.paused.is_(False)))
         if exclude:
             query = query.where(c.name.not_in(sorted(exclude)))
         return aware(self.db.read(lambda conn: conn.execute(query).scalar()))
@@ -116,11 +145,11 @@ class ScheduleRows:
 
         def tx(conn: Connection) -> Any:
             row = conn.execute(
-                sa.select(t_schedules).where(t_schedules.c.name == name).with_for_update(skip_locked=True)
+                sa.select(t_schedules).where(*self._mine(t_schedules.c.name == name)).with_for_update(skip_locked=True)
             ).first()
             if row is None:
                 return None
-            now = aware(_now(conn))
+            now = aware(conn.execute(sa.select(db_now())).scalar_one())
             assert now is not None
             return fn(conn, row, now, [r.id for r in self.running(conn, name, row.tenant)])
 
@@ -164,9 +193,9 @@ class ScheduleRows:
         values = {"state": state, "kind": kind, "reason": reason, "run_id": run_id, "at": db_now()}
         if overwrite and conn.execute(t_firings.update().where(*where).values(**values)).rowcount:
             return True
-        insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(t_firings)
         query = (
-            insert.values(schedule=name, logical_date=at, **values)
+            postgresql.insert(t_firings)
+            .values(schedule=name, logical_date=at, **values)
             .on_conflict_do_nothing(index_elements=[t_firings.c.schedule, t_firings.c.logical_date])
             .returning(t_firings.c.state)  # (rowcount says -1 here on psycopg)
         )
@@ -174,6 +203,11 @@ class ScheduleRows:
             return True
         # someone else wrote it meanwhile: overwrite theirs, or keep it
         return overwrite and bool(conn.execute(t_firings.update().where(*where).values(**values)).rowcount)
+
+    def record_pending(self, name: str, at: dt.datetime, kind: str, *, reason: str | None = None) -> bool:
+        """Write (in its own transaction) the firing of ``name`` at ``at`` as ``pending``: a
+        trigger or a backfill about to create its run."""
+        return bool(self.db.transaction(lambda conn: self.record(conn, name, at, "pending", kind, reason=reason)))
 
     def finish(
         self, name: str, at: dt.datetime, kind: str, *, run_id: str | None = None, error: str | None = None
@@ -207,11 +241,22 @@ class ScheduleRows:
         their ``reason`` (what the decision asked besides the run, e.g. cancel the running ones)."""
         c = t_firings.c
         query = sa.select(c.schedule, c.logical_date, c.kind, c.reason).where(c.state == "pending", c.at < older_than)
+        if self.tenant is not None:
+            query = query.where(
+                c.schedule.in_(sa.select(t_schedules.c.name).where(t_schedules.c.tenant == self.tenant))
+            )
         return list(self.db.read(lambda conn: conn.execute(query).all()))
 
     def firings(self, name: str, limit: int = 100) -> list[Any]:
+        """The schedule's newest firings (none for a schedule these rows do not see)."""
         c = t_firings.c
-        query = sa.select(t_firings).where(c.schedule == name).order_by(c.logical_date.desc()).limit(limit)
+        mine = sa.select(t_schedules.c.name).where(*self._mine(t_schedules.c.name == name))
+        query = (
+            sa.select(t_firings)
+            .where(c.schedule == name, c.schedule.in_(mine))
+            .order_by(c.logical_date.desc())
+            .limit(limit)
+        )
         return list(self.db.read(lambda conn: conn.execute(query).all()))
 
     def run_for(self, name: str, logical_date: str, tenant: str | None = None) -> tuple[str, str] | None:
@@ -249,10 +294,3 @@ class ScheduleRows:
         )
         found = self.db.read(lambda conn: conn.execute(query).all())
         return {r.schedule: (r.id, r.state) for r in found if tenants.get(r.schedule) == r.tenant}
-
-
-def _now(conn: Connection) -> Any:
-    value = conn.execute(sa.select(db_now())).scalar_one()
-    if isinstance(value, str):
-        value = dt.datetime.fromisoformat(value)
-    return value

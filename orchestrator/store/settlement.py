@@ -2,8 +2,8 @@
 rules, cascade SKIPPED / UPSTREAM_FAILED, and close the run when nothing is left open.
 
 Readiness is decided from per-task counters (``UPDATE ... SET n_done = n_done + 1 ...
-RETURNING``), never by scanning the run. The actor that caused the first change is the actor
-of every change it cascades into.
+RETURNING``), never by scanning the run, in the server function ``orc_settle_v1``. The actor
+that caused the first change is the actor of every change it cascades into.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from .. import schema as s
 from ..dbtime import db_now
 from ..models import Actor
-from ..states import TERMINAL, RunState, TaskState, TriggerRule, UpstreamCounts, decide, run_outcome
+from ..states import TERMINAL, RunState, TaskState, run_outcome
 from .database import Database
 from .ledger import Ledger
 
@@ -36,7 +36,7 @@ _COUNTER_COLUMNS = (
     t_tasks.c.n_skipped,
 )
 
-_ORC_SETTLE = sa.text("SELECT orc_settle(:run, :key, :state, CAST(:children AS json), :actor, :by)")
+_ORC_SETTLE = sa.text("SELECT orc_settle_v1(:run, :key, :state, CAST(:children AS json), :actor, :by)")
 
 #: one terminal task to settle: (key, state it ended in, its child keys)
 Finished = tuple[str, TaskState, list[str]]
@@ -48,68 +48,15 @@ class Settlement:
         self.ledger = ledger
 
     def settle(self, conn: Connection, run_id: str, finished: list[Finished], actor: Actor) -> None:
-        """Count the newly terminal tasks into their children, cascade what that decides,
-        and close the run when no task is open (on Postgres: the server function
-        ``orc_settle`` of migrations 0004 and 0005, one round trip per finished task)."""
-        if self.db.backend.server_functions:
-            for key, state, children in finished:
-                conn.execute(
-                    _ORC_SETTLE,
-                    {"run": run_id, "key": key, "state": state.value, "children": json.dumps(children),
-                     "actor": actor.role, "by": actor.by},
-                )  # fmt: skip
-            return
-        closed = len(finished)
-        work = list(finished)
-        while work:
-            key, state, children = work.pop()
-            rows = self._count_into_children(conn, run_id, children, state)
-            decided: dict[TaskState, list[tuple[str, str, int]]] = {}
-            for r in rows:
-                if r.state != T.PENDING.value:
-                    continue
-                counts = UpstreamCounts(r.n_upstream, r.n_done, r.n_succeeded, r.n_failed, r.n_skipped)
-                verdict = decide(TriggerRule(r.trigger_rule), counts)
-                if verdict is not None:
-                    decided.setdefault(verdict, []).append((run_id, r.key, r.attempt))
-            for verdict, expect in decided.items():
-                extra: dict[str, Any] = {"ready_at": db_now()} if verdict is T.READY else {"finished_at": db_now()}
-                moved = self.ledger.move_many(
-                    conn,
-                    (t_tasks.c.run_id == run_id, t_tasks.c.key.in_([k for _, k, _ in expect])),
-                    T.PENDING,
-                    verdict,
-                    actor,
-                    reason=f"upstream {key} {state.value}",
-                    values=extra,
-                    returning=(t_tasks.c.children,),
-                    expect=expect,
-                )
-                if verdict in TERMINAL:
-                    closed += len(moved)
-                    work.extend((m.key, verdict, list(m.children or [])) for m in moved)
-        self.close_tasks(conn, run_id, closed, actor)
-
-    def _count_into_children(self, conn: Connection, run_id: str, children: list[str], state: TaskState) -> list[Any]:
-        """Add a terminal parent to its children's counters; return the children's new rows.
-
-        The child keys come from the parent's row and are matched on the tasks' primary key:
-        a join through ``orc_edges`` is planned as a scan of the whole run when the run is
-        newer than the table statistics, hundreds of milliseconds for a 2,000-task run.
-        """
-        if not children:
-            return []
-        stmt = (
-            t_tasks.update()
-            .where(t_tasks.c.run_id == run_id, t_tasks.c.key.in_(children))
-            .values(
-                n_done=t_tasks.c.n_done + 1,
-                n_succeeded=t_tasks.c.n_succeeded + int(state is T.SUCCEEDED),
-                n_failed=t_tasks.c.n_failed + int(state in (T.FAILED, T.UPSTREAM_FAILED)),
-                n_skipped=t_tasks.c.n_skipped + int(state is T.SKIPPED),
-            )
-        )
-        return list(conn.execute(stmt.returning(*_COUNTER_COLUMNS)).all())
+        """Count the newly terminal tasks into their children, cascade what that decides, and
+        close the run when no task is open: the server function ``orc_settle_v1``
+        (``store/sql/settle.sql``), one round trip per finished task."""
+        for key, state, children in finished:
+            conn.execute(
+                _ORC_SETTLE,
+                {"run": run_id, "key": key, "state": state.value, "children": json.dumps(children),
+                 "actor": actor.role, "by": actor.by},
+            )  # fmt: skip
 
     def close_tasks(self, conn: Connection, run_id: str, closed: int, actor: Actor, *, recount: bool = False) -> None:
         """Subtract ``closed`` from the run's open-task count (or recount it from the task

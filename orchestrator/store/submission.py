@@ -4,6 +4,7 @@ transaction, idempotent on (DAG name, tenant, idempotency key)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ from sqlalchemy.engine import Connection
 from .. import schema as s
 from ..dag import DAG
 from ..dbtime import aware, db_now
-from ..errors import ValidationError
+from ..errors import IdempotencyConflict, ValidationError
 from ..models import SUBMIT
 from ..states import RunState, TaskState
 from .database import Database
@@ -42,7 +43,9 @@ class Submission:
 
         Returns ``(run_id, created)``; with an ``idempotency_key`` already used for this DAG
         name and tenant, or a ``schedule`` that already has a run for ``logical_date``, the
-        existing run id and ``False``. ``queues`` maps node key to queue.
+        existing run id and ``False``. ``queues`` maps node key to queue. A key already used by
+        a run of another DAG body or other ``params`` (compared as the stored snapshot, see
+        :func:`canonical_snapshot`) raises :class:`IdempotencyConflict`, naming that run.
 
         Deadlines (the DAG's and the nodes') fall due that many seconds after ``logical_date``
         (an ISO-8601 date or date-time; without a zone it is UTC) or, without one, after the
@@ -64,13 +67,16 @@ class Submission:
                     )
                 ).scalar_one_or_none()
             if found is None and idempotency_key is not None:
-                found = conn.execute(
-                    sa.select(t_runs.c.id).where(
+                row = conn.execute(
+                    sa.select(t_runs.c.id, t_runs.c.dag_snapshot, t_runs.c.params).where(
                         t_runs.c.dag_name == dag.name,
                         t_runs.c.tenant == dag.tenant,
                         t_runs.c.idempotency_key == idempotency_key,
                     )
-                ).scalar_one_or_none()
+                ).first()
+                if row is not None:
+                    _same_submission(dag, idempotency_key, row.id, row.dag_snapshot, row.params)
+                    found = row.id
             return found
 
         def insert(conn: Connection) -> tuple[str, bool]:
@@ -118,6 +124,32 @@ class Submission:
             return found, False
 
 
+def canonical_snapshot(snapshot: Any) -> str:
+    """The form two submissions are compared in: the DAG snapshot as it is stored
+    (``DAG.to_spec()`` as JSON, which holds the ``params`` too), with its nodes in key order
+    and its object keys sorted, so an equal DAG built in another order is the same body."""
+    plain = json.loads(json.dumps(snapshot))  # tuples, enum members: as the JSON column stores them
+    if isinstance(plain, dict) and isinstance(plain.get("nodes"), list):
+        plain["nodes"] = sorted(plain["nodes"], key=lambda n: str(n.get("key")) if isinstance(n, dict) else "")
+    return json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _same_submission(dag: DAG, key: str, run_id: str, snapshot: Any, params: Any) -> None:
+    """Raise :class:`IdempotencyConflict` unless ``dag`` is the DAG (body and params) that the
+    run ``run_id`` stored under the idempotency ``key``."""
+    if canonical_snapshot(snapshot) == canonical_snapshot(dag.to_spec()):
+        return
+    same_params = canonical_snapshot(params) == canonical_snapshot(dag.params)
+    what = "another DAG body" if same_params else "other params"
+    raise IdempotencyConflict(
+        f"idempotency key {key!r} was used by run {run_id} with {what}; submit the same DAG and params"
+        " to get that run back, or use another key",
+        run_id=run_id,
+        idempotency_key=key,
+        dag=dag.name,
+    )
+
+
 def _logical_base(logical_date: str) -> dt.datetime:
     """The instant deadlines count from: the logical date, UTC when it names no zone (a bare
     date is its midnight). ``submit`` has checked that it is ISO-8601."""
@@ -129,7 +161,7 @@ def _logical_base(logical_date: str) -> dt.datetime:
 
 
 def _utc(value: Any) -> dt.datetime:
-    """A timestamp read from the database as an aware UTC datetime (SQLite's come back naive)."""
+    """A timestamp as an aware UTC datetime (naive ones taken as UTC)."""
     moment = aware(value)
     assert moment is not None
     return moment.astimezone(dt.UTC)

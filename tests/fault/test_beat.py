@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from orchestrator import schema as s
 from orchestrator.store.schedules import iso
+from tests.conftest import stop_embedded
 from tests.fault.harness import Cluster, Proc
 
 pytestmark = pytest.mark.fault
@@ -56,7 +57,7 @@ def firings(cluster: Cluster, name: str) -> list[Any]:
 
 
 def db_now(cluster: Cluster) -> dt.datetime:
-    return cluster.store.schedules.now()
+    return cluster.store.schedule_rows.now()
 
 
 def cli_ok(cluster: Cluster, *args: str) -> str:
@@ -213,7 +214,7 @@ def test_backfill_killed_part_way_and_run_again(cluster: Cluster, tmp_path: Path
 
 
 def test_beat_on_the_embedded_default_needs_no_server(tmp_path: Path) -> None:
-    """SQLite and the filesystem broker: `orchestrator beat` fires a schedule with no server."""
+    """The embedded PostgreSQL and the filesystem broker: `orchestrator beat` fires a schedule with no server."""
     import os
     import subprocess
 
@@ -245,3 +246,4 @@ def test_beat_on_the_embedded_default_needs_no_server(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+        stop_embedded(tmp_path / "data")

@@ -61,6 +61,6 @@ def test_redact() -> None:
         "postgresql+psycopg://u:***@h/db?sslmode=require&password=***"
     )
     assert redact.url("amqp://guest@h//") == "amqp://guest@h//"
-    assert redact.url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+    assert redact.url("embedded:///tmp/x/pg") == "embedded:///tmp/x/pg"
     assert redact.url("filesystem://") == "filesystem://"
     assert redact.webhook("https://hooks.slack.com/services/T0/B0/XYZ?token=1") == "https://hooks.slack.com/…"

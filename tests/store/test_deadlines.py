@@ -8,7 +8,6 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,27 +23,20 @@ from orchestrator.routing import default_queues, route
 from orchestrator.states import DEADLINE_MISSED
 from orchestrator.store import Store
 from orchestrator.store.deadlines import iso_utc
-from tests.conftest import empty_tables
 
 T = TaskState
 #: a logical date whose deadlines are long past
 PAST = "2020-01-01T00:00:00Z"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'deadlines.db'}"
-    return str(request.getfixturevalue("pg_url"))
+@pytest.fixture
+def url(pg_clean: str) -> str:
+    return pg_clean
 
 
 @pytest.fixture
 def store(url: str) -> Iterator[Store]:
     st = Store(url, dispatch_depth=1)
-    if url.startswith("sqlite"):
-        st.create_schema()
-    else:
-        empty_tables(st.engine)
     st.workers.register("test-worker", default_queues(), 10_000)
     yield st
     st.dispose()

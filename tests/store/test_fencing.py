@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from orchestrator import DAG, Orchestrator, Settings, migrate
+from orchestrator import DAG, Orchestrator, Settings
 from orchestrator.protocol import FencingToken
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.registry import StaticRegistry
@@ -18,11 +17,9 @@ from orchestrator.worker import Heartbeater, LeaseLost
 
 
 @pytest.fixture
-def taken_over(tmp_path: Path) -> tuple[Heartbeater, Store, str]:
+def taken_over(pg_clean: str) -> tuple[Heartbeater, Store, str]:
     """A RUNNING attempt whose heartbeat will find it taken over."""
-    url = f"sqlite:///{tmp_path / 'fence.db'}"
-    store = Store(url)
-    migrate.upgrade(store.engine)
+    store = Store(pg_clean)
     store.workers.register("w", default_queues(), 10)
     dag = DAG("fence")
     dag.task("a", "t", max_attempts=3)
@@ -34,7 +31,7 @@ def taken_over(tmp_path: Path) -> tuple[Heartbeater, Store, str]:
     time.sleep(0.05)
     assert store.recovery.lose_lease(run_id, "a", 1, 10).accepted  # the reconciler takes it over
     orc = Orchestrator(
-        Settings(lease_seconds=0.3, database_url=url),
+        Settings(lease_seconds=0.3, database_url=pg_clean),
         store=store,
         publisher=RecordingPublisher(),
         registry=StaticRegistry(["t"]),

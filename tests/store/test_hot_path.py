@@ -1,4 +1,4 @@
-"""The Postgres hot path (server functions of migration 0004) against the Python code it mirrors."""
+"""The server functions of the hot path (``store/sql/``): the trigger rules, a terminated session."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import sqlalchemy as sa
 
 from orchestrator import DAG
 from orchestrator.routing import default_queues, route
-from orchestrator.states import TriggerRule, UpstreamCounts, decide
+from orchestrator.states import TaskState, TriggerRule
 from orchestrator.store import Store
 from tests.conftest import empty_tables
 
 pytestmark = pytest.mark.postgres
+T = TaskState
+R = TriggerRule
 
 
 @pytest.fixture
@@ -23,26 +25,60 @@ def store(pg_url: str) -> Iterator[Store]:
     empty_tables(st.engine)
     st.workers.register("w", default_queues(), 100)
     yield st
-    if st.attempts.hot is not None:
-        st.attempts.hot.close()
+    st.attempts.hot.close()
     st.dispose()
 
 
-def test_the_sql_trigger_rules_are_states_decide(store: Store) -> None:
-    cases = []
-    for rule in TriggerRule:
-        for total in range(1, 4):
-            for ok, failed, skipped in itertools.product(range(total + 1), repeat=3):
-                if ok + failed + skipped <= total:
-                    cases.append((rule, UpstreamCounts(total, ok + failed + skipped, ok, failed, skipped)))
+def c(total: int, succeeded: int = 0, failed: int = 0, skipped: int = 0) -> tuple[int, int, int, int, int]:
+    """Upstream counters: total, done, succeeded, failed (FAILED and UPSTREAM_FAILED), skipped."""
+    return total, succeeded + failed + skipped, succeeded, failed, skipped
+
+
+@pytest.mark.parametrize(
+    ("rule", "counts", "expected"),
+    [
+        (R.ALL_SUCCESS, c(2, succeeded=1), None),
+        (R.ALL_SUCCESS, c(2, succeeded=2), T.READY),
+        (R.ALL_SUCCESS, c(2, failed=1), T.UPSTREAM_FAILED),
+        (R.ALL_SUCCESS, c(2, succeeded=1, skipped=1), T.SKIPPED),
+        (R.ALL_DONE, c(2, failed=1), None),
+        (R.ALL_DONE, c(2, failed=1, skipped=1), T.READY),
+        (R.ONE_SUCCESS, c(3, succeeded=1), T.READY),
+        (R.ONE_SUCCESS, c(2, failed=1), None),
+        (R.ONE_SUCCESS, c(2, failed=2), T.UPSTREAM_FAILED),
+        (R.ONE_SUCCESS, c(2, skipped=2), T.SKIPPED),
+        (R.ONE_FAILED, c(3, failed=1), T.READY),
+        (R.ONE_FAILED, c(2, succeeded=2), T.SKIPPED),
+        (R.NONE_FAILED, c(2, succeeded=1, skipped=1), T.READY),
+        (R.NONE_FAILED, c(2, failed=1), T.UPSTREAM_FAILED),
+        (R.ALL_FAILED, c(2, failed=2), T.READY),
+        (R.ALL_FAILED, c(2, succeeded=1), T.SKIPPED),
+        (R.ALL_FAILED, c(2, failed=1), None),
+    ],
+)
+def test_trigger_rules(store: Store, rule: TriggerRule, counts: tuple[int, ...], expected: TaskState | None) -> None:
+    """The trigger rules' one implementation, ``orc_decide_v1``, against Airflow's semantics."""
     with store.engine.connect() as conn:
-        for rule, c in cases:
-            got = conn.execute(
-                sa.text("SELECT orc_decide(:r, :t, :d, :o, :f, :s)"),
-                {"r": rule.value, "t": c.total, "d": c.done, "o": c.succeeded, "f": c.failed, "s": c.skipped},
-            ).scalar_one()
-            want = decide(rule, c)
-            assert got == (want.value if want else None), (rule, c)
+        got = conn.execute(
+            sa.text("SELECT orc_decide_v1(:r, :t, :d, :o, :f, :s)"),
+            dict(zip("rtdofs", (rule.value, *counts), strict=True)),
+        ).scalar_one()
+    assert got == (expected.value if expected else None)
+
+
+def test_every_rule_decides_once_every_parent_is_done(store: Store) -> None:
+    """Whatever the parents' outcomes, a rule never leaves a task waiting once all are done."""
+    with store.engine.connect() as conn:
+        for rule in TriggerRule:
+            for total in range(1, 4):
+                for ok, failed, skipped in itertools.product(range(total + 1), repeat=3):
+                    if ok + failed + skipped != total:
+                        continue
+                    got = conn.execute(
+                        sa.text("SELECT orc_decide_v1(:r, :t, :t, :o, :f, :s)"),
+                        {"r": rule.value, "t": total, "o": ok, "f": failed, "s": skipped},
+                    ).scalar_one()
+                    assert got in {"READY", "SKIPPED", "UPSTREAM_FAILED"}, (rule, total, ok, failed, skipped)
 
 
 def test_the_hot_path_survives_a_terminated_session(store: Store) -> None:

@@ -34,7 +34,7 @@ FAST = {"base": 0.05, "cap": 0.05, "jitter": "none"}
 Samples = dict[str, dict[frozenset[tuple[str, str]], float]]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["postgres"])
 def orc(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Orchestrator]:
     o = backend_orchestrator(request, str(tmp_path), NAMES)
     assert isinstance(o, Orchestrator)

@@ -1,4 +1,4 @@
-"""The store's contract, run against SQLite and Postgres alike (one body, two backends)."""
+"""The store's contract, on Postgres (the only backend): one body, the server functions production runs."""
 
 from __future__ import annotations
 
@@ -18,21 +18,15 @@ from orchestrator.models import operator
 from orchestrator.routing import default_queues, route
 from orchestrator.states import RunState
 from orchestrator.store import Store
-from tests.conftest import empty_tables
 
 T = TaskState
 OP = operator("alice")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+@pytest.fixture
+def store(pg_clean: str) -> Iterator[Store]:
     # depth 1: one message per worker slot, so the admission figures below are the free slots
-    if request.param == "sqlite":
-        st = Store(f"sqlite:///{tmp_path / 'store.db'}", dispatch_depth=1)
-        st.create_schema()
-    else:
-        st = Store(request.getfixturevalue("pg_url"), dispatch_depth=1)
-        empty_tables(st.engine)
+    st = Store(pg_clean, dispatch_depth=1)
     st.workers.register("test-worker", default_queues(), 10_000)
     yield st
     st.dispose()
@@ -590,13 +584,15 @@ def test_free_slots_are_shared_between_tenants_by_weight(
     assert low <= ratio <= high, (ratio, "".join(span))
 
 
-def test_tenant_weights_are_validated(tmp_path: Path) -> None:
+def test_tenant_weights_are_validated(tmp_path: Path, pg_clean: str) -> None:
     from orchestrator import Orchestrator, Settings, ValidationError
     from orchestrator.publisher import RecordingPublisher
     from orchestrator.registry import StaticRegistry
 
     orc = Orchestrator(
-        Settings.from_env({}, data_dir=str(tmp_path)), publisher=RecordingPublisher(), registry=StaticRegistry(["t"])
+        Settings.from_env({}, data_dir=str(tmp_path), database_url=pg_clean),
+        publisher=RecordingPublisher(),
+        registry=StaticRegistry(["t"]),
     )
     for name, weight in (("a", 0), ("a", -1), ("a", float("nan")), ("a", 1e9), ("a", True), ("bad name", 1)):
         with pytest.raises(ValidationError):

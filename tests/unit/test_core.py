@@ -1,4 +1,4 @@
-"""Pure core: states and trigger rules, backoff, routing, task ids, settings."""
+"""Pure core: states, backoff, routing, task ids, settings."""
 
 from __future__ import annotations
 
@@ -15,44 +15,10 @@ from orchestrator.states import (
     TRANSITIONS,
     IllegalTransition,
     TaskState,
-    TriggerRule,
-    UpstreamCounts,
     check_transition,
-    decide,
 )
 
 T = TaskState
-R = TriggerRule
-
-
-def c(total: int, succeeded: int = 0, failed: int = 0, skipped: int = 0) -> UpstreamCounts:
-    return UpstreamCounts(total, succeeded + failed + skipped, succeeded, failed, skipped)
-
-
-@pytest.mark.parametrize(
-    ("rule", "counts", "expected"),
-    [
-        (R.ALL_SUCCESS, c(2, succeeded=1), None),
-        (R.ALL_SUCCESS, c(2, succeeded=2), T.READY),
-        (R.ALL_SUCCESS, c(2, failed=1), T.UPSTREAM_FAILED),
-        (R.ALL_SUCCESS, c(2, succeeded=1, skipped=1), T.SKIPPED),
-        (R.ALL_DONE, c(2, failed=1), None),
-        (R.ALL_DONE, c(2, failed=1, skipped=1), T.READY),
-        (R.ONE_SUCCESS, c(3, succeeded=1), T.READY),
-        (R.ONE_SUCCESS, c(2, failed=1), None),
-        (R.ONE_SUCCESS, c(2, failed=2), T.UPSTREAM_FAILED),
-        (R.ONE_SUCCESS, c(2, skipped=2), T.SKIPPED),
-        (R.ONE_FAILED, c(3, failed=1), T.READY),
-        (R.ONE_FAILED, c(2, succeeded=2), T.SKIPPED),
-        (R.NONE_FAILED, c(2, succeeded=1, skipped=1), T.READY),
-        (R.NONE_FAILED, c(2, failed=1), T.UPSTREAM_FAILED),
-        (R.ALL_FAILED, c(2, failed=2), T.READY),
-        (R.ALL_FAILED, c(2, succeeded=1), T.SKIPPED),
-        (R.ALL_FAILED, c(2, failed=1), None),
-    ],
-)
-def test_trigger_rules(rule: TriggerRule, counts: UpstreamCounts, expected: TaskState | None) -> None:
-    assert decide(rule, counts) == expected
 
 
 def test_transition_table_is_enforced() -> None:
@@ -94,7 +60,7 @@ def test_settings_from_env_and_errors(tmp_path: object) -> None:
     s = Settings.from_env(
         {"ORCHESTRATOR_DATA_DIR": "/tmp/x", "ORCHESTRATOR_LEASE_SECONDS": "7", "ORCHESTRATOR_DEDICATED_TENANTS": "a, b"}
     )
-    assert s.embedded and s.database_url == "sqlite:////tmp/x/orchestrator.db"
+    assert s.embedded and s.database_url == "embedded:///tmp/x/pg"
     assert s.lease_seconds == 7.0 and s.dedicated_tenants == ("a", "b")
     with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DISPATCH_WINDOW"):
         Settings.from_env({"ORCHESTRATOR_DISPATCH_WINDOW": "lots"})

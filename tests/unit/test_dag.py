@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator import DAG, CycleError, SpecError, UnknownTaskError, ValidationError
-from orchestrator.dag import Limits, dag_from_spec, load_spec, parse_spec
+from orchestrator.dag import SizeLimits, dag_from_spec, load_spec, parse_spec
 
 REGISTERED = {"t.a", "t.b"}
 
@@ -125,11 +125,11 @@ def test_size_limits() -> None:
     for i in range(5):
         dag.task(f"n{i}", "t.a")
     with pytest.raises(ValidationError, match="exceed the limit of 4"):
-        dag.validate(ok, Limits(max_nodes=4))
+        dag.validate(ok, SizeLimits(max_nodes=4))
     big = DAG("d")
     big.task("a", "t.a", kwargs={"blob": "x" * 2000})
     with pytest.raises(ValidationError, match="arguments exceed 1000 bytes"):
-        big.validate(ok, Limits(max_node_bytes=1000))
+        big.validate(ok, SizeLimits(max_node_bytes=1000))
 
 
 def test_hundred_thousand_nodes_validate_with_default_limits() -> None:

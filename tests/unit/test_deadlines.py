@@ -24,9 +24,11 @@ from orchestrator.routing import default_queues
 
 
 @pytest.fixture
-def orc(tmp_path: Path) -> Iterator[Orchestrator]:
+def orc(tmp_path: Path, pg_clean: str) -> Iterator[Orchestrator]:
     o = Orchestrator(
-        Settings.from_env({}, data_dir=str(tmp_path)), publisher=RecordingPublisher(), registry=StaticRegistry(["t"])
+        Settings.from_env({}, data_dir=str(tmp_path), database_url=pg_clean),
+        publisher=RecordingPublisher(),
+        registry=StaticRegistry(["t"]),
     )
     o.register_worker("w", default_queues(), 10)
     yield o

@@ -22,10 +22,11 @@ NAMES = ["t.ok", "t.fail"]
 
 
 @pytest.fixture
-def orc(tmp_path: Path) -> Iterator[Orchestrator]:
+def orc(tmp_path: Path, pg_clean: str) -> Iterator[Orchestrator]:
     settings = Settings.from_env(
         {},
         data_dir=str(tmp_path),
+        database_url=pg_clean,
         lease_seconds=0.2,
         dispatch_timeout=0.2,
         tick_seconds=0.05,
@@ -158,11 +159,14 @@ def test_cancel_revokes_through_the_publisher(orc: Orchestrator) -> None:
     assert (last.key, last.to_state, last.by) == (None, "CANCELLED", "carol")
 
 
-def test_reconciler_service_on_the_embedded_default_is_always_on_duty(orc: Orchestrator) -> None:
+def test_one_reconciler_service_is_on_duty_at_a_time(orc: Orchestrator) -> None:
     service = ReconcilerService(orc.reconciler, name="a", interval=0.05, stall_seconds=5)
     other = ReconcilerService(orc.reconciler, name="b", interval=0.05, stall_seconds=5)
     try:
-        assert service.step() is not None and other.step() is not None
+        assert service.step() is not None
+        assert other.step() is None  # the duty lock is held by "a"
+        service.release()
+        assert other.step() is not None
     finally:
         service.release()
         other.release()
@@ -219,7 +223,7 @@ def test_verify_checks_the_promise_from_the_database(orc: Orchestrator, tmp_path
     assert run.state is RunState.SUCCEEDED
     open_run = orc.submit(dag)  # still running: its open tasks are no violation
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
-    env["ORCHESTRATOR_DATA_DIR"] = str(tmp_path)
+    env["ORCHESTRATOR_DATABASE_URL"] = orc.settings.database_url
 
     def verify(*ids: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -19,8 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def orc(tmp_path: Path) -> Iterator[Orchestrator]:
-    settings = Settings.from_env({}, data_dir=str(tmp_path), poison_threshold=2, dispatch_depth=1)
+def orc(tmp_path: Path, pg_clean: str) -> Iterator[Orchestrator]:
+    settings = Settings.from_env(
+        {}, data_dir=str(tmp_path), database_url=pg_clean, poison_threshold=2, dispatch_depth=1
+    )
     o = Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(["t.ok", "t.bad"]))
     yield o
     o.store.dispose()
@@ -83,7 +85,7 @@ def test_each_reason_kind(orc: Orchestrator, tmp_path: Path) -> None:
     }
     # the JSON form, through the CLI, as a user sees it
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
-    env["ORCHESTRATOR_DATA_DIR"] = str(tmp_path)
+    env["ORCHESTRATOR_DATABASE_URL"] = orc.settings.database_url
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "explain", run.id, "--json"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,

@@ -22,14 +22,17 @@ from orchestrator.dag import dag_from_spec, load_spec
 from orchestrator.errors import SpecError
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.registry import StaticRegistry
+from tests.conftest import migrated_test_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def orc(tmp_path: Path) -> Iterator[Orchestrator]:
+def orc(tmp_path: Path, pg_clean: str) -> Iterator[Orchestrator]:
     o = Orchestrator(
-        Settings.from_env({}, data_dir=str(tmp_path)), publisher=RecordingPublisher(), registry=StaticRegistry(["t"])
+        Settings.from_env({}, data_dir=str(tmp_path), database_url=pg_clean),
+        publisher=RecordingPublisher(),
+        registry=StaticRegistry(["t"]),
     )
     o.set_pool("warehouse", 4)
     o.set_rate_limit("stripe-api", "10/s")
@@ -142,9 +145,9 @@ def test_rates_read_as_tokens_per_second(orc: Orchestrator) -> None:
     assert orc.set_rate_limit("d", "25/s").burst == 25
 
 
-def test_a_tenant_bound_orchestrator_cannot_change_deployment_wide_limits(tmp_path: Path) -> None:
+def test_a_tenant_bound_orchestrator_cannot_change_deployment_wide_limits(tmp_path: Path, pg_clean: str) -> None:
     acme = Orchestrator(
-        Settings.from_env({}, data_dir=str(tmp_path)),
+        Settings.from_env({}, data_dir=str(tmp_path), database_url=pg_clean),
         publisher=RecordingPublisher(),
         registry=StaticRegistry(["t"]),
         tenant="acme",
@@ -160,14 +163,14 @@ def test_a_tenant_bound_orchestrator_cannot_change_deployment_wide_limits(tmp_pa
 
 
 def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(tmp_path), "ORCHESTRATOR_DATABASE_URL": ""}
+    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(tmp_path), "ORCHESTRATOR_DATABASE_URL": migrated_test_database()}
     env.pop("ORCHESTRATOR_TENANT", None)
     return subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
     )
 
 
-def test_the_pool_limit_and_dag_commands(tmp_path: Path) -> None:
+def test_the_pool_limit_and_dag_commands(tmp_path: Path, pg_clean: str) -> None:
     out = cli(tmp_path, "pool", "set", "warehouse", "--slots", "4", "--description", "the DWH")
     assert out.returncode == 0 and "pool warehouse: 4 slot(s), 0 in use" in out.stdout, out.stderr
     listed = json.loads(cli(tmp_path, "pool", "list", "--json").stdout)

@@ -25,6 +25,7 @@ from orchestrator.dag import load_spec
 from orchestrator.errors import ValidationError
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.registry import StaticRegistry
+from tests.conftest import clean_test_database
 
 TASKS = ["t.ok", "t.other"]
 
@@ -36,8 +37,7 @@ def _budget(marker_run: bool) -> int:
 
 @pytest.fixture(scope="module")
 def orc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    path = tmp_path_factory.mktemp("fuzz") / "fuzz.db"
-    settings_ = Settings.from_env({}, database_url=f"sqlite:///{path}")
+    settings_ = Settings.from_env({}, data_dir=str(tmp_path_factory.mktemp("fuzz")), database_url=clean_test_database())
     o = Orchestrator(settings_, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS))
     o.set_pool("fuzz-pool", 2)  # migrates once, and a pool and a rate limit that exist
     o.set_rate_limit("fuzz-rate", "100/s")

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'tenants.db'}"
+def db(pg_clean: str) -> str:
+    return pg_clean
 
 
 def _orc(db: str, tenant: str | None, tmp_path: Path) -> Orchestrator:

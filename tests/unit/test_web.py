@@ -20,12 +20,14 @@ from orchestrator.publisher import RecordingPublisher
 from orchestrator.registry import StaticRegistry
 from orchestrator.routing import default_queues
 from orchestrator.web import Access, is_loopback, make_app
+from tests.conftest import clean_test_database
 
 TOKEN = "s3cret-token-0123456789"
 
 
 def make_orc(tmp: Path) -> Orchestrator:
-    settings = Settings.from_env({}, data_dir=str(tmp))
+    """An orchestrator on the emptied test database, with a live worker of 10 slots."""
+    settings = Settings.from_env({}, data_dir=str(tmp), database_url=clean_test_database())
     orc = Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(["t.ok", "t.fail"]))
     orc.register_worker("w", default_queues(), 10)
     return orc
@@ -299,22 +301,22 @@ def test_svg_escapes_and_links() -> None:
 
 
 @pytest.fixture
-def sqlite_orc(tmp_path: Path) -> Iterator[Orchestrator]:
+def pg_orc(tmp_path: Path) -> Iterator[Orchestrator]:
     orc = make_orc(tmp_path)
     yield orc
     orc.store.dispose()
 
 
 def test_graph_command_writes_each_format(
-    sqlite_orc: Orchestrator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_orc: Orchestrator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from click.testing import CliRunner
 
     from orchestrator import cli
 
-    run = sqlite_orc.submit(diamond())
-    finish(sqlite_orc, fail={"b"})
-    monkeypatch.setattr(cli, "_ready_store", lambda: sqlite_orc)
+    run = pg_orc.submit(diamond())
+    finish(pg_orc, fail={"b"})
+    monkeypatch.setattr(cli, "_ready_store", lambda: pg_orc)
     for fmt, marker in (("svg", "<svg"), ("dot", "digraph"), ("mermaid", "flowchart LR")):
         out = tmp_path / f"g.{fmt}"
         result = CliRunner().invoke(cli.main, ["graph", run.id, "--format", fmt, "-o", str(out)])

@@ -1,0 +1,716 @@
+"""Scheduling: DAGs fired on a cron expression or an interval, kept in the database.
+
+:class:`Schedules` is ``Orchestrator.schedules`` (:mod:`orchestrator.schedules` has the same
+calls as functions on :func:`orchestrator.default`); it adds,
+changes, pauses, resumes, triggers, removes and backfills them; ``orchestrator beat`` (celery beat
+with :class:`orchestrator.beat.DatabaseScheduler`) fires them. A change made through the API or
+the CLI is seen by a running beat within ``ORCHESTRATOR_BEAT_INTERVAL`` seconds, without a
+restart.
+
+What a schedule runs is either a spec (a YAML/JSON file's content snapshotted when the schedule
+is added, with its SHA-256, so that a changed file is a visible new version), or a factory
+``module:function(logical_date, params) -> DAG`` imported when it fires. In a spec, string
+arguments may hold ``{{ logical_date }}`` (the instant, ISO 8601 UTC) and ``{{ ds }}`` (its date,
+YYYY-MM-DD, in the schedule's zone); no other placeholder exists. A task reads its run's logical
+date from ``current_context().logical_date``.
+
+Every firing is an ordinary run with ``logical_date`` = the scheduled instant, unique per
+(schedule, instant): two beats, a beat restarted mid-firing, or a beat and a backfill never make
+two runs for one instant. When it fires and what it does with missed instants and overlapping
+runs: :mod:`orchestrator.cron` (time zones, DST policy) and :mod:`orchestrator.firing`
+(catch-up, overlap). A schedule that cannot fire (its factory raises, its spec no longer
+validates, the database is out) records ``last_error``, raises the alert hook, and fires again
+at its next instant; the others keep firing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import importlib
+import inspect
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .alerts import raise_alert
+from .cron import HORIZON, ScheduleError, Timing, count_instants, instants, last_instants, next_instant
+from .dag import DAG, MAX_NAME_CHARS, TENANT_RE, dag_from_spec, load_spec, parse_spec, text_problem
+from .errors import ConflictError, OrchestratorError, RunNotFound, ValidationError
+from .firing import COUNT_MOST, Decision, Policy, looked_at, plan, summary_reason
+from .store.schedules import ScheduleRows, iso
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from .config import Settings
+
+log = logging.getLogger(__name__)
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
+PLACEHOLDERS = ("logical_date", "ds")
+#: firings left pending this long are finished by any beat (the one that wrote them died)
+PENDING_AFTER = 15.0
+#: the reason of a pending firing whose decision was to cancel the running runs first (overlap
+#: cancel_previous): whoever finishes the firing, the beat that decided it or another one, does
+CANCEL_PREVIOUS = "overlap cancel_previous: cancel the schedule's running runs first"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule as stored, with what the last firing left (read-only view)."""
+
+    name: str
+    tenant: str
+    timing: Timing
+    policy: Policy
+    spec: dict[str, Any] | None
+    spec_hash: str | None
+    factory: str | None
+    params: dict[str, Any]
+    paused: bool
+    next_at: dt.datetime
+    last_at: dt.datetime | None = None
+    buffered_at: dt.datetime | None = None
+    last_run_id: str | None = None
+    last_run_state: str | None = None
+    last_error: str | None = None
+    last_error_at: dt.datetime | None = None
+
+    @property
+    def what(self) -> str:
+        if self.factory:
+            return f"factory {self.factory}"
+        name = (self.spec or {}).get("name", "?")
+        return f"spec {name} ({(self.spec_hash or '')[:12]})"
+
+    def to_json(self) -> dict[str, Any]:
+        zone = self.timing.zone
+        return {
+            "name": self.name,
+            "tenant": self.tenant,
+            "cron": self.timing.cron,
+            "every": self.timing.every,
+            "tz": self.timing.tz,
+            "dst_gap": self.timing.dst_gap,
+            "dst_fold": self.timing.dst_fold,
+            "catchup": self.policy.catchup,
+            "max_catchup": self.policy.max_catchup,
+            "overlap": self.policy.overlap,
+            "max_active_runs": self.policy.max_active_runs,
+            "runs": self.what,
+            "spec_hash": self.spec_hash,
+            "factory": self.factory,
+            "params": self.params,
+            "paused": self.paused,
+            "next_fire": iso(self.next_at) if not self.paused else None,
+            "next_fire_local": self.next_at.astimezone(zone).isoformat() if not self.paused else None,
+            "last_fire": iso(self.last_at) if self.last_at else None,
+            "buffered": iso(self.buffered_at) if self.buffered_at else None,
+            "last_run": self.last_run_id,
+            "last_run_state": self.last_run_state,
+            "last_error": self.last_error,
+            "last_error_at": iso(self.last_error_at) if self.last_error_at else None,
+        }
+
+
+@dataclass(frozen=True)
+class Fired:
+    """One instant a pass, a trigger or a backfill dealt with."""
+
+    schedule: str
+    logical_date: dt.datetime
+    run_id: str | None
+    created: bool
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def spec_hash(spec: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def check_placeholders(value: Any, where: str = "spec") -> None:
+    """Refuse any ``{{ … }}`` but ``{{ logical_date }}`` and ``{{ ds }}``."""
+    if isinstance(value, str):
+        for m in _PLACEHOLDER.finditer(value):
+            if m.group(1) not in PLACEHOLDERS:
+                raise ScheduleError(
+                    f"{where}: unknown placeholder {m.group(0)!r}; only {{{{ logical_date }}}} and {{{{ ds }}}} exist"
+                )
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            check_placeholders(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            check_placeholders(v, f"{where}[{i}]")
+
+
+def render(value: Any, logical_date: dt.datetime, zone: Any) -> Any:
+    """``value`` with ``{{ logical_date }}`` and ``{{ ds }}`` replaced in every string."""
+    fills = {"logical_date": iso(logical_date), "ds": logical_date.astimezone(zone).date().isoformat()}
+    if isinstance(value, str):
+        return _PLACEHOLDER.sub(lambda m: fills.get(m.group(1), m.group(0)), value)
+    if isinstance(value, Mapping):
+        return {k: render(v, logical_date, zone) for k, v in value.items()}
+    if isinstance(value, list):
+        return [render(v, logical_date, zone) for v in value]
+    return value
+
+
+def load_factory(path: str) -> Callable[[dt.datetime, dict[str, Any]], DAG]:
+    """Import ``module:function``; raise :class:`ScheduleError` naming what is wrong."""
+    if not isinstance(path, str) or path.count(":") != 1:
+        raise ScheduleError(f"factory {path!r} must be module:function")
+    module_name, attr = path.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - an import error of any kind is the user module's
+        raise ScheduleError(f"factory {path!r}: cannot import {module_name!r} ({type(exc).__name__}: {exc})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ScheduleError(f"factory {path!r}: {module_name} has no function {attr!r}")
+    try:
+        inspect.signature(fn).bind(dt.datetime.now(dt.UTC), {})
+    except TypeError:
+        raise ScheduleError(f"factory {path!r} must accept (logical_date, params)") from None
+    except ValueError:
+        pass  # no signature to check (a builtin): calling it will tell
+    return fn  # type: ignore[no-any-return]
+
+
+class _Submitted(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+class SchedulerPort(Protocol):
+    """What :class:`Schedules` needs of its orchestrator (an
+    :class:`~orchestrator.engine.Orchestrator`, which builds it: a Protocol, so that this module
+    does not import the engine back)."""
+
+    @property
+    def tenant(self) -> str | None: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def check(self, dag: DAG, *, tenant: str | None = None) -> DAG: ...
+
+    def submit(
+        self,
+        dag: DAG,
+        *,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+        logical_date: str | None = None,
+        schedule: str | None = None,
+    ) -> _Submitted: ...
+
+    def cancel(self, run_id: str, *, by: str | None = None) -> int: ...
+
+    def is_transient(self, exc: BaseException) -> bool: ...
+
+
+class Schedules:
+    """The schedules of one orchestrator's deployment (``Orchestrator.schedules``): those of its
+    tenant when it is bound to one (``rows`` are scoped to that tenant by the engine)."""
+
+    def __init__(self, orc: SchedulerPort, rows: ScheduleRows) -> None:
+        self.orc = orc
+        #: the schedules' rows (``Store.schedule_rows``, scoped to the orchestrator's tenant)
+        self.rows = rows
+        #: schedules whose part of a pass failed, and when this beat tries them again (by the
+        #: database clock): a schedule that fails at once must not spin beat
+        self._retry: dict[str, dt.datetime] = {}
+
+    # ------------------------------------------------------------------ definitions
+
+    def add(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str = "UTC",
+        spec: str | Path | Mapping[str, Any] | DAG | None = None,
+        dag: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        dst_gap: str = "shift",
+        dst_fold: str = "first",
+        catchup: str = "latest",
+        max_catchup: int = 10,
+        overlap: str = "allow",
+        max_active_runs: int | None = None,
+        paused: bool | None = None,
+    ) -> Schedule:
+        """Create the schedule ``name`` or replace its definition. ``spec`` is a spec file's
+        path, a parsed spec or a :class:`DAG` (snapshotted now); ``dag`` a factory
+        ``module:function`` (its runs are the schedule's tenant's: this orchestrator's, or
+        ``default``). ``paused``: ``None`` keeps a replaced schedule's flag (a new one starts
+        unpaused). Raises :class:`ScheduleError` / :class:`ValidationError` naming the problem
+        (bad cron, unknown zone, missing spec, unimportable factory, …); nothing is written
+        then."""
+        problem = text_problem(name, MAX_NAME_CHARS)
+        if problem or not isinstance(name, str):
+            raise ScheduleError(f"schedule name {problem}")
+        timing = Timing(cron=cron, every=every, tz=tz, dst_gap=dst_gap, dst_fold=dst_fold)
+        policy = Policy(catchup=catchup, max_catchup=max_catchup, overlap=overlap, max_active_runs=max_active_runs)
+        if params is not None and not isinstance(params, Mapping):
+            raise ScheduleError("params must be a mapping")
+        if paused is not None and not isinstance(paused, bool):
+            raise ScheduleError(f"paused must be true or false, not {paused!r}")
+        params = dict(params or {})
+        if (spec is None) == (dag is None):
+            raise ScheduleError("give what to run: a spec or a DAG factory module:function (one of them)")
+        snapshot: dict[str, Any] | None = None
+        factory: str | None = None
+        tenant = self.orc.tenant or "default"
+        now = self.rows.now()
+        first = next_instant(timing, now)
+        if first is None:
+            raise ScheduleError(f"{timing.describe()} does not fire within {HORIZON.days // 366} years")
+        if spec is not None:
+            snapshot = self._snapshot(spec)
+            check_placeholders(snapshot)
+            tenant = self.orc.tenant or str(snapshot.get("tenant") or "default")
+            # the spec as it would fire at its first instant must be a valid DAG for this deployment
+            self.orc.check(self._build_spec(snapshot, first, timing), tenant=tenant)
+        else:
+            assert dag is not None
+            load_factory(dag)
+            factory = dag
+        if not TENANT_RE.fullmatch(tenant):
+            raise ValidationError(f"tenant {tenant!r} must be 1-64 letters, digits, '_' or '-'")
+        # another tenant's schedule of that name is not found here; ``put`` refuses its name
+        existing = self.rows.get(name)
+        values = {
+            "tenant": tenant,
+            "cron": timing.cron,
+            "every_seconds": timing.every,
+            "timezone": timing.tz,
+            "dst_gap": timing.dst_gap,
+            "dst_fold": timing.dst_fold,
+            "catchup": policy.catchup,
+            "max_catchup": policy.max_catchup,
+            "overlap": policy.overlap,
+            "max_active_runs": policy.max_active_runs,
+            "spec": snapshot,
+            "spec_hash": spec_hash(snapshot) if snapshot is not None else None,
+            "factory": factory,
+            "params": params,
+            "paused": bool(existing.paused) if paused is None and existing is not None else bool(paused),
+            "next_at": first,
+        }
+        changed = existing is None or _timing(existing) != timing
+        self.rows.put(name, values, timing_changed=changed)
+        return self.get(name)
+
+    def apply(self, path: str | Path) -> list[Schedule]:
+        """Upsert every schedule of a YAML/JSON file ``{"schedules": [{name, cron|every, tz,
+        spec (a path relative to the file) | dag, params, dst_gap, dst_fold, catchup,
+        max_catchup, overlap, max_active_runs, paused}]}``. Every entry is checked before any
+        is written. An entry without ``paused`` keeps the schedule's flag (a paused schedule
+        stays paused; a new one starts unpaused)."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise ScheduleError(f"cannot read {p}: {exc.strerror}") from None
+        doc = parse_spec(text, fmt="json" if p.suffix == ".json" else "yaml")
+        entries = doc.get("schedules") if isinstance(doc, Mapping) else None
+        if not isinstance(entries, list):
+            raise ScheduleError(f"{p}: expected a mapping with a 'schedules' list")
+        allowed = {
+            "name", "cron", "every", "tz", "spec", "dag", "params", "dst_gap", "dst_fold", "catchup", "max_catchup",
+            "overlap", "max_active_runs", "paused",
+        }  # fmt: skip
+        prepared = []
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+                raise ScheduleError(f"{p}: schedules[{i}] must be a mapping with a 'name'")
+            unknown = set(entry) - allowed
+            if unknown:
+                raise ScheduleError(f"{p}: schedule {entry['name']!r}: unknown field(s) {sorted(map(str, unknown))}")
+            kwargs = {k: v for k, v in entry.items() if k != "name"}
+            if isinstance(kwargs.get("spec"), str):
+                kwargs["spec"] = self._snapshot(p.parent / kwargs["spec"])
+            prepared.append((entry["name"], kwargs))
+        for name, kwargs in prepared:  # all of them valid first: a dry pass that writes nothing
+            self._check_definition(name, **kwargs)
+        return [self.add(name, **kwargs) for name, kwargs in prepared]
+
+    def _check_definition(self, name: str, **kwargs: Any) -> None:
+        timing = Timing(
+            cron=kwargs.get("cron"), every=kwargs.get("every"), tz=kwargs.get("tz", "UTC"),
+            dst_gap=kwargs.get("dst_gap", "shift"), dst_fold=kwargs.get("dst_fold", "first"),
+        )  # fmt: skip
+        Policy(
+            catchup=kwargs.get("catchup", "latest"), max_catchup=kwargs.get("max_catchup", 10),
+            overlap=kwargs.get("overlap", "allow"), max_active_runs=kwargs.get("max_active_runs"),
+        )  # fmt: skip
+        paused = kwargs.get("paused")
+        if paused is not None and not isinstance(paused, bool):
+            raise ScheduleError(f"schedule {name!r}: paused must be true or false, not {paused!r}")
+        if kwargs.get("dag") is not None:
+            load_factory(kwargs["dag"])
+        elif kwargs.get("spec") is not None:
+            snapshot = self._snapshot(kwargs["spec"])
+            check_placeholders(snapshot)
+            first = next_instant(timing, self.rows.now())
+            if first is not None:
+                self.orc.check(self._build_spec(snapshot, first, timing), tenant=self.orc.tenant)
+        else:
+            raise ScheduleError(f"schedule {name!r}: give 'spec' or 'dag'")
+
+    def _snapshot(self, spec: str | Path | Mapping[str, Any] | DAG) -> dict[str, Any]:
+        if isinstance(spec, DAG):
+            return spec.to_spec()
+        if isinstance(spec, Mapping):
+            dag_from_spec(spec)  # the shape, before anything else
+            return json.loads(json.dumps(spec))  # type: ignore[no-any-return]
+        p = Path(spec)
+        if not p.is_file():
+            raise ScheduleError(f"spec file {str(p)!r} does not exist")
+        return load_spec(p).to_spec()
+
+    def get(self, name: str) -> Schedule:
+        row = self.rows.get(name)
+        if row is None:
+            raise ScheduleNotFound(f"no schedule named {name!r}")
+        last = self.rows.last_runs({name: row.tenant}).get(name)
+        return _view(row, last)
+
+    def all(self) -> list[Schedule]:
+        found = self.rows.all()
+        last = self.rows.last_runs({r.name: r.tenant for r in found})
+        return [_view(r, last.get(r.name)) for r in found]
+
+    def pause(self, name: str) -> Schedule:
+        """Stop firing (beat keeps running); instants until :meth:`resume` are missed."""
+        self.get(name)
+        self.rows.update(name, paused=True)
+        return self.get(name)
+
+    def resume(self, name: str) -> Schedule:
+        """Fire again; the instants missed while paused go through the catch-up policy."""
+        current = self.get(name)
+        after = current.last_at or self.rows.now()
+        nxt = next_instant(current.timing, after) or self.rows.now()
+        self.rows.update(name, paused=False, next_at=nxt)
+        return self.get(name)
+
+    def remove(self, name: str) -> None:
+        self.get(name)
+        self.rows.remove(name)
+
+    def firings(self, name: str, limit: int = 100) -> list[Any]:
+        """The schedule's newest firings (rows: ``logical_date``, ``state``, ``kind``,
+        ``run_id``, ``reason``); raise :class:`ScheduleNotFound`."""
+        self.get(name)
+        return self.rows.firings(name, limit)
+
+    def trigger(self, name: str) -> Fired:
+        """A manual run now (logical date = now on the database clock), paused or not."""
+        current = self.get(name)
+        now = self.rows.now()  # one reading of the clock
+        at = now.replace(microsecond=now.microsecond // 1000 * 1000)
+        return self._fire_one(current, Decision(at, "fire", "manual"), record=True)
+
+    # ------------------------------------------------------------------ firing
+
+    def tick(self) -> float:
+        """One pass of the scheduler: fire every schedule that is due; finish firings left
+        pending by a beat that died. Returns the seconds until the next instant, at most
+        ``ORCHESTRATOR_BEAT_INTERVAL``.
+
+        One schedule's error (other than the database being out) never stops the others: it is
+        recorded on that schedule (``last_error``, the alert hook) and the schedule is tried
+        again at its next instant (by this beat; any other beat tries on its own pass)."""
+        interval = float(self.orc.settings.beat_interval)
+        try:
+            now = self.rows.now()
+            self._retry = {n: at for n, at in self._retry.items() if at > now}
+            for name in self.rows.due(now):
+                if name not in self._retry:
+                    self._guarded(name, None, now, partial(self.fire_due, name))
+            for pending in self.rows.pending(now - dt.timedelta(seconds=PENDING_AFTER)):
+                at = _when(pending.logical_date)
+                d = Decision(at, "fire", pending.kind, cancel_running=pending.reason == CANCEL_PREVIOUS)
+                self._guarded(pending.schedule, d, now, partial(self._finish_pending, pending.schedule, d))
+            soonest = [t for t in (self.rows.next_at(exclude=set(self._retry)), *self._retry.values()) if t]
+        except OrchestratorError as exc:
+            log.warning("scheduler pass failed: %s", exc)
+            return interval
+        except Exception as exc:  # the database is out: try again at the next pass
+            if not self.orc.is_transient(exc):
+                raise
+            log.warning("scheduler pass failed (the database is unreachable): %s", exc)
+            return interval
+        if not soonest:
+            return interval
+        wait = (min(soonest) - self.rows.now()).total_seconds()
+        return max(0.05, min(wait, interval))
+
+    def _guarded(self, name: str, d: Decision | None, now: dt.datetime, fn: Callable[[], Any]) -> None:
+        """Run one schedule's part of a pass; an error of its own (not the database being out,
+        which ends the pass) is recorded on it, and it waits for its next instant."""
+        try:
+            fn()
+        except Exception as exc:
+            if self.orc.is_transient(exc):
+                raise
+            self._failed(name, d, f"{type(exc).__name__}: {exc}")
+            if d is None:
+                self._retry[name] = self._retry_time(name, now)
+        else:
+            if d is None:
+                self._retry.pop(name, None)
+
+    def _retry_time(self, name: str, now: dt.datetime) -> dt.datetime:
+        """When a schedule whose pass failed is tried again: at its next instant, and not before
+        the next beat interval (a schedule that fails at once must not spin beat)."""
+        soonest = now + dt.timedelta(seconds=max(float(self.orc.settings.beat_interval), 1.0))
+        try:
+            row = self.rows.get(name)
+            nxt = next_instant(_timing(row), now) if row is not None else None
+        except Exception:  # noqa: BLE001 - a timing that does not even parse: the interval
+            nxt = None
+        return max(soonest, nxt) if nxt is not None else soonest + dt.timedelta(seconds=60)
+
+    def fire_due(self, name: str) -> list[Fired]:
+        """Decide the schedule's due instants (under its row lock) and create the runs of
+        those that fire. Missed instants cost a bounded amount of work and rows however long
+        beat was down: only the newest are looked at one by one (:func:`firing.looked_at`),
+        the older ones are counted into one summary firing."""
+        grace = self.orc.settings.schedule_grace_seconds
+        tiny = dt.timedelta(microseconds=1)
+
+        def decide(conn: Connection, row: Any, now: dt.datetime, running: list[str]) -> list[Decision]:
+            if row.paused:
+                return []
+            timing, policy = _timing(row), _policy(row, grace)
+            after = _aware(row.last_at) or _when(row.next_at) - tiny
+            wanted = looked_at(policy)
+            due = last_instants(timing, after, now, wanted)
+            decisions, buffered = plan(due, now, len(running), policy, _aware(row.buffered_at))
+            if len(due) == wanted:  # perhaps more, older: one record counts them
+                older = count_instants(timing, after, due[0] - tiny, COUNT_MOST)
+                oldest = next_instant(timing, after) if older else None
+                if oldest is not None and oldest < due[0]:
+                    at_least = timing.cron is not None and older >= COUNT_MOST
+                    reason = summary_reason(policy, older, at_least, due[0])
+                    self.rows.record(conn, row.name, oldest, "skipped", "catchup", reason=reason, overwrite=False)
+            fire = []
+            for d in decisions:
+                # an instant decided before (a backfill made its run) is left as it is
+                if d.action == "fire":
+                    intent = CANCEL_PREVIOUS if d.cancel_running else None
+                    if self.rows.record(
+                        conn, row.name, d.at, "pending", d.kind, reason=intent, overwrite=d.kind == "buffered"
+                    ):
+                        fire.append(d)
+                else:
+                    self.rows.record(conn, row.name, d.at, "skipped", d.kind, reason=d.reason, overwrite=False)
+            last = due[-1] if due else _aware(row.last_at)
+            values: dict[str, Any] = {"buffered_at": buffered}
+            if due:
+                values["last_at"] = last
+            values["next_at"] = next_instant(timing, max(now, last) if last else now) or now + HORIZON
+            self.rows.advance(conn, row.name, **values)
+            return fire
+
+        fire = self.rows.decide(name, decide)
+        if not fire:
+            return []
+        current = self.get_any(name)
+        return [self._fire_one(current, d) for d in fire]
+
+    def get_any(self, name: str) -> Schedule:
+        row = self.rows.get(name)
+        if row is None:
+            raise ScheduleNotFound(f"no schedule named {name!r}")
+        return _view(row, None)
+
+    def _fire_one(self, sched: Schedule, d: Decision, *, record: bool = False) -> Fired:
+        """Create the run of one instant (already recorded pending, unless ``record``): build
+        and check its DAG first, then (cancel_previous) cancel the older running runs, then
+        submit; a DAG that cannot be built or would not submit cancels nothing."""
+        logical = iso(d.at)
+        if record:
+            intent = CANCEL_PREVIOUS if d.cancel_running else None
+            self.rows.record_pending(sched.name, d.at, d.kind, reason=intent)
+        try:
+            before = self.rows.run_for(sched.name, logical, tenant=sched.tenant)
+            if before is not None:  # made already: by a backfill, or by a beat that died after it
+                run_id = before[0]
+            else:
+                dag = self.orc.check(self.build(sched, d.at), tenant=sched.tenant)
+                if d.cancel_running:
+                    self._cancel_previous(sched, d.at)
+                run_id = self.orc.submit(
+                    dag,
+                    tenant=sched.tenant,
+                    idempotency_key=f"schedule:{sched.name}:{logical}",
+                    logical_date=logical,
+                    schedule=sched.name,
+                ).id
+        except Exception as exc:  # noqa: BLE001 - a broken schedule must never break beat
+            if self.orc.is_transient(exc):
+                # the database is out: leave the firing pending, any beat finishes it later
+                log.warning("schedule %s: firing %s postponed: %s", sched.name, logical, exc)
+                return Fired(sched.name, d.at, None, False, error=str(exc))
+            error = f"{type(exc).__name__}: {exc}"
+            self._failed(sched.name, d, error)
+            return Fired(sched.name, d.at, None, False, error=error)
+        self.rows.finish(sched.name, d.at, d.kind, run_id=run_id)
+        return Fired(sched.name, d.at, run_id, before is None)
+
+    def _cancel_previous(self, sched: Schedule, at: dt.datetime) -> None:
+        """Cancel the schedule's running runs of instants before ``at`` (overlap cancel_previous)."""
+        for run in self.rows.running_runs(sched.name, sched.tenant):
+            instant = _aware(run.logical_date)
+            if instant is not None and instant >= at:
+                continue  # a later instant's run (a pending firing finished late): not a previous one
+            try:
+                self.orc.cancel(run.id, by=f"schedule {sched.name} (overlap cancel_previous)")
+            except (ConflictError, RunNotFound):
+                pass  # it ended meanwhile
+
+    def _finish_pending(self, name: str, d: Decision) -> None:
+        """Finish a firing another beat left pending, with the decision it recorded (its kind,
+        and whether to cancel the running runs first)."""
+        row = self.rows.get(name)
+        if row is None:
+            return
+        self._fire_one(_view(row, None), d)
+
+    def _failed(self, name: str, d: Decision | None, error: str) -> None:
+        log.error("schedule %s could not fire%s: %s", name, f" at {iso(d.at)}" if d else "", error)
+        try:
+            if d is not None:
+                self.rows.finish(name, d.at, d.kind, error=error)
+            else:
+                self.rows.note_error(name, error)
+        except Exception as exc:  # noqa: BLE001 - recording is best effort when the database is out
+            log.warning("schedule %s: the error could not be recorded: %s", name, exc)
+        alert = {"event": "schedule_failed", "schedule": name, "logical_date": iso(d.at) if d else None, "error": error}
+        raise_alert(alert, webhook=self.orc.settings.alert_webhook or None, actor="scheduler")
+
+    def build(self, sched: Schedule, at: dt.datetime) -> DAG:
+        """The DAG a schedule runs for instant ``at``."""
+        if sched.factory:
+            made = load_factory(sched.factory)(at, dict(sched.params))
+            if not isinstance(made, DAG):
+                raise ScheduleError(f"factory {sched.factory!r} returned {type(made).__name__}, not a DAG")
+            if made.tenant not in ("default", sched.tenant):
+                raise ScheduleError(
+                    f"factory {sched.factory!r} built a DAG of tenant {made.tenant!r}; schedule {sched.name!r}"
+                    f" runs as tenant {sched.tenant!r}"
+                )
+            return made
+        assert sched.spec is not None
+        return self._build_spec(sched.spec, at, sched.timing, sched.params)
+
+    @staticmethod
+    def _build_spec(spec: Mapping[str, Any], at: dt.datetime, timing: Timing, params: Mapping[str, Any] = {}) -> DAG:
+        rendered = render(dict(spec), at, timing.zone)
+        if params:
+            rendered["params"] = {**rendered.get("params", {}), **params}
+        return dag_from_spec(rendered)
+
+    # ------------------------------------------------------------------ backfill
+
+    def backfill_dates(self, name: str, start: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
+        """The schedule's instants in ``[start, end)``, oldest first."""
+        sched = self.get(name)
+        if end <= start:
+            raise ScheduleError(f"the backfill's end {iso(end)} must be after its start {iso(start)}")
+        tiny = dt.timedelta(microseconds=1)
+        return list(instants(sched.timing, start - tiny, end - tiny))
+
+    def backfill(
+        self,
+        name: str,
+        start: dt.datetime,
+        end: dt.datetime,
+        *,
+        max_active: int = 4,
+        poll: float = 0.2,
+        timeout: float | None = None,
+    ) -> Iterator[Fired]:
+        """Create a run for every instant in ``[start, end)`` that has none, oldest first, with at
+        most ``max_active`` runs of the schedule RUNNING at once; yields each instant's outcome.
+        Idempotent with the scheduler and with itself: run it again after an interruption and it
+        creates only what is missing."""
+        if isinstance(max_active, bool) or not isinstance(max_active, int) or max_active < 1:
+            raise ScheduleError(f"max_active must be an integer of at least 1, not {max_active!r}")
+        sched = self.get(name)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for at in self.backfill_dates(name, start, end):
+            found = self.rows.run_for(name, iso(at), tenant=sched.tenant)
+            if found is not None:
+                yield Fired(name, at, found[0], False)
+                continue
+            while len(self.rows.running_runs(name, sched.tenant)) >= max_active:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"backfill of {name}: no room under --max-active {max_active} in time")
+                time.sleep(poll)
+            yield self._fire_one(sched, Decision(at, "fire", "backfill"), record=True)
+
+
+class ScheduleNotFound(OrchestratorError):
+    """No schedule has the given name (for this tenant)."""
+
+
+def _aware(value: Any) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)  # type: ignore[no-any-return]
+
+
+def _when(value: Any) -> dt.datetime:
+    found = _aware(value)
+    assert found is not None
+    return found
+
+
+def _timing(row: Any) -> Timing:
+    return Timing(cron=row.cron, every=row.every_seconds, tz=row.timezone, dst_gap=row.dst_gap, dst_fold=row.dst_fold)
+
+
+def _policy(row: Any, grace: float = 60.0) -> Policy:
+    return Policy(
+        catchup=row.catchup, max_catchup=row.max_catchup, overlap=row.overlap,
+        max_active_runs=row.max_active_runs, grace=grace,
+    )  # fmt: skip
+
+
+def _view(row: Any, last: tuple[str, str] | None) -> Schedule:
+    next_at = _when(row.next_at)
+    return Schedule(
+        name=row.name,
+        tenant=row.tenant,
+        timing=_timing(row),
+        policy=_policy(row),
+        spec=row.spec,
+        spec_hash=row.spec_hash,
+        factory=row.factory,
+        params=dict(row.params or {}),
+        paused=bool(row.paused),
+        next_at=next_at,
+        last_at=_aware(row.last_at),
+        buffered_at=_aware(row.buffered_at),
+        last_run_id=last[0] if last else row.last_run_id,
+        last_run_state=last[1] if last else None,
+        last_error=row.last_error,
+        last_error_at=_aware(row.last_error_at),
+    )

@@ -1,0 +1,143 @@
+-- orc_admit_from_v1: up to p_room READY tasks of p_queues -> QUEUED, one pick at a time.
+--
+-- Each pick is the best head: of each tenant's READY tasks in each queue the first (priority,
+-- then age); among the heads the highest class (a task READY for p_aging seconds counts one
+-- class higher, twice as long two), then the tenant furthest below its weighted share of the
+-- tasks in flight on these queues, then round robin (last_admitted_at), then the oldest. A pick
+-- that a limit holds back (orc_limit_held_v1) is set aside with its tenant, run, pool or rate
+-- limit and the next head is looked at: a held pick uses no room, and a pass looks at most
+-- p_room + 1000 times (a backlog too big for its pool's free slots is passed over 1,000 at a
+-- time per pass, not all of it).
+
+CREATE OR REPLACE FUNCTION orc_admit_from_v1(p_queues text[], p_room integer, p_aging double precision)
+ RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
+               soft_time_limit double precision, time_limit double precision, priority_rank integer,
+               ready_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+#variable_conflict use_column
+DECLARE
+    loads jsonb;
+    pick record;
+    skipped text[] := '{}';
+    held_runs text[] := '{}';
+    held_tenants text[] := '{}';
+    held_pools text[] := '{}';
+    held_rates text[] := '{}';
+    why text;
+    taken int := 0;
+    looks int := 0;
+    n int;
+BEGIN
+    WHILE taken < p_room AND looks < p_room + 1000 LOOP
+        looks := looks + 1;
+        WITH RECURSIVE tq(queue, tenant) AS (
+            SELECT q.name::text, (SELECT t.tenant::text FROM orc_tasks t WHERE t.queue = q.name AND t.state = 'READY'
+                                  ORDER BY t.queue, t.state, t.tenant LIMIT 1)
+            FROM unnest(p_queues) AS q(name)
+            UNION ALL
+            SELECT tq.queue, (SELECT t.tenant::text FROM orc_tasks t WHERE t.queue = tq.queue AND t.state = 'READY'
+                                 AND t.tenant > tq.tenant ORDER BY t.queue, t.state, t.tenant LIMIT 1)
+            FROM tq WHERE tq.tenant IS NOT NULL
+        )
+        SELECT h.run_id, h.key, h.tenant, h.pool, h.pool_slots, h.rate_limit, w.max_running AS tenant_limit,
+               min(h.tenant) OVER () <> max(h.tenant) OVER () AS contested INTO pick
+        FROM tq
+        CROSS JOIN LATERAL (
+            SELECT p.run_id, p.key, p.tenant, p.priority_rank, p.ready_at, p.pool, p.pool_slots, p.rate_limit
+            FROM orc_tasks p
+            WHERE p.queue = tq.queue AND p.state = 'READY' AND p.tenant = tq.tenant
+              AND NOT ((p.run_id || '/' || p.key) = ANY (skipped))
+              AND NOT (p.run_id = ANY (held_runs))
+              AND (p.pool IS NULL OR NOT (p.pool = ANY (held_pools)))
+              AND (p.rate_limit IS NULL OR NOT (p.rate_limit = ANY (held_rates)))
+            ORDER BY p.priority_rank, p.ready_at
+            LIMIT 1
+        ) AS h
+        LEFT JOIN orc_tenants w ON w.name = h.tenant
+        WHERE tq.tenant IS NOT NULL AND NOT (tq.tenant = ANY (held_tenants))
+        ORDER BY CASE WHEN p_aging > 0
+                      THEN greatest(h.priority_rank - floor(extract(epoch FROM now() - h.ready_at) / p_aging)::int, 0)
+                      ELSE h.priority_rank END,
+                 (coalesce((loads ->> h.tenant)::float8, 0) + 1) / coalesce(w.weight, 1.0),
+                 w.last_admitted_at NULLS FIRST,
+                 h.ready_at
+        LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        IF pick.contested AND loads IS NULL THEN
+            -- tenants compete for the slot: count each one's tasks in flight on these queues
+            -- (only then: a single tenant's heads need no share), and pick again
+            SELECT coalesce(jsonb_object_agg(f.tenant, f.n), '{}'::jsonb) INTO loads
+            FROM (
+                SELECT i.tenant, count(*) AS n
+                FROM unnest(p_queues) AS q(name)
+                CROSS JOIN LATERAL unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
+                CROSS JOIN LATERAL (
+                    SELECT t.tenant FROM orc_tasks t WHERE t.queue = q.name AND t.state = s.state
+                    ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000
+                ) AS i
+                GROUP BY i.tenant
+            ) AS f;
+            CONTINUE;
+        END IF;
+        why := orc_limit_held_v1(pick.run_id, pick.tenant, pick.tenant_limit, pick.pool, pick.pool_slots,
+                                 pick.rate_limit);
+        IF why IS NOT NULL THEN
+            CASE why
+                WHEN 'tenant' THEN held_tenants := held_tenants || pick.tenant::text;
+                WHEN 'run' THEN held_runs := held_runs || pick.run_id::text;
+                WHEN 'pool' THEN held_pools := held_pools || pick.pool::text;
+                WHEN 'rate' THEN held_rates := held_rates || pick.rate_limit::text;
+                ELSE skipped := skipped || (pick.run_id || '/' || pick.key);
+            END CASE;
+            CONTINUE;
+        END IF;
+        -- a task a concurrent admission holds is skipped (that tenant's next one is looked at)
+        PERFORM 1 FROM orc_tasks t
+        WHERE t.run_id = pick.run_id AND t.key = pick.key AND coalesce(t.state, '') = 'READY'
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            skipped := skipped || (pick.run_id || '/' || pick.key);
+            CONTINUE;
+        END IF;
+        RETURN QUERY
+        WITH moved AS (
+            UPDATE orc_tasks t SET state = 'QUEUED', dispatched_at = now()
+            WHERE t.run_id = pick.run_id AND t.key = pick.key AND coalesce(t.state, '') = 'READY'
+            RETURNING t.run_id::text, t.key::text, t.attempt, t.task_name::text, t.args, t.kwargs, t.queue::text,
+                      t.soft_time_limit, t.time_limit, t.priority_rank::int, t.ready_at
+        ), events AS (
+            INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+            SELECT moved.run_id, moved.key, moved.attempt, 'READY', 'QUEUED', 'dispatcher', NULL, NULL, true, now()
+            FROM moved
+        )
+        SELECT * FROM moved;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        IF n = 0 THEN
+            skipped := skipped || (pick.run_id || '/' || pick.key);
+            CONTINUE;
+        END IF;
+        taken := taken + 1;
+        IF pick.rate_limit IS NOT NULL THEN
+            -- the token (orc_limit_held found one under the admission lock, which is still held)
+            UPDATE orc_rate_limits l
+            SET tokens = least(l.burst, l.tokens
+                               + l.rate * greatest(extract(epoch FROM clock_timestamp() - l.refilled_at), 0)) - 1,
+                refilled_at = clock_timestamp()
+            WHERE l.key = pick.rate_limit;
+        END IF;
+        IF loads IS NOT NULL THEN
+            loads := jsonb_set(loads, ARRAY[pick.tenant::text],
+                               to_jsonb(coalesce((loads ->> pick.tenant)::int, 0) + 1), true);
+        END IF;
+        IF pick.contested THEN
+            -- round robin between tenants equally far below their share (clock_timestamp():
+            -- several picks of one call must differ)
+            INSERT INTO orc_tenants (name, weight, updated_at, last_admitted_at)
+            VALUES (pick.tenant, 1, now(), clock_timestamp())
+            ON CONFLICT (name) DO UPDATE SET last_admitted_at = excluded.last_admitted_at;
+        END IF;
+    END LOOP;
+END
+$$;

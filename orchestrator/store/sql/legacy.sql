@@ -1,0 +1,37 @@
+-- The unversioned names of migrations 0004 to 0006, for workers still running the release
+-- before the versioned functions (a rolling upgrade): each is a shim over its _v1 function.
+-- Only the four that release called from Python are kept; drop them when no such worker is
+-- left (a later migration).
+
+CREATE OR REPLACE FUNCTION orc_claim(p_run text, p_key text, p_attempt integer, p_worker text,
+    p_lease double precision, p_task text)
+ RETURNS json
+ LANGUAGE sql
+AS $$
+SELECT orc_claim_v1(p_run, p_key, p_attempt, p_worker, p_lease, p_task)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_succeed(p_run text, p_key text, p_attempt integer, p_result json, p_window integer,
+    p_worker_ttl double precision, p_depth integer, p_aging double precision)
+ RETURNS json
+ LANGUAGE sql
+AS $$
+SELECT orc_succeed_v1(p_run, p_key, p_attempt, p_result, p_window, p_worker_ttl, p_depth, p_aging)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_settle(p_run text, p_key text, p_state text, p_children json, p_actor text, p_by text)
+ RETURNS integer
+ LANGUAGE sql
+AS $$
+SELECT orc_settle_v1(p_run, p_key, p_state, p_children, p_actor, p_by)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_admit(p_window integer, p_worker_ttl double precision, p_depth integer,
+    p_wait boolean, p_aging double precision)
+ RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
+               soft_time_limit double precision, time_limit double precision, priority_rank integer,
+               ready_at timestamp with time zone)
+ LANGUAGE sql
+AS $$
+SELECT * FROM orc_admit_v1(p_window, p_worker_ttl, p_depth, p_wait, p_aging)
+$$;

@@ -1,0 +1,32 @@
+-- orc_pass_slot_v1: a completion that made nothing READY hands its worker's slot on.
+--
+-- When the worker's group (p_queues, its queues as JSON text) is under its capacity x p_depth,
+-- the best READY task of those queues is admitted (orc_admit_from_v1 with room 1), without the
+-- admission lock unless a limit applies: no scan of other queues, no waiting behind admissions.
+
+CREATE OR REPLACE FUNCTION orc_pass_slot_v1(p_queues text, p_worker_ttl double precision, p_depth integer,
+    p_aging double precision)
+ RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
+               soft_time_limit double precision, time_limit double precision, priority_rank integer,
+               ready_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+#variable_conflict use_column
+DECLARE
+    qs text[] := ARRAY(SELECT json_array_elements_text(p_queues::json));
+    capacity int;
+    used int;
+BEGIN
+    SELECT coalesce(sum(w.concurrency), 0)::int INTO capacity FROM orc_workers w
+    WHERE w.queues::text = p_queues AND w.seen_at > now() - make_interval(secs => p_worker_ttl);
+    SELECT coalesce(sum((SELECT count(*) FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
+        CROSS JOIN LATERAL (SELECT 1 FROM orc_tasks t WHERE t.queue = q.name AND t.state = s.state
+            ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000) AS i)), 0)::int
+                INTO used FROM unnest(qs) AS q(name);
+    IF used >= capacity * p_depth THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM orc_admit_from_v1(qs, 1, p_aging);
+END
+$$;
