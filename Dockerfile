@@ -1,4 +1,4 @@
-# The orchestrator image: one image for the migration, the workers, beat and Flower
+# The orchestrator image: one image for the migration, the workers, beat, the reconciler, serve and Flower
 # (see docker-compose.yml). Configuration comes from ORCHESTRATOR_* environment variables.
 FROM python:3.11-slim
 

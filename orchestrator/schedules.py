@@ -11,6 +11,8 @@ package imports it back.
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,12 @@ def remove(name: str) -> None:
     _default().remove(name)
 
 
+def backfill(name: str, start: dt.datetime, end: dt.datetime, **kwargs: Any) -> Iterator[Fired]:
+    """A run for every instant of schedule ``name`` in ``[start, end)`` that has none
+    (:meth:`Schedules.backfill`: ``max_active``, ``poll``, ``timeout``)."""
+    return _default().backfill(name, start, end, **kwargs)
+
+
 __all__ = [
     "CANCEL_PREVIOUS",
     "PENDING_AFTER",
@@ -85,6 +93,7 @@ __all__ = [
     "add",
     "all_schedules",
     "apply",
+    "backfill",
     "check_placeholders",
     "get",
     "iso",

@@ -1,4 +1,11 @@
-"""Shared fixtures. Tests use real PostgreSQL and Redis; a missing service fails the test.
+"""Shared fixtures. Tests use real PostgreSQL and Redis; a missing Redis fails the test.
+
+The databases live on the PostgreSQL server at ORCHESTRATOR_TEST_DATABASE_URL (default
+127.0.0.1:5432, as in CI). Where no server answers there, or with
+ORCHESTRATOR_TEST_DATABASE=embedded, they live on an embedded PostgreSQL 18 (the wheel the
+embedded default uses), started for the session and stopped at its end: the unit and store
+tiers need no server to install. The fault tier restarts and terminates a real server's
+backends and needs the machine's.
 
 The in-process Celery app (``orchestrator.celery_app.get_app``) is configured once from the
 environment set here, before anything imports it: Postgres + Redis db 3.
@@ -9,18 +16,57 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-PG_BASE = os.environ.get("ORCHESTRATOR_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
+#: the embedded server's data directory when the tests use one (stopped when the session ends)
+EMBEDDED_PG = Path(tempfile.gettempdir()) / "orchestrator-tests" / "pg"
+
+
+def _database_server() -> tuple[str, str, bool]:
+    """(base, query, embedded): a test database's URL is ``f"{base}/{name}{query}"``."""
+    explicit = os.environ.get("ORCHESTRATOR_TEST_DATABASE_URL")
+    if explicit:
+        return explicit, "", False
+    default = "postgresql+psycopg://postgres@127.0.0.1:5432"
+    if os.environ.get("ORCHESTRATOR_TEST_DATABASE") != "embedded":
+        import psycopg
+
+        try:
+            psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=3").close()
+            return default, "", False
+        except psycopg.OperationalError:
+            pass  # no server here: the embedded one
+    from orchestrator import embedded
+
+    url = sa.engine.make_url(embedded.ensure(EMBEDDED_PG))
+    return "postgresql+psycopg://postgres@", f"?host={url.query['host']}&port={url.query['port']}", True
+
+
+PG_BASE, _PG_QUERY, PG_EMBEDDED = _database_server()
+
+
+def db_url(name: str) -> str:
+    """The URL of the test database ``name`` on the test server."""
+    return f"{PG_BASE}/{name}{_PG_QUERY}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if PG_EMBEDDED:
+        from orchestrator import embedded
+
+        embedded.stop(EMBEDDED_PG)
+
+
 REDIS_BASE = os.environ.get("ORCHESTRATOR_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 #: a suffix keeps two test runs on one server apart (each its own databases)
 _SUFFIX = os.environ.get("ORCHESTRATOR_TEST_DB_SUFFIX", "")
 IT_DB = "orchestrator_it" + _SUFFIX
 STORE_DB = "orchestrator_test" + _SUFFIX
-IT_DATABASE_URL = f"{PG_BASE}/{IT_DB}"
-STORE_DATABASE_URL = f"{PG_BASE}/{STORE_DB}"
+IT_DATABASE_URL = db_url(IT_DB)
+STORE_DATABASE_URL = db_url(STORE_DB)
 IT_BROKER_URL = f"{REDIS_BASE}/3"
 DATA_DIR = tempfile.mkdtemp(prefix="orc-tests-")
 
@@ -43,7 +89,7 @@ def test_database(name: str) -> str:
 
 def ensure_database(name: str) -> str:
     """Create the database ``name`` if it does not exist; fail clearly if Postgres is down."""
-    admin = sa.create_engine(f"{PG_BASE}/postgres", isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(db_url("postgres"), isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
             exists = conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first()
@@ -53,7 +99,7 @@ def ensure_database(name: str) -> str:
         pytest.fail(f"PostgreSQL is required at {PG_BASE} ({exc.orig}); start it (see .ci/run)")
     finally:
         admin.dispose()
-    return f"{PG_BASE}/{name}"
+    return db_url(name)
 
 
 def empty_tables(engine: sa.engine.Engine) -> None:

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, RunState, TaskState
-from tests.conftest import PG_BASE
+from tests.conftest import db_url
 from tests.fault.conftest import FAULT_DB
 from tests.fault.harness import Cluster, P, Proc, republished
 
@@ -118,7 +118,7 @@ def test_redis_flushall_mid_run(cluster: Cluster) -> None:
 
 
 def _terminate_backends() -> int:
-    admin = sa.create_engine(f"{PG_BASE}/postgres", isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(db_url("postgres"), isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
             return len(
