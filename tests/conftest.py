@@ -67,7 +67,8 @@ IT_DB = "orchestrator_it" + _SUFFIX
 STORE_DB = "orchestrator_test" + _SUFFIX
 IT_DATABASE_URL = db_url(IT_DB)
 STORE_DATABASE_URL = db_url(STORE_DB)
-IT_BROKER_URL = f"{REDIS_BASE}/3"
+#: the integration tier's Redis database (another per concurrent run: ORCHESTRATOR_TEST_REDIS_DB)
+IT_BROKER_URL = f"{REDIS_BASE}/{os.environ.get('ORCHESTRATOR_TEST_REDIS_DB', '3')}"
 DATA_DIR = tempfile.mkdtemp(prefix="orc-tests-")
 
 os.environ.update(
