@@ -33,6 +33,7 @@ from .errors import (
     ValidationError,
 )
 from .routing import Priority
+from .scheduling import FactoryNotAllowed, dag_factory
 from .states import RunState, TaskState, TriggerRule
 
 _default: Orchestrator | None = None
@@ -64,6 +65,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "CycleError",
+    "FactoryNotAllowed",
     "IdempotencyConflict",
     "Jitter",
     "Limits",
@@ -87,6 +89,7 @@ __all__ = [
     "UnknownLimitError",
     "UnknownTaskError",
     "ValidationError",
+    "dag_factory",
     "default",
     "get_run",
     "load_spec",

@@ -388,12 +388,16 @@ def serve(host: str, port: int) -> None:
     """Serve the web UI, its JSON API and Prometheus /metrics, from the database.
 
     Runs at /runs (filters: tenant, DAG, state), a run with its DAG drawn at /runs/RUN_ID, its
-    JSON at /api/runs/RUN_ID, metrics at /metrics. Operator actions (retry, skip, fail, cancel)
-    need ORCHESTRATOR_UI_AUTH (user:password for basic auth, or a token) unless bound to a
-    loopback address; without it, any other bind address is read-only."""
+    JSON at /api/runs/RUN_ID, metrics at /metrics. Every page, JSON document, action and
+    /metrics needs a credential of ORCHESTRATOR_UI_AUTH (user:password for basic auth, or a
+    token; =TENANT binds one to a tenant). Unset, a loopback bind makes a token at start and
+    prints its login URL; any other bind refuses to start (exit 2)."""
+    from .web import Access
     from .web import serve as run_server
 
-    orc = _ready_store()
+    orc = _orc()
+    Access(orc.settings.ui_auth, host)  # refuse a bad or missing credential before opening the database
+    orc.ready()
     try:
         run_server(orc, host=host, port=port, auth=orc.settings.ui_auth, ready=lambda line: click.echo(line, err=True))
     except KeyboardInterrupt:
@@ -961,12 +965,13 @@ def backfill(name: str, start: str, end: str, max_active: int, wait_: bool, dry_
 @click.option("--seed", default=1, show_default=True, help="Random seed of the DAGs and of the fault sequence.")
 @click.option("--workers", default=2, show_default=True, help="Prefork worker processes (-c 2 each).")
 @click.option("--min-faults", default=200, show_default=True, help="Keep injecting until this many faults.")
-@click.option("--database-url", envvar="ORCHESTRATOR_CHAOS_DATABASE_URL",
-              default="postgresql+psycopg://postgres@127.0.0.1:5432/orchestrator_chaos", show_default=True,
-              help="A Postgres database the soak may wipe.")  # fmt: skip
+@click.option("--database-url", envvar="ORCHESTRATOR_CHAOS_DATABASE_URL", default=None,
+              help="Use this Postgres database (wiped first) instead of a private server of the soak's own;"
+                   " the server is then never restarted.")  # fmt: skip
 @click.option("--timeout", default=900.0, show_default=True, help="Give up after this many seconds.")
-def chaos(runs: int, seed: int, workers: int, min_faults: int, database_url: str, timeout: float) -> None:
-    """Soak a local deployment (private Redis, real workers, reconciler) under random faults.
+def chaos(runs: int, seed: int, workers: int, min_faults: int, database_url: str | None, timeout: float) -> None:
+    """Soak a local deployment (private Postgres and Redis, real workers, reconciler) under
+    eleven kinds of random fault, and report them per kind.
 
     Exits 1 if any invariant broke: a task lost, stuck or committed twice, an illegal
     transition, a child started before its parent. The database is wiped first.

@@ -78,9 +78,17 @@ class Settings:
     beat_interval: float = 5.0
     #: seconds an instant may be late and still fire under ``--catchup none``
     schedule_grace_seconds: float = 60.0
-    #: ``orchestrator serve``'s credentials: ``user:password`` (HTTP basic) or a bare token
-    #: (``Authorization: Bearer``, or the login form); empty: no authentication, and then the
-    #: web app acts only when bound to a loopback address (read-only anywhere else)
+    #: the shortest interval a schedule may fire at: an ``every`` below it, or a cron expression
+    #: whose instants come closer, is refused (0: no minimum)
+    schedule_min_interval_seconds: float = 60.0
+    #: comma-separated modules (a package covers its submodules) whose ``@dag_factory`` functions
+    #: a schedule may run (``--dag module:function``); nothing else is imported or called
+    dag_factory_modules: tuple[str, ...] = ("tasks.dags",)
+    #: ``orchestrator serve``'s credentials, comma-separated: ``user:password`` (HTTP basic) or
+    #: a token of 16+ characters (``Authorization: Bearer``, ``/login?token=``, the login form),
+    #: each optionally ``=TENANT`` (sees and acts on that tenant only) or ``=*`` (every tenant);
+    #: empty: on a loopback bind ``serve`` makes a token at start and prints its login URL, on
+    #: any other bind it refuses to start (checked in :mod:`orchestrator.web`)
     ui_auth: str = field(default="", repr=False)
     max_nodes: int = 100_000
     max_node_bytes: int = 64 * 1024

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +286,10 @@ class DAG:
 
         ``is_registered`` tells whether a task name is registered in the Celery app; names
         in Celery's own ``celery.`` namespace are always refused.
+
+        Whatever built the DAG (:meth:`task`, a spec, or :class:`Node` objects put into
+        ``nodes`` by hand), the same checks hold: ``nodes`` maps each node's own key to a
+        :class:`Node` whose every field has its type and range, upstream keys exist, no cycle.
         """
         dag = self.name
         problem = text_problem(dag, MAX_NAME_CHARS)
@@ -293,6 +297,25 @@ class DAG:
             raise ValidationError(f"name: {problem}", dag=_label(dag))
         if not isinstance(self.tenant, str) or not TENANT_RE.fullmatch(self.tenant):
             raise ValidationError(f"tenant {short(self.tenant)} must be 1-64 letters, digits, '_' or '-'", dag=dag)
+        if not isinstance(self.priority, Priority):
+            raise ValidationError(f"priority must be high, default or low, not {short(self.priority)}", dag=dag)
+        if not isinstance(self.params, Mapping):
+            raise ValidationError(f"params must be a mapping, not {type(self.params).__name__}", dag=dag)
+        if not isinstance(self.nodes, dict):
+            raise ValidationError(f"nodes must be a dict of node key to Node, not {type(self.nodes).__name__}", dag=dag)
+        for key, node in self.nodes.items():
+            label = key if isinstance(key, str) and not text_problem(key, 300) else short(key)
+            if not isinstance(node, Node):
+                raise ValidationError(
+                    f"nodes[{short(key)}] is a {type(node).__name__}, not a Node", dag=dag, node=label
+                )
+            if not isinstance(key, str) or node.key != key:
+                # two entries holding one key would be two tasks of one key in the run
+                raise ValidationError(
+                    f"nodes[{short(key)}] holds the node keyed {short(node.key)}: a node is stored under its own key",
+                    dag=dag,
+                    node=label,
+                )
         if not self.nodes:
             raise ValidationError("the DAG has no nodes", dag=dag)
         if len(self.nodes) > limits.max_nodes:
@@ -351,7 +374,8 @@ class DAG:
             deadline=self.deadline,
             on_deadline=self.on_deadline,
         )
-        other.nodes = {k: replace(n) for k, n in self.nodes.items()}
+        # the nodes as they are (frozen): validate() judges them, whatever they hold
+        other.nodes = dict(self.nodes) if isinstance(self.nodes, dict) else self.nodes
         return other
 
 
@@ -370,7 +394,7 @@ def _validate_node(
     if not isinstance(k, str) or not KEY_RE.fullmatch(k):
         label = k if isinstance(k, str) and not text_problem(k, 300) else short(k)
         raise ValidationError(f"node key {short(k)} must be 1-200 letters, digits, '_' or '-'", dag=d, node=label)
-    if known is None or node.task not in known:
+    if known is None or not isinstance(node.task, str) or node.task not in known:
         if not isinstance(node.task, str) or not TASK_NAME_RE.fullmatch(node.task):
             raise fail(f"task {short(node.task)} is not a valid Celery task name")
         if node.task.startswith("celery."):
@@ -383,8 +407,17 @@ def _validate_node(
             )
         if known is not None:
             known.add(node.task)
+    if not isinstance(node.args, (tuple, list)):
+        raise fail(f"args must be a list, not {type(node.args).__name__}")
     if not isinstance(node.kwargs, Mapping):
         raise fail("kwargs must be a mapping")
+    if not all(isinstance(name, str) for name in node.kwargs):
+        raise fail("kwargs must have string keys")
+    if not isinstance(node.upstream, (tuple, list)):
+        raise fail(f"upstream must be a list of node keys, not {type(node.upstream).__name__}")
+    for parent in node.upstream:
+        if not isinstance(parent, str):
+            raise fail(f"upstream holds a {type(parent).__name__}: list node keys")
     if node.args or node.kwargs:  # the common no-argument node needs no JSON walk
         check_json(list(node.args), "args", dag=d, node=k)
         check_json(dict(node.kwargs), "kwargs", dag=d, node=k)
@@ -404,6 +437,10 @@ def _validate_node(
     if not 1 <= node.max_attempts <= MAX_ATTEMPTS:
         raise fail(f"max_attempts must be 1 to {MAX_ATTEMPTS}, not {node.max_attempts}")
     b = node.backoff
+    if not isinstance(b, Backoff):
+        raise fail(f"backoff must be a Backoff, not {type(b).__name__}")
+    if not isinstance(b.jitter, Jitter):
+        raise fail(f"backoff.jitter must be full, equal or none, not {short(b.jitter)}")
     for name in ("base", "cap"):
         value = getattr(b, name)
         if not _positive(value) or value > MAX_BACKOFF:
@@ -416,7 +453,11 @@ def _validate_node(
             raise fail(f"{name} must be a number of seconds of at least {MIN_TIME_LIMIT:g}, not {short(value)}")
     if node.soft_time_limit is not None and node.time_limit is not None and node.soft_time_limit >= node.time_limit:
         raise fail("soft_time_limit must be below time_limit")
+    if node.priority is not None and not isinstance(node.priority, Priority):
+        raise fail(f"priority must be high, default or low, not {short(node.priority)}")
     for name in ("retry_on", "no_retry_on"):
+        if not isinstance(getattr(node, name), (tuple, list)):
+            raise fail(f"{name} must list exception class names, not {short(getattr(node, name))}")
         for item in getattr(node, name):
             if not isinstance(item, str) or not TASK_NAME_RE.fullmatch(item):
                 raise fail(f"{name} must list exception class names, not {short(item)}")

@@ -209,8 +209,8 @@ class Orchestrator:
         handle of the run it created first; and on (``schedule``, ``logical_date``): the
         scheduler's firings and backfills create one run per instant however often they try.
         ``schedule`` (the scheduler's, :mod:`orchestrator.schedules`) must name an existing
-        schedule of the run's tenant, with a ``logical_date`` that no other tenant's run of that
-        name holds. Raises :class:`ValidationError` (nothing is written or published) for bad input.
+        schedule of the run's tenant, with a ``logical_date``. Raises :class:`ValidationError`
+        (nothing is written or published) for bad input.
         """
         dag = self.check(dag, tenant=tenant)
         if idempotency_key is not None:
@@ -222,18 +222,14 @@ class Orchestrator:
             if problem:
                 raise ValidationError(f"logical_date {problem}", dag=dag.name)
         if schedule is not None:
-            # a schedule's run: its tenant's schedule only (another tenant's is "no schedule")
-            found = self.store.schedule_rows.get(schedule) if isinstance(schedule, str) else None
-            if found is None or found.tenant != dag.tenant:
+            # a schedule's run: its tenant's schedule only (names are per tenant; another
+            # tenant's schedule of that name is another schedule, with runs of its own)
+            rows = self.store.schedule_rows.scoped(dag.tenant)
+            found = rows.get(schedule) if isinstance(schedule, str) else None
+            if found is None:
                 raise ValidationError(f"no schedule named {schedule!r} for tenant {dag.tenant!r}", dag=dag.name)
             if logical_date is None:
                 raise ValidationError(f"a run of schedule {schedule!r} needs its logical_date", dag=dag.name)
-            holder = self.store.schedule_rows.run_tenant(schedule, logical_date)
-            if holder is not None and holder != dag.tenant:
-                raise ValidationError(
-                    f"schedule {schedule!r} already has a run for {logical_date} that is not tenant {dag.tenant!r}'s",
-                    dag=dag.name,
-                )
         dedicated = set(self.settings.dedicated_tenants)
         if dag.tenant not in dedicated and dag.tenant in self.store.tenants.dedicated():
             dedicated.add(dag.tenant)

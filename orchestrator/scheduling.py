@@ -9,7 +9,10 @@ restart.
 
 What a schedule runs is either a spec (a YAML/JSON file's content snapshotted when the schedule
 is added, with its SHA-256, so that a changed file is a visible new version), or a factory
-``module:function(logical_date, params) -> DAG`` imported when it fires. In a spec, string
+``module:function(logical_date, params) -> DAG`` declared with :func:`dag_factory` in a module of
+``ORCHESTRATOR_DAG_FACTORY_MODULES`` (checked when added and again each time it fires: nothing
+else is ever imported or called). A schedule fires at most every
+``ORCHESTRATOR_SCHEDULE_MIN_INTERVAL_SECONDS``. Names are unique per tenant. In a spec, string
 arguments may hold ``{{ logical_date }}`` (the instant, ISO 8601 UTC) and ``{{ ds }}`` (its date,
 YYYY-MM-DD, in the schedule's zone); no other placeholder exists. A task reads its run's logical
 date from ``current_context().logical_date``.
@@ -29,19 +32,20 @@ import datetime as dt
 import hashlib
 import importlib
 import inspect
+import itertools
 import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .alerts import raise_alert
 from .cron import HORIZON, ScheduleError, Timing, count_instants, instants, last_instants, next_instant
-from .dag import DAG, MAX_NAME_CHARS, TENANT_RE, dag_from_spec, load_spec, parse_spec, text_problem
+from .dag import DAG, MAX_NAME_CHARS, TENANT_RE, dag_from_spec, load_spec, parse_spec, short, text_problem
 from .errors import ConflictError, OrchestratorError, RunNotFound, ValidationError
 from .firing import COUNT_MOST, Decision, Policy, looked_at, plan, summary_reason
 from .store.schedules import ScheduleRows, iso
@@ -164,25 +168,110 @@ def render(value: Any, logical_date: dt.datetime, zone: Any) -> Any:
     return value
 
 
-def load_factory(path: str) -> Callable[[dt.datetime, dict[str, Any]], DAG]:
-    """Import ``module:function``; raise :class:`ScheduleError` naming what is wrong."""
+#: the attribute :func:`dag_factory` sets on a function it declares a DAG factory
+FACTORY_MARK = "__orchestrator_dag_factory__"
+_FACTORY_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+#: the modules factories may live in when no setting says (``ORCHESTRATOR_DAG_FACTORY_MODULES``)
+DEFAULT_FACTORY_MODULES = ("tasks.dags",)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def dag_factory(fn: F) -> F:
+    """Declare ``fn(logical_date, params) -> DAG`` a DAG factory a schedule may run::
+
+        from orchestrator import dag_factory
+
+        @dag_factory
+        def daily_etl(logical_date, params) -> DAG: ...
+
+    A schedule's ``dag`` (``module:function``) must name a function so declared, in a module of
+    ``ORCHESTRATOR_DAG_FACTORY_MODULES`` (default ``tasks.dags``; a listed package covers its
+    submodules). Anything else (``builtins:eval``, ``shutil:rmtree``, an undeclared function)
+    is refused with :class:`FactoryNotAllowed` when the schedule is added and again when it fires."""
+    if not callable(fn):
+        raise TypeError(f"@dag_factory decorates a function, not {type(fn).__name__}")
+    setattr(fn, FACTORY_MARK, True)
+    return fn
+
+
+class FactoryNotAllowed(ScheduleError):
+    """A schedule names a ``module:function`` that is not a declared DAG factory (not decorated
+    with :func:`dag_factory`, or in a module ``ORCHESTRATOR_DAG_FACTORY_MODULES`` does not list):
+    it is never called."""
+
+
+def _module_allowed(module_name: str, modules: Iterable[str]) -> bool:
+    return any(module_name == m or module_name.startswith(m + ".") for m in modules)
+
+
+def load_factory(
+    path: str, modules: Iterable[str] = DEFAULT_FACTORY_MODULES
+) -> Callable[[dt.datetime, dict[str, Any]], DAG]:
+    """The DAG factory ``module:function``: a function decorated with :func:`dag_factory` in a
+    module ``modules`` lists (``ORCHESTRATOR_DAG_FACTORY_MODULES``). A module outside the list is
+    not even imported. Raises :class:`FactoryNotAllowed` (not declared, or not allowed) or
+    :class:`ScheduleError` (malformed, unimportable, wrong signature) naming what is wrong."""
     if not isinstance(path, str) or path.count(":") != 1:
-        raise ScheduleError(f"factory {path!r} must be module:function")
+        raise ScheduleError(f"factory {short(path)} must be module:function")
+    if not _FACTORY_PATH.fullmatch(path):
+        raise ScheduleError(f"factory {short(path)} must be module:function (Python names)")
     module_name, attr = path.split(":")
+    modules = tuple(modules)
+    if not _module_allowed(module_name, modules):
+        raise FactoryNotAllowed(
+            f"factory {path!r}: module {module_name!r} is not a DAG factory module (ORCHESTRATOR_DAG_FACTORY_MODULES"
+            f" lists {', '.join(modules) or 'none'}); declare factories with @dag_factory in one of them"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - an import error of any kind is the user module's
         raise ScheduleError(f"factory {path!r}: cannot import {module_name!r} ({type(exc).__name__}: {exc})") from None
     fn = getattr(module, attr, None)
-    if not callable(fn):
+    if fn is None or not callable(fn):
         raise ScheduleError(f"factory {path!r}: {module_name} has no function {attr!r}")
+    if getattr(fn, FACTORY_MARK, False) is not True or not inspect.isfunction(fn):
+        raise FactoryNotAllowed(
+            f"factory {path!r} is not a declared DAG factory: decorate it with @orchestrator.dag_factory"
+        )
     try:
         inspect.signature(fn).bind(dt.datetime.now(dt.UTC), {})
     except TypeError:
         raise ScheduleError(f"factory {path!r} must accept (logical_date, params)") from None
-    except ValueError:
-        pass  # no signature to check (a builtin): calling it will tell
-    return fn  # type: ignore[no-any-return]
+    return fn
+
+
+def min_interval_problem(timing: Timing, least: float) -> str | None:
+    """Why ``timing`` fires more often than every ``least`` seconds
+    (``ORCHESTRATOR_SCHEDULE_MIN_INTERVAL_SECONDS``), or ``None``."""
+    if least <= 0:
+        return None
+    setting = f"ORCHESTRATOR_SCHEDULE_MIN_INTERVAL_SECONDS is {least:g}"
+    if timing.every is not None:
+        if float(timing.every) < least:
+            return f"every {timing.every:g}s is more often than the minimum interval ({setting})"
+        return None
+    gap = cron_min_gap(str(timing.cron))
+    if gap < least:
+        return (
+            f"cron {timing.cron!r} fires as little as {gap:g}s apart, more often than the minimum interval ({setting})"
+        )
+    return None
+
+
+def cron_min_gap(cron: str) -> float:
+    """The shortest time (seconds) between two instants a (valid, 5-field) cron expression may
+    fire, from its minute and hour fields (a lower bound: day boundaries counted as adjacent)."""
+    from croniter import croniter
+
+    expanded = croniter(cron).expanded
+    minutes = list(range(60)) if expanded[0] == ["*"] else sorted(int(m) for m in expanded[0])
+    hours = list(range(24)) if expanded[1] == ["*"] else sorted(int(h) for h in expanded[1])
+    marks = sorted({h * 60 + m for h in hours for m in minutes})
+    if len(marks) == 1:
+        return 86400.0
+    gaps = [b - a for a, b in itertools.pairwise(marks)] + [1440 - marks[-1] + marks[0]]
+    return 60.0 * min(gaps)
 
 
 class _Submitted(Protocol):
@@ -226,9 +315,23 @@ class Schedules:
         self.orc = orc
         #: the schedules' rows (``Store.schedule_rows``, scoped to the orchestrator's tenant)
         self.rows = rows
-        #: schedules whose part of a pass failed, and when this beat tries them again (by the
-        #: database clock): a schedule that fails at once must not spin beat
-        self._retry: dict[str, dt.datetime] = {}
+        #: schedules (tenant, name) whose part of a pass failed, and when this beat tries them
+        #: again (by the database clock): a schedule that fails at once must not spin beat
+        self._retry: dict[tuple[str, str], dt.datetime] = {}
+
+    def _of(self, tenant: str) -> ScheduleRows:
+        """The rows of ``tenant``'s schedules (what acts on one schedule works through)."""
+        return self.rows.scoped(tenant)
+
+    @property
+    def _factory_modules(self) -> tuple[str, ...]:
+        return tuple(self.orc.settings.dag_factory_modules)
+
+    def _check_interval(self, timing: Timing) -> None:
+        least = float(self.orc.settings.schedule_min_interval_seconds)
+        problem = min_interval_problem(timing, least)
+        if problem:
+            raise ScheduleError(problem)
 
     # ------------------------------------------------------------------ definitions
 
@@ -261,6 +364,7 @@ class Schedules:
         if problem or not isinstance(name, str):
             raise ScheduleError(f"schedule name {problem}")
         timing = Timing(cron=cron, every=every, tz=tz, dst_gap=dst_gap, dst_fold=dst_fold)
+        self._check_interval(timing)
         policy = Policy(catchup=catchup, max_catchup=max_catchup, overlap=overlap, max_active_runs=max_active_runs)
         if params is not None and not isinstance(params, Mapping):
             raise ScheduleError("params must be a mapping")
@@ -284,12 +388,13 @@ class Schedules:
             self.orc.check(self._build_spec(snapshot, first, timing), tenant=tenant)
         else:
             assert dag is not None
-            load_factory(dag)
+            load_factory(dag, self._factory_modules)
             factory = dag
         if not TENANT_RE.fullmatch(tenant):
             raise ValidationError(f"tenant {tenant!r} must be 1-64 letters, digits, '_' or '-'")
-        # another tenant's schedule of that name is not found here; ``put`` refuses its name
-        existing = self.rows.get(name)
+        # names are per tenant: another tenant's schedule of that name is another schedule
+        rows = self._of(tenant)
+        existing = rows.get(name)
         values = {
             "tenant": tenant,
             "cron": timing.cron,
@@ -309,8 +414,8 @@ class Schedules:
             "next_at": first,
         }
         changed = existing is None or _timing(existing) != timing
-        self.rows.put(name, values, timing_changed=changed)
-        return self.get(name)
+        rows.put(name, values, timing_changed=changed)
+        return self._view_of(rows, name)
 
     def apply(self, path: str | Path) -> list[Schedule]:
         """Upsert every schedule of a YAML/JSON file ``{"schedules": [{name, cron|every, tz,
@@ -351,6 +456,7 @@ class Schedules:
             cron=kwargs.get("cron"), every=kwargs.get("every"), tz=kwargs.get("tz", "UTC"),
             dst_gap=kwargs.get("dst_gap", "shift"), dst_fold=kwargs.get("dst_fold", "first"),
         )  # fmt: skip
+        self._check_interval(timing)
         Policy(
             catchup=kwargs.get("catchup", "latest"), max_catchup=kwargs.get("max_catchup", 10),
             overlap=kwargs.get("overlap", "allow"), max_active_runs=kwargs.get("max_active_runs"),
@@ -359,7 +465,7 @@ class Schedules:
         if paused is not None and not isinstance(paused, bool):
             raise ScheduleError(f"schedule {name!r}: paused must be true or false, not {paused!r}")
         if kwargs.get("dag") is not None:
-            load_factory(kwargs["dag"])
+            load_factory(kwargs["dag"], self._factory_modules)
         elif kwargs.get("spec") is not None:
             snapshot = self._snapshot(kwargs["spec"])
             check_placeholders(snapshot)
@@ -380,41 +486,59 @@ class Schedules:
             raise ScheduleError(f"spec file {str(p)!r} does not exist")
         return load_spec(p).to_spec()
 
-    def get(self, name: str) -> Schedule:
-        row = self.rows.get(name)
+    def _row(self, name: str) -> Any:
+        """The schedule ``name`` of this orchestrator's tenant; unbound (the deployment's
+        operator), of whichever tenant has one so named, and refused as ambiguous when several
+        have. Raises :class:`ScheduleNotFound`."""
+        found = self.rows.find(name) if isinstance(name, str) else []
+        if not found:
+            raise ScheduleNotFound(f"no schedule named {name!r}")
+        if len(found) > 1:
+            tenants = ", ".join(repr(r.tenant) for r in found)
+            raise ScheduleError(
+                f"schedule name {name!r} is used by the tenants {tenants}: act as one of them (ORCHESTRATOR_TENANT)"
+            )
+        return found[0]
+
+    def _view_of(self, rows: ScheduleRows, name: str) -> Schedule:
+        row = rows.get(name)
         if row is None:
             raise ScheduleNotFound(f"no schedule named {name!r}")
-        last = self.rows.last_runs({name: row.tenant}).get(name)
+        last = rows.last_runs([(row.tenant, name)]).get((row.tenant, name))
+        return _view(row, last)
+
+    def get(self, name: str) -> Schedule:
+        row = self._row(name)
+        last = self.rows.last_runs([(row.tenant, name)]).get((row.tenant, name))
         return _view(row, last)
 
     def all(self) -> list[Schedule]:
         found = self.rows.all()
-        last = self.rows.last_runs({r.name: r.tenant for r in found})
-        return [_view(r, last.get(r.name)) for r in found]
+        last = self.rows.last_runs([(r.tenant, r.name) for r in found])
+        return [_view(r, last.get((r.tenant, r.name))) for r in found]
 
     def pause(self, name: str) -> Schedule:
         """Stop firing (beat keeps running); instants until :meth:`resume` are missed."""
-        self.get(name)
-        self.rows.update(name, paused=True)
-        return self.get(name)
+        rows = self._of(self._row(name).tenant)
+        rows.update(name, paused=True)
+        return self._view_of(rows, name)
 
     def resume(self, name: str) -> Schedule:
         """Fire again; the instants missed while paused go through the catch-up policy."""
         current = self.get(name)
-        after = current.last_at or self.rows.now()
-        nxt = next_instant(current.timing, after) or self.rows.now()
-        self.rows.update(name, paused=False, next_at=nxt)
-        return self.get(name)
+        rows = self._of(current.tenant)
+        after = current.last_at or rows.now()
+        nxt = next_instant(current.timing, after) or rows.now()
+        rows.update(name, paused=False, next_at=nxt)
+        return self._view_of(rows, name)
 
     def remove(self, name: str) -> None:
-        self.get(name)
-        self.rows.remove(name)
+        self._of(self._row(name).tenant).remove(name)
 
     def firings(self, name: str, limit: int = 100) -> list[Any]:
         """The schedule's newest firings (rows: ``logical_date``, ``state``, ``kind``,
         ``run_id``, ``reason``); raise :class:`ScheduleNotFound`."""
-        self.get(name)
-        return self.rows.firings(name, limit)
+        return self._of(self._row(name).tenant).firings(name, limit)
 
     def trigger(self, name: str) -> Fired:
         """A manual run now (logical date = now on the database clock), paused or not."""
@@ -436,14 +560,15 @@ class Schedules:
         interval = float(self.orc.settings.beat_interval)
         try:
             now = self.rows.now()
-            self._retry = {n: at for n, at in self._retry.items() if at > now}
-            for name in self.rows.due(now):
-                if name not in self._retry:
-                    self._guarded(name, None, now, partial(self.fire_due, name))
+            self._retry = {k: at for k, at in self._retry.items() if at > now}
+            for tenant, name in self.rows.due(now):
+                if (tenant, name) not in self._retry:
+                    self._guarded(tenant, name, None, now, partial(self.fire_due, name, tenant=tenant))
             for pending in self.rows.pending(now - dt.timedelta(seconds=PENDING_AFTER)):
                 at = _when(pending.logical_date)
                 d = Decision(at, "fire", pending.kind, cancel_running=pending.reason == CANCEL_PREVIOUS)
-                self._guarded(pending.schedule, d, now, partial(self._finish_pending, pending.schedule, d))
+                finish = partial(self._finish_pending, pending.tenant, pending.schedule, d)
+                self._guarded(pending.tenant, pending.schedule, d, now, finish)
             soonest = [t for t in (self.rows.next_at(exclude=set(self._retry)), *self._retry.values()) if t]
         except OrchestratorError as exc:
             log.warning("scheduler pass failed: %s", exc)
@@ -458,7 +583,7 @@ class Schedules:
         wait = (min(soonest) - self.rows.now()).total_seconds()
         return max(0.05, min(wait, interval))
 
-    def _guarded(self, name: str, d: Decision | None, now: dt.datetime, fn: Callable[[], Any]) -> None:
+    def _guarded(self, tenant: str, name: str, d: Decision | None, now: dt.datetime, fn: Callable[[], Any]) -> None:
         """Run one schedule's part of a pass; an error of its own (not the database being out,
         which ends the pass) is recorded on it, and it waits for its next instant."""
         try:
@@ -466,31 +591,32 @@ class Schedules:
         except Exception as exc:
             if self.orc.is_transient(exc):
                 raise
-            self._failed(name, d, f"{type(exc).__name__}: {exc}")
+            self._failed(tenant, name, d, f"{type(exc).__name__}: {exc}")
             if d is None:
-                self._retry[name] = self._retry_time(name, now)
+                self._retry[(tenant, name)] = self._retry_time(tenant, name, now)
         else:
             if d is None:
-                self._retry.pop(name, None)
+                self._retry.pop((tenant, name), None)
 
-    def _retry_time(self, name: str, now: dt.datetime) -> dt.datetime:
+    def _retry_time(self, tenant: str, name: str, now: dt.datetime) -> dt.datetime:
         """When a schedule whose pass failed is tried again: at its next instant, and not before
         the next beat interval (a schedule that fails at once must not spin beat)."""
         soonest = now + dt.timedelta(seconds=max(float(self.orc.settings.beat_interval), 1.0))
         try:
-            row = self.rows.get(name)
+            row = self._of(tenant).get(name)
             nxt = next_instant(_timing(row), now) if row is not None else None
         except Exception:  # noqa: BLE001 - a timing that does not even parse: the interval
             nxt = None
         return max(soonest, nxt) if nxt is not None else soonest + dt.timedelta(seconds=60)
 
-    def fire_due(self, name: str) -> list[Fired]:
+    def fire_due(self, name: str, *, tenant: str | None = None) -> list[Fired]:
         """Decide the schedule's due instants (under its row lock) and create the runs of
         those that fire. Missed instants cost a bounded amount of work and rows however long
         beat was down: only the newest are looked at one by one (:func:`firing.looked_at`),
         the older ones are counted into one summary firing."""
         grace = self.orc.settings.schedule_grace_seconds
         tiny = dt.timedelta(microseconds=1)
+        rows = self._of(tenant if tenant is not None else self._row(name).tenant)
 
         def decide(conn: Connection, row: Any, now: dt.datetime, running: list[str]) -> list[Decision]:
             if row.paused:
@@ -506,48 +632,46 @@ class Schedules:
                 if oldest is not None and oldest < due[0]:
                     at_least = timing.cron is not None and older >= COUNT_MOST
                     reason = summary_reason(policy, older, at_least, due[0])
-                    self.rows.record(conn, row.name, oldest, "skipped", "catchup", reason=reason, overwrite=False)
+                    rows.record(conn, row.name, oldest, "skipped", "catchup", reason=reason, overwrite=False)
             fire = []
             for d in decisions:
                 # an instant decided before (a backfill made its run) is left as it is
                 if d.action == "fire":
                     intent = CANCEL_PREVIOUS if d.cancel_running else None
-                    if self.rows.record(
+                    if rows.record(
                         conn, row.name, d.at, "pending", d.kind, reason=intent, overwrite=d.kind == "buffered"
                     ):
                         fire.append(d)
                 else:
-                    self.rows.record(conn, row.name, d.at, "skipped", d.kind, reason=d.reason, overwrite=False)
+                    rows.record(conn, row.name, d.at, "skipped", d.kind, reason=d.reason, overwrite=False)
             last = due[-1] if due else _aware(row.last_at)
             values: dict[str, Any] = {"buffered_at": buffered}
             if due:
                 values["last_at"] = last
             values["next_at"] = next_instant(timing, max(now, last) if last else now) or now + HORIZON
-            self.rows.advance(conn, row.name, **values)
+            rows.advance(conn, row.name, **values)
             return fire
 
-        fire = self.rows.decide(name, decide)
+        fire = rows.decide(name, decide)
         if not fire:
             return []
-        current = self.get_any(name)
-        return [self._fire_one(current, d) for d in fire]
-
-    def get_any(self, name: str) -> Schedule:
-        row = self.rows.get(name)
+        row = rows.get(name)
         if row is None:
             raise ScheduleNotFound(f"no schedule named {name!r}")
-        return _view(row, None)
+        current = _view(row, None)
+        return [self._fire_one(current, d) for d in fire]
 
     def _fire_one(self, sched: Schedule, d: Decision, *, record: bool = False) -> Fired:
         """Create the run of one instant (already recorded pending, unless ``record``): build
         and check its DAG first, then (cancel_previous) cancel the older running runs, then
         submit; a DAG that cannot be built or would not submit cancels nothing."""
         logical = iso(d.at)
+        rows = self._of(sched.tenant)
         if record:
             intent = CANCEL_PREVIOUS if d.cancel_running else None
-            self.rows.record_pending(sched.name, d.at, d.kind, reason=intent)
+            rows.record_pending(sched.name, d.at, d.kind, reason=intent)
         try:
-            before = self.rows.run_for(sched.name, logical, tenant=sched.tenant)
+            before = rows.run_for(sched.name, logical, tenant=sched.tenant)
             if before is not None:  # made already: by a backfill, or by a beat that died after it
                 run_id = before[0]
             else:
@@ -567,9 +691,9 @@ class Schedules:
                 log.warning("schedule %s: firing %s postponed: %s", sched.name, logical, exc)
                 return Fired(sched.name, d.at, None, False, error=str(exc))
             error = f"{type(exc).__name__}: {exc}"
-            self._failed(sched.name, d, error)
+            self._failed(sched.tenant, sched.name, d, error)
             return Fired(sched.name, d.at, None, False, error=error)
-        self.rows.finish(sched.name, d.at, d.kind, run_id=run_id)
+        rows.finish(sched.name, d.at, d.kind, run_id=run_id)
         return Fired(sched.name, d.at, run_id, before is None)
 
     def _cancel_previous(self, sched: Schedule, at: dt.datetime) -> None:
@@ -583,30 +707,38 @@ class Schedules:
             except (ConflictError, RunNotFound):
                 pass  # it ended meanwhile
 
-    def _finish_pending(self, name: str, d: Decision) -> None:
+    def _finish_pending(self, tenant: str, name: str, d: Decision) -> None:
         """Finish a firing another beat left pending, with the decision it recorded (its kind,
         and whether to cancel the running runs first)."""
-        row = self.rows.get(name)
+        row = self._of(tenant).get(name)
         if row is None:
             return
         self._fire_one(_view(row, None), d)
 
-    def _failed(self, name: str, d: Decision | None, error: str) -> None:
+    def _failed(self, tenant: str, name: str, d: Decision | None, error: str) -> None:
         log.error("schedule %s could not fire%s: %s", name, f" at {iso(d.at)}" if d else "", error)
+        rows = self._of(tenant)
         try:
             if d is not None:
-                self.rows.finish(name, d.at, d.kind, error=error)
+                rows.finish(name, d.at, d.kind, error=error)
             else:
-                self.rows.note_error(name, error)
+                rows.note_error(name, error)
         except Exception as exc:  # noqa: BLE001 - recording is best effort when the database is out
             log.warning("schedule %s: the error could not be recorded: %s", name, exc)
-        alert = {"event": "schedule_failed", "schedule": name, "logical_date": iso(d.at) if d else None, "error": error}
+        alert = {
+            "event": "schedule_failed",
+            "schedule": name,
+            "tenant": tenant,
+            "logical_date": iso(d.at) if d else None,
+            "error": error,
+        }
         raise_alert(alert, webhook=self.orc.settings.alert_webhook or None, actor="scheduler")
 
     def build(self, sched: Schedule, at: dt.datetime) -> DAG:
         """The DAG a schedule runs for instant ``at``."""
         if sched.factory:
-            made = load_factory(sched.factory)(at, dict(sched.params))
+            # declared and allowed now, by this beat's settings: never call anything else
+            made = load_factory(sched.factory, self._factory_modules)(at, dict(sched.params))
             if not isinstance(made, DAG):
                 raise ScheduleError(f"factory {sched.factory!r} returned {type(made).__name__}, not a DAG")
             if made.tenant not in ("default", sched.tenant):
@@ -653,12 +785,13 @@ class Schedules:
             raise ScheduleError(f"max_active must be an integer of at least 1, not {max_active!r}")
         sched = self.get(name)
         deadline = None if timeout is None else time.monotonic() + timeout
+        rows = self._of(sched.tenant)
         for at in self.backfill_dates(name, start, end):
-            found = self.rows.run_for(name, iso(at), tenant=sched.tenant)
+            found = rows.run_for(name, iso(at), tenant=sched.tenant)
             if found is not None:
                 yield Fired(name, at, found[0], False)
                 continue
-            while len(self.rows.running_runs(name, sched.tenant)) >= max_active:
+            while len(rows.running_runs(name, sched.tenant)) >= max_active:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"backfill of {name}: no room under --max-active {max_active} in time")
                 time.sleep(poll)

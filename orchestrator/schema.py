@@ -43,7 +43,8 @@ runs = sa.Table(
     sa.Column("deadline_checked_at", TS, nullable=True),
     sa.Column("deadline_missed_at", TS, nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
-    sa.UniqueConstraint("schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
+    #: per tenant: two tenants' schedules may share a name (``orc_schedules`` is keyed by both)
+    sa.UniqueConstraint("tenant", "schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
 )
 sa.Index("ix_orc_runs_created", runs.c.created_at)
 #: the runs list filtered by tenant, DAG or state, newest first (the web app, `orchestrator runs`)
@@ -262,9 +263,10 @@ schedules = sa.Table(
     "orc_schedules",
     metadata,
     #: a schedule fires runs of a DAG at the instants of its cron expression (in its zone, with
-    #: its DST policy) or every ``every_seconds`` (``orchestrator schedule add``; orchestrator.schedules)
+    #: its DST policy) or every ``every_seconds`` (``orchestrator schedule add``; orchestrator.schedules);
+    #: names are unique per tenant (key: tenant, name)
+    sa.Column("tenant", sa.String(64), primary_key=True),
     sa.Column("name", sa.String(200), primary_key=True),
-    sa.Column("tenant", sa.String(64), nullable=False),
     sa.Column("cron", sa.String(200), nullable=True),
     sa.Column("every_seconds", sa.Float, nullable=True),
     sa.Column("timezone", sa.String(64), nullable=False),
@@ -299,7 +301,9 @@ firings = sa.Table(
     "orc_schedule_firings",
     metadata,
     #: every instant of a schedule that was decided: ``pending`` (a run is being created),
-    #: ``fired`` (``run_id``), ``skipped`` (``reason``: missed, overlap, ...) or ``failed``
+    #: ``fired`` (``run_id``), ``skipped`` (``reason``: missed, overlap, ...) or ``failed``;
+    #: of the schedule (``tenant``, ``schedule``)
+    sa.Column("tenant", sa.String(64), primary_key=True),
     sa.Column("schedule", sa.String(200), primary_key=True),
     sa.Column("logical_date", TS, primary_key=True),
     sa.Column("state", sa.String(16), nullable=False),

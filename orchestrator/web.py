@@ -3,15 +3,19 @@
 Pages (server-rendered, no build step, nothing from a CDN):
 
 * ``/runs`` - runs with filters (``tenant``, ``dag``, ``state``) and paging (``page``);
-* ``/runs/RUN_ID`` - the run: its DAG drawn (:mod:`orchestrator.graph`), the task table with
-  the reason each waiting task waits (:mod:`orchestrator.explain`), the ledger, and operator
+* ``/runs/RUN_ID`` - the run: its DAG drawn (:mod:`orchestrator.graph`; a big one in counted
+  groups), the task table (paged, with a state filter and a key search) with the reason each
+  waiting task waits (:mod:`orchestrator.explain`), the ledger (paged), and operator
   actions (retry / skip / fail a task, cancel the run) as POST forms with an XSRF token.
 
 JSON for scripts (the pages' data, same addresses under ``/api``):
 
 * ``GET /api/runs?tenant=&dag=&state=&limit=&offset=`` - ``{"runs": [...]}``;
-* ``GET /api/runs/RUN_ID[?events=N]`` - ``{"run", "tasks", "edges", "waiting", "events"}`` (the
-  newest ``N`` ledger rows, or all);
+* ``GET /api/runs/RUN_ID?limit=&after=&before=&state=&q=&events=&events_before=&edges_after=`` -
+  ``{"run", "counts", "tasks", "edges", "waiting", "events", "page", "next"}``, paged: 500 tasks
+  (by key), edges and ledger rows unless told otherwise, ``next`` the links to the next pages;
+* ``GET /api/runs/RUN_ID/changes?after=EVENT_ID`` - what changed since a ledger id (the run page
+  polls it instead of reloading);
 * ``GET /api/runs/RUN_ID/graph?format=svg|dot|mermaid`` - the picture;
 * ``POST /api/runs/RUN_ID/cancel`` and ``POST /api/runs/RUN_ID/tasks/KEY/retry|skip|fail`` -
   ``{"ok": true, ...}``, or ``{"error": ...}`` with 400/403/404/409;
@@ -23,14 +27,24 @@ and action of another tenant's run answers 404 exactly like a run that does not 
 orchestrator's reads and actions are scoped to the tenant in the store), the runs list holds the
 tenant's runs only, and ``/metrics`` the tenant's families (not the deployment's workers).
 
-Access (``ORCHESTRATOR_UI_AUTH``): ``user:password`` asks for HTTP basic authentication on
-every address but ``/healthz``; a bare token is accepted as ``Authorization: Bearer TOKEN``
-(scripts) or through the ``/login`` form (a signed cookie). Without it, the app acts (POST)
-only when bound to a loopback address, and then only for requests whose ``Host`` names a
-loopback host (a DNS-rebinding page cannot drive it); bound anywhere else it is read-only. A
-browser POST always needs the XSRF token of the page it came from; a bearer-token request
-needs none (a browser never sends that header by itself). Every action is recorded in the
-ledger with who acted and from where: ``alice (web from 10.0.0.7)``.
+Access (``ORCHESTRATOR_UI_AUTH``): every read and write needs authentication, on any bind
+(only ``/healthz`` answers without it, and says nothing but ``ok``). The setting is a
+comma-separated list of credentials, each ``user:password`` (HTTP basic) or a token of 16+
+characters (``Authorization: Bearer TOKEN`` for scripts; ``/login?token=TOKEN`` or the
+``/login`` form for people: a signed session cookie), optionally bound to a tenant with
+``=TENANT`` (``=*`` or nothing: every tenant). A tenant-bound credential acts as an
+orchestrator bound to that tenant: another tenant's run is 404 everywhere, lists and
+``/metrics`` hold its tenant only. Unset, ``serve`` on a loopback address makes a random token
+at start and prints its login URL (Jupyter's model); on any other address it refuses to start.
+No request header (``Host``, ``X-Forwarded-For``, ...) grants or denies anything: credentials
+decide. A browser POST always needs the XSRF token of the page it came from; a bearer-token
+request needs none (a browser never sends that header by itself). Every action is recorded in
+the ledger with who acted and from where: ``alice (web from 10.0.0.7)``.
+
+Every response carries a Content-Security-Policy (scripts of this origin, or inline ones with
+the page's nonce only), ``X-Frame-Options: DENY``, ``nosniff``, ``Referrer-Policy:
+no-referrer`` and ``Cache-Control: no-store``. A URL longer than :data:`MAX_URL_BYTES` is
+answered 414, headers larger than :data:`MAX_HEADER_BYTES` 431.
 """
 
 from __future__ import annotations
@@ -45,8 +59,10 @@ import logging
 import math
 import os
 import secrets
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -55,7 +71,9 @@ import tornado.web
 from tornado.template import Loader
 
 from . import graph as drawing
+from .dag import KEY_RE, TENANT_RE
 from .errors import (
+    ConfigurationError,
     ConflictError,
     OperatorError,
     OrchestratorError,
@@ -73,11 +91,33 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 50
 #: the deepest page (an offset walks the index that far): filter by DAG, state or tenant instead
 MAX_OFFSET = 100_000
-#: ledger rows shown on the run page (all of them are in /api/runs/RUN_ID)
-LEDGER_ROWS = 500
+#: ledger rows per page of the run page (older pages: ``?events_before=ID``)
+LEDGER_ROWS = 100
+#: task rows per page of the run page's table (``?limit=``, at most MAX_LIMIT)
+TASK_ROWS = 100
+#: tasks, edges and ledger rows per page of ``/api/runs/RUN_ID`` unless ``limit`` / ``events`` say otherwise
+API_LIMIT = 500
+#: the most tasks or edges one page may ask for
+MAX_LIMIT = 1000
+#: the most ledger rows one page (``events=N``) may ask for
+MAX_EVENTS = 5000
+#: the most ledger rows ``/api/runs/RUN_ID/changes`` answers at once (``more`` says when more wait)
+CHANGES_LIMIT = 500
+#: how many runs' drawing skeletons (:class:`orchestrator.graph.Skeleton`) a server keeps
+SKELETONS = 4
+#: the run page's script (served at /static/run.js)
+RUN_SCRIPT = Path(__file__).parent / "static" / "run.js"
 ACTIONS = ("retry", "skip", "fail")
-#: headers a reverse proxy adds: without authentication, a relayed request is refused
-PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-Ip", "Via")
+#: the longest URL (request target) answered: longer is 414
+MAX_URL_BYTES = 8 * 1024
+#: the most bytes of request headers answered: more is 431
+MAX_HEADER_BYTES = 32 * 1024
+#: Tornado's own limit on the request line and headers together, raised well above the two
+#: limits above so such a request is read and answered 414/431; beyond it Tornado closes the
+#: connection without a status
+SERVER_OPTIONS: dict[str, Any] = {"max_header_size": 1024 * 1024}
+#: the session cookie set by a token login (its value: the credential's name, signed)
+SESSION_COOKIE = "orc_user"
 
 
 def is_loopback(host: str) -> bool:
@@ -91,120 +131,245 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Credential:
+    """One entry of ``ORCHESTRATOR_UI_AUTH``: a user's password (``basic``) or a token."""
+
+    kind: str  # "basic" or "token"
+    #: who acts, as the ledger records it: the user, or ``token`` / ``token@TENANT``
+    name: str
+    secret: str = field(repr=False)
+    #: the tenant it sees and acts on; ``None``: every tenant (an admin)
+    tenant: str | None = None
+
+
+def _refuse(message: str) -> ConfigurationError:
+    return ConfigurationError(f"ORCHESTRATOR_UI_AUTH {message}")
+
+
+def parse_ui_auth(raw: str) -> tuple[Credential, ...]:
+    """The credentials of ``ORCHESTRATOR_UI_AUTH``: comma-separated entries, each
+    ``user:password`` or a token (16+ characters, no spaces), optionally followed by
+    ``=TENANT`` (bound to that tenant) or ``=*`` (every tenant, as without ``=``). Spaces
+    around entries are ignored; a secret containing ``=`` must end with ``=*`` or ``=TENANT``,
+    and none may contain ``,``. Raises :class:`ConfigurationError` naming the bad entry by its
+    position (and user), never echoing a secret."""
+    if raw == "":
+        return ()
+    if not raw.strip():
+        raise _refuse("is blank: set credentials, or leave it unset on a loopback bind")
+    found: list[Credential] = []
+    names: set[str] = set()
+    for i, part in enumerate(raw.split(","), 1):
+        entry = part.strip()
+        where = f"entry {i}"
+        if not entry:
+            raise _refuse(f"{where} is empty (entries are separated by ',')")
+        tenant: str | None = None
+        if "=" in entry:
+            entry, _, bound = entry.rpartition("=")
+            bound = bound.strip()
+            if bound != "*":
+                if not TENANT_RE.fullmatch(bound):
+                    raise _refuse(
+                        f"{where}: what follows its last '=' is neither '*' nor a tenant name (1-64 letters,"
+                        " digits, '_' or '-'); a secret containing '=' must end with =* or =TENANT"
+                    )
+                tenant = bound
+        if ":" in entry:
+            user, _, password = entry.partition(":")
+            if not user.strip() or user != user.strip():
+                raise _refuse(f"{where}: the user name is empty or has spaces around it")
+            where += f" (user {user!r})"
+            if not password.strip():
+                raise _refuse(f"{where}: the password is blank")
+            if user in names:
+                raise _refuse(f"{where}: the user appears twice")
+            found.append(Credential("basic", user, password, tenant))
+            names.add(user)
+        else:
+            where += " (a token)"
+            if not entry.strip():
+                raise _refuse(f"{where}: the token is blank")
+            if any(ch.isspace() for ch in entry):
+                raise _refuse(f"{where}: a token has no spaces")
+            if len(entry) < 16:
+                raise _refuse(f"{where}: a token must be at least 16 characters")
+            name = "token" if tenant is None else f"token@{tenant}"
+            n = 1
+            while name in names:
+                n += 1
+                name = ("token" if tenant is None else f"token@{tenant}") + f"#{n}"
+            found.append(Credential("token", name, entry, tenant))
+            names.add(name)
+    return tuple(found)
+
+
+def _same(given: str, secret: str) -> bool:
+    return hmac.compare_digest(given.encode(), secret.encode())
+
+
 class Access:
-    """Who may read and who may act, from ``ORCHESTRATOR_UI_AUTH`` and the bind address."""
+    """Who may read and act: the credentials of ``ORCHESTRATOR_UI_AUTH``; unset, a token made
+    now on a loopback bind (:attr:`generated`), and a refusal on any other bind."""
 
     def __init__(self, auth: str, bind: str) -> None:
-        self.user, self.password, self.token = "", "", ""
-        if ":" in auth:
-            self.user, self.password = auth.split(":", 1)
-            if not self.user or not self.password:
-                raise ValidationError("ORCHESTRATOR_UI_AUTH must be user:password (both non-empty) or a token")
-        elif auth:
-            if len(auth) < 16:
-                raise ValidationError("ORCHESTRATOR_UI_AUTH token must be at least 16 characters")
-            self.token = auth
+        self.credentials = parse_ui_auth(auth)
         self.local = is_loopback(bind)
+        #: the token made at start when no credentials are configured (loopback only)
+        self.generated = ""
+        if not self.credentials:
+            if not self.local:
+                shown = bind or "0.0.0.0"
+                raise ConfigurationError(
+                    f"ORCHESTRATOR_UI_AUTH is not set: serve refuses to bind {shown} (not a loopback"
+                    " address) without credentials"
+                )
+            self.generated = secrets.token_urlsafe(32)
+            self.credentials = (Credential("token", "token", self.generated),)
+        self.by_name = {c.name: c for c in self.credentials}
 
     @property
-    def enabled(self) -> bool:
-        return bool(self.password or self.token)
+    def has_basic(self) -> bool:
+        return any(c.kind == "basic" for c in self.credentials)
 
     @property
-    def can_write(self) -> bool:
-        """Actions need authentication, or a loopback bind (only local users reach it)."""
-        return self.enabled or self.local
+    def has_token(self) -> bool:
+        return any(c.kind == "token" for c in self.credentials)
 
-    def basic(self, header: str) -> str | None:
-        """The user named by a valid ``Authorization: Basic`` header."""
-        if not self.password or not header.startswith("Basic "):
+    @property
+    def tenants(self) -> set[str]:
+        return {c.tenant for c in self.credentials if c.tenant is not None}
+
+    def basic(self, header: str) -> Credential | None:
+        """The credential of a valid ``Authorization: Basic`` header."""
+        if not header.startswith("Basic "):
             return None
         try:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return None
-        ok = hmac.compare_digest(user.encode(), self.user.encode()) & hmac.compare_digest(
-            password.encode(), self.password.encode()
-        )
-        return user if ok else None
+        found = None
+        for c in self.credentials:  # every entry compared: the time says nothing of which matched
+            if c.kind == "basic" and _same(user, c.name) & _same(password, c.secret):
+                found = c
+        return found
 
-    def bearer(self, header: str) -> bool:
-        return (
-            bool(self.token)
-            and header.startswith("Bearer ")
-            and hmac.compare_digest(header[7:].strip().encode(), self.token.encode())
-        )
+    def token(self, given: str) -> Credential | None:
+        """The credential of a token (from a Bearer header, ``/login?token=`` or the form)."""
+        found = None
+        for c in self.credentials:
+            if c.kind == "token" and _same(given, c.secret):
+                found = c
+        return found if given else None
+
+    def bearer(self, header: str) -> Credential | None:
+        return self.token(header[7:].strip()) if header.startswith("Bearer ") else None
+
+
+def content_security_policy(nonce: str) -> str:
+    return (
+        f"default-src 'none'; script-src 'self' 'nonce-{nonce}'; style-src 'self' 'unsafe-inline';"
+        " img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none';"
+        " base-uri 'none'"
+    )
 
 
 class _Base(tornado.web.RequestHandler):
-    """Authentication, the Host check, errors as HTML or JSON, and blocking calls off the loop."""
+    """Request limits, authentication, security headers, errors as HTML or JSON, and blocking
+    calls off the loop."""
 
     api = False
+    #: a person's page: without a session, a GET goes to the login form (else: 401)
+    page = True
 
     @property
     def orc(self) -> Orchestrator:
-        return self.settings["orc"]  # type: ignore[no-any-return]
+        """The orchestrator of the logged-in credential: bound to its tenant, or the app's."""
+        cred = self.current_user
+        if cred is None:
+            raise tornado.web.HTTPError(401)
+        if cred.tenant is None:
+            return self.settings["orc"]  # type: ignore[no-any-return]
+        return self.settings["tenant_orcs"][cred.tenant]  # type: ignore[no-any-return]
 
     @property
     def access(self) -> Access:
         return self.settings["access"]  # type: ignore[no-any-return]
 
+    @property
+    def nonce(self) -> str:
+        """This response's CSP nonce: ``<script nonce="{{ nonce }}">`` runs, no other inline script."""
+        found: str | None = getattr(self, "_csp_nonce", None)
+        if found is None:
+            found = self._csp_nonce = secrets.token_urlsafe(16)
+        return found
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Security-Policy", content_security_policy(self.nonce))
+        self.set_header("X-Frame-Options", "DENY")
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Referrer-Policy", "no-referrer")
+        self.set_header("Cache-Control", "no-store")
+
     async def blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.settings["pool"], lambda: fn(*args, **kwargs))
 
+    def _check_size(self) -> None:
+        request = self.request
+        if len(request.uri or "") > MAX_URL_BYTES:
+            raise tornado.web.HTTPError(414, reason=f"URL longer than {MAX_URL_BYTES} bytes")
+        if sum(len(k) + len(v) + 4 for k, v in request.headers.get_all()) > MAX_HEADER_BYTES:
+            raise tornado.web.HTTPError(431, reason=f"request headers larger than {MAX_HEADER_BYTES} bytes")
+
     def prepare(self) -> None:
-        access = self.access
-        if not access.enabled and access.local:
-            host = self.request.host_name
-            if not is_loopback(host):
-                # a page on another origin resolving its name to 127.0.0.1 (DNS rebinding)
-                raise tornado.web.HTTPError(403, reason=f"host {host!r} is not this machine's loopback name")
-            relayed = [h for h in PROXY_HEADERS if h in self.request.headers]
-            if relayed:
-                # a reverse proxy would open the unauthenticated loopback app to whoever reaches it
-                raise tornado.web.HTTPError(
-                    403, reason=f"relayed request ({relayed[0]}): set ORCHESTRATOR_UI_AUTH to serve behind a proxy"
-                )
-        if not access.enabled or self.request.path in ("/healthz", "/login"):
+        request = self.request
+        self._check_size()
+        if request.path in ("/healthz", "/login"):
             return
         if self.current_user is None:
-            if access.password:
+            if (
+                self.access.has_basic
+                or self.api
+                or not self.page
+                or request.method != "GET"
+                or not self.access.has_token
+            ):
                 raise tornado.web.HTTPError(401)  # write_error asks for the password
-            if self.api or self.request.method != "GET":
-                raise tornado.web.HTTPError(401)
-            self.redirect("/login?" + urlencode({"next": self.request.uri or "/"}))  # finishes the request
+            self.redirect("/login?" + urlencode({"next": request.uri or "/"}))  # finishes the request
 
-    def get_current_user(self) -> str | None:
+    def get_current_user(self) -> Credential | None:
         access = self.access
-        if not access.enabled:
-            return "anonymous"
         header = self.request.headers.get("Authorization", "")
-        if access.password:
+        if header.startswith("Basic "):
             return access.basic(header)
-        if access.bearer(header):
-            return "token"
-        cookie = self.get_signed_cookie("orc_user", max_age_days=1)
-        return cookie.decode() if cookie else None
+        if header.startswith("Bearer "):
+            return access.bearer(header)
+        cookie = self.get_signed_cookie(SESSION_COOKIE, max_age_days=1)
+        return access.by_name.get(cookie.decode()) if cookie else None
 
     def check_xsrf_cookie(self) -> None:
+        # Tornado checks XSRF before prepare(): sizes and authentication first, so a POST
+        # without credentials is 401 whatever its XSRF token
+        self._check_size()
+        if self.current_user is None and self.request.path != "/login":
+            raise tornado.web.HTTPError(401)
         if self.access.bearer(self.request.headers.get("Authorization", "")):
             return  # a browser never sends this header by itself: no forgery possible
         super().check_xsrf_cookie()
 
     def by(self) -> str:
         """Who acts, and from where, as the ledger records it."""
-        user = self.current_user if self.access.enabled else "anonymous"
-        return f"{user} (web from {self.request.remote_ip})"
+        cred = self.current_user
+        return f"{cred.name if cred else 'anonymous'} (web from {self.request.remote_ip})"
 
     def require_write(self) -> None:
-        if not self.access.can_write:
-            raise tornado.web.HTTPError(
-                403, reason="read-only: no ORCHESTRATOR_UI_AUTH and not bound to a loopback address"
-            )
+        if self.current_user is None:
+            raise tornado.web.HTTPError(401)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        if status_code == 401 and self.access.password:
+        if status_code == 401 and self.access.has_basic:
             self.set_header("WWW-Authenticate", 'Basic realm="orchestrator", charset="UTF-8"')
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = str(exc) if isinstance(exc, OrchestratorError) else (self._reason or "error")
@@ -262,34 +427,208 @@ def _int_arg(handler: _Base, name: str, default: int, low: int, high: int) -> in
     return value
 
 
-def run_document(orc: Orchestrator, run_id: str, *, events: int | None = None) -> dict[str, Any]:
-    """Everything the run page shows, as JSON: the run, its tasks, edges, why the waiting
-    tasks wait, and the ledger (the newest ``events`` rows, or all)."""
+@dataclass(frozen=True)
+class TaskQuery:
+    """A page of a run's tasks as asked: keyset cursors on the key, a state, a key search."""
+
+    limit: int
+    after: str | None = None
+    before: str | None = None
+    state: str | None = None
+    search: str | None = None
+
+    def params(self, default_limit: int) -> dict[str, str]:
+        """The filters as query parameters (not the cursors)."""
+        out = {"state": self.state or "", "q": self.search or ""}
+        if self.limit != default_limit:
+            out["limit"] = str(self.limit)
+        return {k: v for k, v in out.items() if v}
+
+
+def _task_query(handler: _Base, default_limit: int) -> TaskQuery:
+    def key_arg(name: str) -> str | None:
+        value = handler.get_query_argument(name, "") or None
+        if value is not None and not KEY_RE.fullmatch(value):
+            raise ValidationError(f"{name} must be a task key (letters, digits, '_' or '-')")
+        return value
+
+    state = handler.get_query_argument("state", "").strip().upper() or None
+    if state is not None and state not in TaskState.__members__:
+        raise ValidationError(f"unknown task state {state!r}; one of {', '.join(TaskState)}")
+    search = handler.get_query_argument("q", "").strip() or None
+    if search is not None and len(search) > 200:
+        raise ValidationError("q (a key search) is at most 200 characters")
+    return TaskQuery(
+        limit=_int_arg(handler, "limit", default_limit, 1, MAX_LIMIT),
+        after=key_arg("after"),
+        before=key_arg("before"),
+        state=state,
+        search=search,
+    )
+
+
+def _opt_int(handler: _Base, name: str) -> int | None:
+    raw = handler.get_query_argument(name, "")
+    return None if raw == "" else _int_arg(handler, name, 0, 0, 2**62)
+
+
+def _edge_cursor(handler: _Base) -> tuple[str, str] | None:
+    raw = handler.get_query_argument("edges_after", "")
+    if not raw:
+        return None
+    parent, _, child = raw.partition(".")
+    if not (KEY_RE.fullmatch(parent) and KEY_RE.fullmatch(child)):
+        raise ValidationError("edges_after must be PARENT.CHILD (two task keys)")
+    return parent, child
+
+
+def _event_json(event_id: int, event: Any) -> dict[str, Any]:
+    return {"id": event_id, **event.to_json()}
+
+
+def _waiting(orc: Orchestrator, run_id: str, tasks: list[Any]) -> dict[str, Any]:
+    """Why each waiting task of ``tasks`` (not final, not running) waits."""
+    keys = {t.key for t in tasks if not t.state.terminal and t.state is not TaskState.RUNNING}
+    if not keys:
+        return {}
+    found = orc.explain(run_id, next(iter(keys))) if len(keys) == 1 else orc.explain(run_id)
+    return {e.key: [r.to_json() for r in e.reasons] for e in found if e.key in keys}
+
+
+def run_document(
+    orc: Orchestrator,
+    run_id: str,
+    *,
+    tasks: TaskQuery | None = None,
+    events: int = API_LIMIT,
+    events_before: int | None = None,
+    edges_after: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """A run as JSON, paged: the run (with its tasks counted per state), one page of its tasks
+    (``tasks``; the first :data:`API_LIMIT` keys by default) and why the waiting ones wait, as
+    many of its edges, and ``events`` ledger rows (the newest, or those before the id
+    ``events_before``), oldest first. ``page`` holds the cursors of the next pages."""
+    reads = orc.reads
+    tq = tasks or TaskQuery(API_LIMIT)
     view = orc.visible(run_id)
-    tasks = orc.tasks(run_id)
-    waiting: dict[str, Any] = {}
-    if any(not t.state.terminal and t.state is not TaskState.RUNNING for t in tasks):
-        waiting = {
-            e.key: [r.to_json() for r in e.reasons]
-            for e in orc.explain(run_id)
-            if not e.state.terminal and e.state is not TaskState.RUNNING
-        }
-    ledger = orc.events(run_id, newest=events)
+    page = reads.task_page(run_id, limit=tq.limit, after=tq.after, before=tq.before, state=tq.state, search=tq.search)
+    edges, more_edges = reads.edge_page(run_id, limit=tq.limit, after=edges_after)
+    ledger, older = reads.event_page(run_id, limit=events, before=events_before) if events else ([], False)
+    if events_before is None and ledger:
+        newest = ledger[-1][0]
+    else:
+        found, _ = reads.event_page(run_id, limit=1)
+        newest = found[-1][0] if found else 0
     return {
         "run": view.to_json(),
-        "tasks": [t.to_json() for t in tasks],
-        "edges": [list(e) for e in orc.edges(run_id)],
-        "waiting": waiting,
-        "events": [e.to_json() for e in ledger],
+        "counts": dict(sorted(view.counts.items())),
+        "tasks": [t.to_json() for t in page.tasks],
+        "edges": [list(e) for e in edges],
+        "waiting": _waiting(orc, run_id, page.tasks),
+        "events": [_event_json(i, e) for i, e in ledger],
+        "page": {
+            "limit": tq.limit,
+            "tasks_after": page.tasks[-1].key if page.tasks and page.more_after else None,
+            "tasks_before": page.tasks[0].key if page.tasks and page.more_before else None,
+            "edges_after": ".".join(edges[-1]) if edges and more_edges else None,
+            "events_before": ledger[0][0] if ledger and older else None,
+            #: the run's newest ledger id: what changes after it, /api/runs/RUN_ID/changes?after=
+            "last_event": newest,
+        },
     }
 
 
-def run_page_data(orc: Orchestrator, run_id: str) -> tuple[dict[str, Any], str]:
-    """The run page's document and its SVG, built off the IO loop (one read of the tasks)."""
-    doc = run_document(orc, run_id, events=LEDGER_ROWS)
-    tasks = [drawing.TaskInfo(t["key"], t["task"], t["state"], t["trigger_rule"], t["attempt"]) for t in doc["tasks"]]
-    picture = drawing.layout(tasks, [(p, c) for p, c in doc["edges"]])
-    return doc, drawing.to_svg(picture, href=lambda key: f"#task-{quote(key)}")
+class _SkeletonCache:
+    """The drawing skeletons of the last :data:`SKELETONS` runs drawn, by (run, task count): a
+    run's DAG never changes after submission, so a page load or a poll reads the tasks' states
+    only (never the edges again). Every use is behind a read of the run that checks who may see
+    it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._found: dict[tuple[str, int], drawing.Skeleton] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> drawing.Skeleton | None:
+        with self._lock:
+            found = self._found.pop(key, None)
+            if found is not None:
+                self._found[key] = found  # the newest last
+            return found
+
+    def put(self, key: tuple[str, int], skeleton: drawing.Skeleton) -> None:
+        with self._lock:
+            self._found[key] = skeleton
+            while len(self._found) > self.size:
+                self._found.pop(next(iter(self._found)))
+
+
+SKELETON_CACHE = _SkeletonCache(SKELETONS)
+
+
+def run_drawing(orc: Orchestrator, run_id: str) -> tuple[drawing.Skeleton, drawing.Graph]:
+    """The run's DAG drawn (collapsed into counted groups when large, :func:`graph.structure`),
+    from its tasks' states and its kept skeleton (the edges are read once per run)."""
+    found = orc.reads.drawing_rows(run_id)  # RunNotFound for a run this caller does not see
+    skeleton = SKELETON_CACHE.get((run_id, len(found)))
+    if skeleton is None:
+        skeleton = drawing.structure([r[0] for r in found], orc.reads.edge_list(run_id))
+        SKELETON_CACHE.put((run_id, len(found)), skeleton)
+    return skeleton, drawing.paint_rows(skeleton, found)
+
+
+def run_page_data(
+    orc: Orchestrator, run_id: str, tasks: TaskQuery, events_before: int | None
+) -> tuple[dict[str, Any], str]:
+    """The run page's document (one page of tasks, one of the ledger) and its SVG, built off
+    the IO loop."""
+    doc = run_document(orc, run_id, tasks=tasks, events=LEDGER_ROWS, events_before=events_before)
+    doc.pop("edges")
+    _, picture = run_drawing(orc, run_id)
+    svg = drawing.to_svg(picture, href=lambda key: f"?{urlencode({'q': key})}#task-{quote(key)}")
+    return doc, svg
+
+
+def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[str, Any]:
+    """What changed in the run since the ledger id ``after``: at most ``limit`` new ledger rows
+    (oldest first; ``more``: others wait, ask again from ``last``), the current state of every
+    task they name, the run's state and counts per state, and the counts of the collapsed
+    boxes of the drawing those tasks are in."""
+    reads = orc.reads
+    ledger, more = reads.event_page(run_id, limit=limit, after=after)
+    view = orc.visible(run_id)
+    keys = sorted({e.key for _, e in ledger if e.key is not None})
+    tasks = reads.tasks_by_key(run_id, keys) if keys else []
+    boxes: dict[str, Any] = {}
+    skeleton = None
+    if keys:
+        skeleton, picture = run_drawing(orc, run_id)
+        touched = {skeleton.box_of.get(k) for k in keys}
+        boxes = {
+            b.id: {"state": b.state, "counts": b.counts, "title": drawing.counted(b)}
+            for b in picture.boxes
+            if b.collapsed and b.id in touched
+        }
+    return {
+        "run": {"id": view.id, "state": view.state.value, "final": view.state.terminal},
+        "counts": dict(sorted(view.counts.items())),
+        "events": [_event_json(i, e) for i, e in ledger],
+        "tasks": {
+            t.key: {
+                "state": t.state.value,
+                "attempt": t.attempt,
+                "max_attempts": t.max_attempts,
+                "worker": t.worker,
+                "duration": t.duration,
+                "error": t.error[:300] if t.error and t.state is not TaskState.SUCCEEDED else None,
+                "box": skeleton.box_of.get(t.key) if skeleton else None,
+            }
+            for t in tasks
+        },
+        "boxes": boxes,
+        "last": ledger[-1][0] if ledger else after,
+        "more": more,
+    }
 
 
 def safe_next(target: str) -> str:
@@ -310,7 +649,7 @@ def safe_next(target: str) -> str:
 
 
 def run_graph(orc: Orchestrator, run_id: str) -> drawing.Graph:
-    return drawing.from_views(orc.tasks(run_id), orc.edges(run_id))
+    return run_drawing(orc, run_id)[1]
 
 
 class Home(_Base):
@@ -324,22 +663,43 @@ class Health(_Base):
 
 
 class Login(_Base):
+    """``GET /login?token=TOKEN`` (the URL ``serve`` prints) and the form: a right token sets the
+    session cookie and goes on to ``next`` (default ``/runs``); a wrong one sets nothing."""
+
     def get(self) -> None:
-        self.write(
-            render(
-                "login.html", title="Log in", handler=self, next=self.get_query_argument("next", "/runs"), failed=False
-            )
-        )
+        target = safe_next(self.get_query_argument("next", "/runs"))
+        token = self.get_query_argument("token", None)
+        if token is None:
+            self.write(render("login.html", title="Log in", handler=self, next=target, failed=False))
+            return
+        cred = self.access.token(token)
+        if cred is None:
+            raise tornado.web.HTTPError(403, reason="wrong token")
+        self._log_in(cred, target)
 
     def post(self) -> None:
-        token = self.get_body_argument("token", "")
         target = safe_next(self.get_body_argument("next", "/runs"))
-        if not self.access.token or not hmac.compare_digest(token.encode(), self.access.token.encode()):
+        cred = self.access.token(self.get_body_argument("token", ""))
+        if cred is None:
             self.set_status(401)
             self.write(render("login.html", title="Log in", handler=self, next=target, failed=True))
             return
-        self.set_signed_cookie("orc_user", "token", expires_days=1, httponly=True, samesite="Strict")
+        self._log_in(cred, target)
+
+    def _log_in(self, cred: Credential, target: str) -> None:
+        # Lax, not Strict: the login URL is opened from a terminal or a chat, and the redirect
+        # that follows must carry the cookie; a cross-site POST is still stopped by the XSRF token
+        self.set_signed_cookie(SESSION_COOKIE, cred.name, expires_days=1, httponly=True, samesite="Lax")
         self.redirect(target)
+
+
+class NotFound(_Base):
+    """Any other address: 404 (after authentication, with the security headers)."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        if not self._finished:
+            raise tornado.web.HTTPError(404)
 
 
 class RunsPage(_Base):
@@ -369,10 +729,19 @@ class RunsPage(_Base):
 
 class RunPage(_Base):
     async def get(self, run_id: str) -> None:
-        doc, svg = await self.blocking(run_page_data, self.orc, run_id)
+        tq = _task_query(self, TASK_ROWS)
+        events_before = _opt_int(self, "events_before")
+        doc, svg = await self.blocking(run_page_data, self.orc, run_id, tq, events_before)
         done = self.get_signed_cookie("orc_done", max_age_days=1)
         if done is not None:
             self.clear_cookie("orc_done")
+        here = f"/runs/{quote(run_id)}?"
+        filters = tq.params(TASK_ROWS)
+        page = doc["page"]
+
+        def tasks_link(**cursor: str) -> str:
+            return here + urlencode({**filters, **cursor}) + "#tasks"
+
         self.write(
             render(
                 "run.html",
@@ -384,6 +753,18 @@ class RunPage(_Base):
                 colours=drawing.COLOURS,
                 done=done.decode() if done else "",
                 ledger_rows=LEDGER_ROWS,
+                task_rows=TASK_ROWS,
+                query=tq,
+                task_states=list(TaskState),
+                links={
+                    "first": tasks_link() if tq.after or tq.before else None,
+                    "next": tasks_link(after=page["tasks_after"]) if page["tasks_after"] else None,
+                    "prev": tasks_link(before=page["tasks_before"]) if page["tasks_before"] else None,
+                    "older": here + urlencode({**filters, "events_before": page["events_before"]}) + "#ledger"
+                    if page["events_before"]
+                    else None,
+                    "newest": here + urlencode(filters) + "#ledger" if events_before is not None else None,
+                },
             )
         )
 
@@ -419,11 +800,59 @@ class ApiRuns(_Base):
 
 
 class ApiRun(_Base):
+    """``GET /api/runs/RUN_ID``: the run, paged (see :func:`run_document`); ``next`` holds the
+    links to the following pages."""
+
     api = True
 
     async def get(self, run_id: str) -> None:
-        newest = _int_arg(self, "events", 0, 0, 1_000_000) or None  # 0 (default): the whole ledger
-        self.write(await self.blocking(run_document, self.orc, run_id, events=newest))
+        tq = _task_query(self, API_LIMIT)
+        events = _int_arg(self, "events", API_LIMIT, 0, MAX_EVENTS)
+        events_before = _opt_int(self, "events_before")
+        edges_after = _edge_cursor(self)
+        doc = await self.blocking(
+            run_document, self.orc, run_id, tasks=tq, events=events, events_before=events_before,
+            edges_after=edges_after,
+        )  # fmt: skip
+        page = doc["page"]
+        base = {**tq.params(API_LIMIT)}
+        if events != API_LIMIT:
+            base["events"] = str(events)
+        here = f"/api/runs/{quote(run_id)}?"
+
+        def link(**cursor: Any) -> str:
+            return here + urlencode({**base, **cursor})
+
+        doc["next"] = {
+            "tasks": link(after=page["tasks_after"]) if page["tasks_after"] else None,
+            "tasks_before": link(before=page["tasks_before"]) if page["tasks_before"] else None,
+            "edges": link(edges_after=page["edges_after"]) if page["edges_after"] else None,
+            "events": link(events_before=page["events_before"]) if page["events_before"] else None,
+            "changes": f"/api/runs/{quote(run_id)}/changes?after={page['last_event']}",
+        }
+        self.write(doc)
+
+
+class ApiChanges(_Base):
+    """``GET /api/runs/RUN_ID/changes?after=EVENT_ID[&limit=N]``: what changed since a ledger
+    id (see :func:`run_changes`); the run page polls it."""
+
+    api = True
+
+    async def get(self, run_id: str) -> None:
+        after = _int_arg(self, "after", 0, 0, 2**62)
+        limit = _int_arg(self, "limit", CHANGES_LIMIT, 1, CHANGES_LIMIT)
+        self.write(await self.blocking(run_changes, self.orc, run_id, after, limit))
+
+
+class RunScript(_Base):
+    """``/static/run.js``: the run page's script (a file of this origin, as the CSP wants)."""
+
+    page = False
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "text/javascript; charset=utf-8")
+        self.write(RUN_SCRIPT.read_bytes())
 
 
 class ApiGraph(_Base):
@@ -448,6 +877,8 @@ class ApiAction(_Act):
 
 
 class Metrics(_Base):
+    page = False  # a scraper: 401, never the login form
+
     async def get(self) -> None:
         from .metrics import render as render_metrics
 
@@ -462,7 +893,9 @@ VERB = r"(retry|skip|fail)"
 
 
 def make_app(orc: Orchestrator, *, auth: str = "", bind: str = "127.0.0.1", cookie_secret: str | None = None) -> Any:
-    """The Tornado application (tests drive it directly; :func:`serve` listens)."""
+    """The Tornado application (tests drive it directly; :func:`serve` listens). Raises
+    :class:`ConfigurationError` for bad credentials, or none on a bind that is not loopback;
+    without credentials on loopback, the token it makes is ``app.settings["access"].generated``."""
     access = Access(auth, bind)
     return tornado.web.Application(
         [
@@ -477,11 +910,15 @@ def make_app(orc: Orchestrator, *, auth: str = "", bind: str = "127.0.0.1", cook
             (r"/api/runs/?", ApiRuns),
             (rf"/api/runs/{RUN_ID}", ApiRun),
             (rf"/api/runs/{RUN_ID}/graph", ApiGraph),
+            (rf"/api/runs/{RUN_ID}/changes", ApiChanges),
+            (r"/static/run\.js", RunScript),
             (rf"/api/runs/{RUN_ID}/cancel", ApiAction),
             (rf"/api/runs/{RUN_ID}/tasks/{KEY}/{VERB}", ApiAction),
         ],
         orc=orc,
         access=access,
+        tenant_orcs=_tenant_orcs(orc, access),
+        default_handler_class=NotFound,
         pool=ThreadPoolExecutor(max_workers=4, thread_name_prefix="orc-web"),
         xsrf_cookies=True,
         xsrf_cookie_kwargs={"httponly": True, "samesite": "Strict"},
@@ -490,23 +927,41 @@ def make_app(orc: Orchestrator, *, auth: str = "", bind: str = "127.0.0.1", cook
     )
 
 
+def _tenant_orcs(orc: Orchestrator, access: Access) -> dict[str, Orchestrator]:
+    """An orchestrator bound to each tenant a credential is bound to (the store's tenant wall),
+    sharing the app's store, publisher and registry."""
+    from .engine import Orchestrator as Facade
+
+    found: dict[str, Orchestrator] = {}
+    for tenant in sorted(access.tenants):
+        if orc.tenant is not None and tenant != orc.tenant:
+            raise ConfigurationError(
+                f"ORCHESTRATOR_UI_AUTH binds a credential to tenant {tenant!r}, but this serve acts as"
+                f" tenant {orc.tenant!r} only"
+            )
+        found[tenant] = Facade(
+            orc.settings, app=orc.app, store=orc.store, publisher=orc.publisher, registry=orc.registry, tenant=tenant
+        )
+    return found
+
+
 def serve(
     orc: Orchestrator, *, host: str, port: int, auth: str = "", ready: Callable[[str], None] | None = None
 ) -> None:
-    """Listen on ``host:port`` until interrupted."""
+    """Listen on ``host:port`` until interrupted. Without credentials (loopback only), the
+    login URL with the token made at start is passed to ``ready``."""
     import tornado.ioloop
 
-    access = Access(auth, host)
     app = make_app(orc, auth=auth, bind=host)
-    server = app.listen(port, address=host)
-    mode = (
-        "authentication required"
-        if access.enabled
-        else ("no authentication (loopback only)" if access.local else "read-only (no ORCHESTRATOR_UI_AUTH)")
-    )
+    access: Access = app.settings["access"]
+    server = app.listen(port, address=host, **SERVER_OPTIONS)
     shown = f"[{host}]" if ":" in host else (host or "0.0.0.0")
     if ready is not None:
-        ready(f"serving on http://{shown}:{port}/runs - {mode}; pid {os.getpid()}")
+        ready(f"serving on http://{shown}:{port}/runs - authentication required; pid {os.getpid()}")
+        if access.generated:
+            ready(
+                f"log in (token made at start, valid until exit): http://{shown}:{port}/login?token={access.generated}"
+            )
     try:
         tornado.ioloop.IOLoop.current().start()
     finally:
@@ -524,8 +979,9 @@ def render(name: str, **values: Any) -> bytes:
     return TEMPLATES.load(name).generate(
         xsrf=handler.xsrf_form_html,
         quote=quote,
-        user=handler.current_user if handler.access.enabled else None,
-        can_write=handler.access.can_write,
+        user=handler.current_user.name if handler.current_user else None,
+        can_write=handler.current_user is not None,
+        nonce=handler.nonce,
         ceil=math.ceil,
         **values,
     )

@@ -9,10 +9,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from orchestrator import dag_factory
 from orchestrator.dag import DAG
 from orchestrator.demo import build_demo_dag
 
 
+@dag_factory
 def daily_etl(logical_date: dt.datetime, params: dict[str, Any]) -> DAG:
     """The demo's ETL for the day of ``logical_date`` (in ``params["tz"]``, default UTC), for
     the tenant in ``params["tenant"]`` (default ``default``: a schedule's runs are its own

@@ -330,17 +330,20 @@ def test_dockerfile_installs_the_project() -> None:
 
 
 def test_serve_requires_credentials_and_publishes_on_loopback(services: dict[str, Any]) -> None:
+    from orchestrator.errors import ConfigurationError
     from orchestrator.web import Access
 
     serve = services["serve"]
     args = argv(serve)
     assert args[:2] == ["orchestrator", "serve"]
     host = args[args.index("--host") + 1]
-    # bound to every interface in its container: it acts only because credentials are required
+    # bound to every interface in its container: it starts only because credentials are required
     with pytest.raises(MissingVariableError):
         argv({"command": serve["environment"]["ORCHESTRATOR_UI_AUTH"]}, env={})
     settings = service_settings(serve)
     access = Access(settings.ui_auth, host)
-    assert access.enabled and access.can_write and not access.local
+    assert access.credentials and not access.generated and not access.local
+    with pytest.raises(ConfigurationError, match="ORCHESTRATOR_UI_AUTH"):
+        Access("", host)  # without them, serve would refuse to start there
     assert all(str(p).startswith("127.0.0.1:") for p in serve["ports"])
     assert depends(serve, "migrate") == "service_completed_successfully"

@@ -54,6 +54,21 @@ class Snapshot:
     effects: list[Any]
 
 
+@dataclass(frozen=True)
+class TaskPage:
+    """A page of a run's tasks (:meth:`Reads.task_page`)."""
+
+    tasks: list[TaskView]
+    #: whether tasks exist after the page's last key / before its first (with the same filters)
+    more_after: bool
+    more_before: bool
+
+
+#: the columns of ``orc_runs`` a :class:`RunView` needs: not the DAG's snapshot (a 50,000-task
+#: run's is megabytes of JSON, decoded for nothing by every run page and runs list)
+RUN_VIEW_COLUMNS = [c for c in t_runs.c if c.name != "dag_snapshot"]
+
+
 class Reads:
     def __init__(self, db: Database, *, tenant: str | None = None) -> None:
         self.db = db
@@ -81,7 +96,7 @@ class Reads:
         it rides out a database restart within the store's ``retry_seconds``."""
 
         def read(conn: Any) -> tuple[Any, dict[str, int]]:
-            row = conn.execute(sa.select(t_runs).where(*self._run_where(run_id))).first()
+            row = conn.execute(sa.select(*RUN_VIEW_COLUMNS).where(*self._run_where(run_id))).first()
             return row, (self._counts(conn, [run_id]).get(run_id, {}) if row is not None else {})
 
         row, counts = self.db.read(read)
@@ -112,7 +127,12 @@ class Reads:
             if tenant not in (None, self.tenant):
                 return []
             tenant = self.tenant
-        q = sa.select(t_runs).order_by(t_runs.c.created_at.desc(), t_runs.c.id.desc()).limit(limit).offset(offset)
+        q = (
+            sa.select(*RUN_VIEW_COLUMNS)
+            .order_by(t_runs.c.created_at.desc(), t_runs.c.id.desc())
+            .limit(limit)
+            .offset(offset)
+        )
         if tenant:
             q = q.where(t_runs.c.tenant == tenant)
         if dag:
@@ -173,6 +193,125 @@ class Reads:
         else:
             q = q.order_by(t_events.c.id)
         return [rows.event_view(r) for r in self._of_run(run_id, q)]
+
+    # ------------------------------------------------------------------ paged reads (the web UI, the JSON API)
+
+    def task_counts(self, run_id: str) -> dict[str, int]:
+        """The run's tasks per state (one ``GROUP BY`` on the primary key's ``run_id``); raise
+        :class:`RunNotFound`."""
+        q = sa.select(t_tasks.c.state, sa.func.count()).where(t_tasks.c.run_id == run_id).group_by(t_tasks.c.state)
+        return {st: int(n) for st, n in self._of_run(run_id, q)}
+
+    def task_page(
+        self,
+        run_id: str,
+        *,
+        limit: int,
+        after: str | None = None,
+        before: str | None = None,
+        state: str | None = None,
+        search: str | None = None,
+    ) -> TaskPage:
+        """One page of the run's tasks in key order (keyset paging on the primary key
+        ``(run_id, key)``): the first ``limit`` keys after ``after``, or the last ``limit`` before
+        ``before``; only those in ``state`` and/or whose key contains ``search`` (case
+        insensitive). ``more_after`` / ``more_before`` say whether a further page exists on
+        either side. Raise :class:`RunNotFound`."""
+        c = t_tasks.c
+        where = [c.run_id == run_id]
+        if state:
+            where.append(c.state == state)
+        if search:
+            escaped = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            where.append(c.key.ilike(f"%{escaped}%", escape="\\"))
+        backwards = before is not None and after is None
+        if after is not None:
+            where.append(c.key > after)
+        if before is not None and after is None:
+            where.append(c.key < before)
+        q = sa.select(t_tasks).where(*where).order_by(c.key.desc() if backwards else c.key).limit(limit + 1)
+        found = self._of_run(run_id, q)
+        more = len(found) > limit
+        found = list(found[:limit])
+        if backwards:
+            found.reverse()
+        return TaskPage(
+            tasks=[rows.task_view(r) for r in found],
+            more_after=more if not backwards else True,
+            more_before=(after is not None) if not backwards else more,
+        )
+
+    def tasks_by_key(self, run_id: str, keys: Sequence[str]) -> list[TaskView]:
+        """The run's tasks of ``keys`` (by primary key), in key order; raise :class:`RunNotFound`."""
+        q = (
+            sa.select(t_tasks)
+            .where(t_tasks.c.run_id == run_id, t_tasks.c.key.in_(sorted(set(keys))))
+            .order_by(t_tasks.c.key)
+        )
+        return [rows.task_view(r) for r in self._of_run(run_id, q)] if keys else []
+
+    def edge_page(
+        self, run_id: str, *, limit: int, after: tuple[str, str] | None = None
+    ) -> tuple[list[tuple[str, str]], bool]:
+        """``limit`` of the run's edges in (parent, child) order after the edge ``after`` (keyset
+        on the primary key), and whether more follow; raise :class:`RunNotFound`."""
+        e = t_edges.c
+        where = [e.run_id == run_id]
+        if after is not None:
+            where.append(sa.tuple_(e.parent_key, e.child_key) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1])))
+        q = sa.select(e.parent_key, e.child_key).where(*where).order_by(e.parent_key, e.child_key).limit(limit + 1)
+        found = [(p, c) for p, c in self._of_run(run_id, q)]
+        return found[:limit], len(found) > limit
+
+    def _plain(self, run_id: str, sql: str) -> list[tuple[Any, ...]]:
+        """Many rows of a few plain columns of one run (``%(run)s`` in ``sql``), gated like every
+        read here, through the driver's cursor: a third of the cost of SQLAlchemy's rows, which
+        counts for a run of 50,000 tasks."""
+
+        def read(conn: Any) -> list[tuple[Any, ...]]:
+            self._gate(conn, run_id)
+            with conn.connection.driver_connection.cursor() as cur:
+                cur.execute(sql, {"run": run_id})
+                return list(cur.fetchall())
+
+        found: list[tuple[Any, ...]] = self.db.read(read)
+        return found
+
+    def drawing_rows(self, run_id: str) -> list[tuple[Any, ...]]:
+        """What the DAG drawing needs of every task of the run, and nothing more:
+        ``(key, task name, state, trigger rule, attempt)``; raise :class:`RunNotFound`."""
+        return self._plain(
+            run_id,
+            f"SELECT key, task_name, state, trigger_rule, attempt FROM {t_tasks.name} WHERE run_id = %(run)s",
+        )
+
+    def edge_list(self, run_id: str) -> list[tuple[Any, ...]]:
+        """The run's edges ``(parent key, child key)`` in no set order (the drawing's skeleton);
+        raise :class:`RunNotFound`."""
+        return self._plain(run_id, f"SELECT parent_key, child_key FROM {t_edges.name} WHERE run_id = %(run)s")
+
+    def event_page(
+        self, run_id: str, *, limit: int, after: int | None = None, before: int | None = None
+    ) -> tuple[list[tuple[int, EventView]], bool]:
+        """``limit`` ledger rows of the run as ``(id, event)``, oldest first, and whether more
+        exist beyond them: the first ones after the id ``after`` (what changed since), else the
+        newest ones before the id ``before`` (or the newest of all). The primary key on ``id``
+        bounds both ranges. Raise :class:`RunNotFound`."""
+        e = t_events.c
+        where = [e.run_id == run_id]
+        if after is not None:
+            where.append(e.id > after)
+            q = sa.select(t_events).where(*where).order_by(e.id).limit(limit + 1)
+        else:
+            if before is not None:
+                where.append(e.id < before)
+            q = sa.select(t_events).where(*where).order_by(e.id.desc()).limit(limit + 1)
+        found = list(self._of_run(run_id, q))
+        more = len(found) > limit
+        found = found[:limit]
+        if after is None:
+            found.reverse()
+        return [(int(r.id), rows.event_view(r)) for r in found], more
 
     def edges(self, run_id: str) -> list[tuple[str, str]]:
         """The run's dependency edges as (parent key, child key), in a stable order; raise

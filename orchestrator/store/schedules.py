@@ -4,20 +4,22 @@ Every change of a schedule's firing state happens under its row lock (``SELECT â
 LOCKED``: two beats never decide the same schedule at once): which instants came due (judged by
 the database clock), which fire and which are recorded as skipped, the next instant. A firing is
 written ``pending`` before its run is created and ``fired`` (with the run id) after; the run
-itself is unique per (schedule, logical date) (``uq_orc_runs_schedule_instant``), so a beat that
+itself is unique per (tenant, schedule, logical date) (``uq_orc_runs_schedule_instant``), so a beat that
 dies between the two, a second beat or a backfill trying the same instant finds the run instead
 of creating another.
 
-:class:`ScheduleRows` may be scoped to a tenant (:meth:`ScheduleRows.scoped`, what an
-orchestrator bound to a tenant works through): every query then carries ``tenant = :tenant``,
-so another tenant's schedule is not found, cannot be changed, paused, fired or removed, and a
-beat bound to a tenant fires its tenant's schedules only.
+A schedule is keyed by (tenant, name): names are unique per tenant, and two tenants may each
+have a schedule called ``nightly``. :class:`ScheduleRows` may be scoped to a tenant
+(:meth:`ScheduleRows.scoped`, what an orchestrator bound to a tenant works through): every query
+then carries ``tenant = :tenant``, so another tenant's schedule is not found, cannot be changed,
+paused, fired or removed, and a beat bound to a tenant fires its tenant's schedules only. What
+writes a firing, or decides one schedule, works on rows scoped to that schedule's tenant.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from typing import Any
 
 import sqlalchemy as sa
@@ -48,12 +50,25 @@ class ScheduleRows:
         """These rows as ``tenant`` sees them (``None``: every tenant's)."""
         return self if tenant == self.tenant else ScheduleRows(self.db, tenant=tenant)
 
+    def _owner(self) -> str:
+        """The tenant of the schedule being written (rows that write a firing are scoped)."""
+        if self.tenant is None:
+            raise RuntimeError("schedule rows must be scoped to the schedule's tenant to write its firings")
+        return self.tenant
+
     def _mine(self, *where: Any) -> list[Any]:
         """``where`` and, when scoped, the schedule's tenant."""
         found = list(where)
         if self.tenant is not None:
             found.append(t_schedules.c.tenant == self.tenant)
         return found
+
+    def _key(self, name: str) -> list[Any]:
+        """The schedule ``name`` of these rows' tenant."""
+        return [t_schedules.c.name == name, t_schedules.c.tenant == self._owner()]
+
+    def _firing(self, name: str) -> list[Any]:
+        return [t_firings.c.tenant == self._owner(), t_firings.c.schedule == name]
 
     def now(self) -> dt.datetime:
         """The database's clock: due-ness is judged by it, never by the beat host's."""
@@ -63,79 +78,88 @@ class ScheduleRows:
         return found
 
     def put(self, name: str, values: dict[str, Any], *, timing_changed: bool) -> bool:
-        """Create the schedule or change it; returns whether it was new. A schedule whose timing
-        changed starts again from its next instant (``values['next_at']``); one whose timing is
-        the same keeps its place (what it decided, what is buffered). Scoped rows refuse
-        (:class:`ValidationError`) a name another tenant's schedule holds (names are the
-        deployment's), saying nothing more about it."""
+        """Create the schedule (of ``values['tenant']``) or change it; returns whether it was
+        new. A schedule whose timing changed starts again from its next instant
+        (``values['next_at']``); one whose timing is the same keeps its place (what it decided,
+        what is buffered). Names are unique per tenant: another tenant's schedule of the same
+        name is another schedule, never seen here."""
+        tenant = values["tenant"]
+        if self.tenant is not None and tenant != self.tenant:
+            raise ValidationError(f"these schedules are tenant {self.tenant!r}'s")
+        key = (t_schedules.c.name == name, t_schedules.c.tenant == tenant)
 
         def tx(conn: Connection) -> bool:
-            found = conn.execute(
-                sa.select(t_schedules.c.name, t_schedules.c.tenant).where(t_schedules.c.name == name).with_for_update()
-            ).first()
-            if found is not None and self.tenant is not None and found.tenant != self.tenant:
-                raise ValidationError(f"schedule name {name!r} is taken: choose another name")
+            found = conn.execute(sa.select(t_schedules.c.name).where(*key).with_for_update()).first()
             now = db_now()
             if found is None:
-                conn.execute(t_schedules.insert().values(name=name, created_at=now, updated_at=now, **values))
-                return True
+                inserted = conn.execute(
+                    postgresql.insert(t_schedules)
+                    .values(name=name, created_at=now, updated_at=now, **values)
+                    .on_conflict_do_nothing(index_elements=[t_schedules.c.tenant, t_schedules.c.name])
+                    .returning(t_schedules.c.name)
+                ).first()
+                if inserted is not None:
+                    return True
+                # a concurrent add of the same name won: change that one instead
             changed = dict(values, updated_at=now)
-            if not timing_changed:
+            if not timing_changed and found is not None:
                 changed.pop("next_at", None)
             else:
                 changed.update(last_at=None, buffered_at=None)
-            conn.execute(t_schedules.update().where(t_schedules.c.name == name).values(**changed))
+            conn.execute(t_schedules.update().where(*key).values(**changed))
             return False
 
         return self.db.transaction(tx)
 
     def get(self, name: str) -> Any:
-        query = sa.select(t_schedules).where(*self._mine(t_schedules.c.name == name))
+        """The schedule ``name`` of these rows' tenant (unscoped: of any tenant; see :meth:`find`)."""
+        query = sa.select(t_schedules).where(*self._mine(t_schedules.c.name == name)).order_by(t_schedules.c.tenant)
         return self.db.read(lambda conn: conn.execute(query).first())
 
+    def find(self, name: str) -> list[Any]:
+        """Every schedule called ``name`` these rows see (scoped: at most one)."""
+        query = sa.select(t_schedules).where(*self._mine(t_schedules.c.name == name)).order_by(t_schedules.c.tenant)
+        return list(self.db.read(lambda conn: conn.execute(query).all()))
+
     def all(self) -> list[Any]:
-        query = sa.select(t_schedules).where(*self._mine()).order_by(t_schedules.c.name)
+        query = sa.select(t_schedules).where(*self._mine()).order_by(t_schedules.c.name, t_schedules.c.tenant)
         return list(self.db.read(lambda conn: conn.execute(query).all()))
 
     def update(self, name: str, **values: Any) -> bool:
         def tx(conn: Connection) -> bool:
-            query = (
-                t_schedules.update()
-                .where(*self._mine(t_schedules.c.name == name))
-                .values(updated_at=db_now(), **values)
-            )
+            query = t_schedules.update().where(*self._key(name)).values(updated_at=db_now(), **values)
             return bool(conn.execute(query).rowcount)
 
         return self.db.transaction(tx)
 
     def remove(self, name: str) -> bool:
         def tx(conn: Connection) -> bool:
-            mine = conn.execute(
-                sa.select(t_schedules.c.name).where(*self._mine(t_schedules.c.name == name)).with_for_update()
-            ).first()
+            mine = conn.execute(sa.select(t_schedules.c.name).where(*self._key(name)).with_for_update()).first()
             if mine is None:
                 return False
-            conn.execute(t_firings.delete().where(t_firings.c.schedule == name))
-            return bool(conn.execute(t_schedules.delete().where(t_schedules.c.name == name)).rowcount)
+            conn.execute(t_firings.delete().where(*self._firing(name)))
+            return bool(conn.execute(t_schedules.delete().where(*self._key(name))).rowcount)
 
         return self.db.transaction(tx)
 
-    def due(self, now: dt.datetime) -> list[str]:
-        """Schedules to look at: not paused, and their next instant passed or an instant buffered."""
+    def due(self, now: dt.datetime) -> list[tuple[str, str]]:
+        """Schedules to look at, as (tenant, name): not paused, and their next instant passed or
+        an instant buffered."""
         c = t_schedules.c
         query = (
-            sa.select(c.name)
+            sa.select(c.tenant, c.name)
             .where(*self._mine(c.paused.is_(False), sa.or_(c.next_at <= now, c.buffered_at.is_not(None))))
             .order_by(c.next_at)
         )
-        return list(self.db.read(lambda conn: conn.execute(query).scalars().all()))
+        return [(r.tenant, r.name) for r in self.db.read(lambda conn: conn.execute(query).all())]
 
-    def next_at(self, exclude: Collection[str] = ()) -> dt.datetime | None:
-        """The soonest next instant of any schedule that is not paused (nor in ``exclude``)."""
+    def next_at(self, exclude: Collection[tuple[str, str]] = ()) -> dt.datetime | None:
+        """The soonest next instant of any schedule that is not paused (nor in ``exclude``:
+        (tenant, name) pairs)."""
         c = t_schedules.c
         query = sa.select(sa.func.min(c.next_at)).where(*self._mine(c.paused.is_(False)))
         if exclude:
-            query = query.where(c.name.not_in(sorted(exclude)))
+            query = query.where(sa.tuple_(c.tenant, c.name).not_in(sorted(exclude)))
         return aware(self.db.read(lambda conn: conn.execute(query).scalar()))
 
     def decide(self, name: str, fn: Callable[[Connection, Any, dt.datetime, list[str]], Any]) -> Any:
@@ -144,9 +168,7 @@ class ScheduleRows:
         it is gone. The running runs are the schedule's tenant's."""
 
         def tx(conn: Connection) -> Any:
-            row = conn.execute(
-                sa.select(t_schedules).where(*self._mine(t_schedules.c.name == name)).with_for_update(skip_locked=True)
-            ).first()
+            row = conn.execute(sa.select(t_schedules).where(*self._key(name)).with_for_update(skip_locked=True)).first()
             if row is None:
                 return None
             now = aware(conn.execute(sa.select(db_now())).scalar_one())
@@ -155,15 +177,13 @@ class ScheduleRows:
 
         return self.db.transaction(tx)
 
-    @staticmethod
-    def advance(conn: Connection, name: str, **values: Any) -> None:
+    def advance(self, conn: Connection, name: str, **values: Any) -> None:
         """Within :meth:`decide`: the schedule's new place (last_at, next_at, buffered_at)."""
-        conn.execute(t_schedules.update().where(t_schedules.c.name == name).values(**values))
+        conn.execute(t_schedules.update().where(*self._key(name)).values(**values))
 
     @staticmethod
     def running(conn: Connection, name: str, tenant: str) -> list[Any]:
-        """The schedule's RUNNING runs (``id``, ``logical_date``): those of its tenant only (a
-        schedule removed and added again by another tenant does not see the old one's runs)."""
+        """The schedule's RUNNING runs (``id``, ``logical_date``): those of its tenant only."""
         c = t_runs.c
         query = sa.select(c.id, c.logical_date).where(
             c.schedule == name, c.tenant == tenant, c.state == RunState.RUNNING.value
@@ -173,8 +193,8 @@ class ScheduleRows:
     def running_runs(self, name: str, tenant: str) -> list[Any]:
         return self.db.read(lambda conn: self.running(conn, name, tenant))
 
-    @staticmethod
     def record(
+        self,
         conn: Connection,
         name: str,
         at: dt.datetime,
@@ -185,18 +205,18 @@ class ScheduleRows:
         run_id: str | None = None,
         overwrite: bool = True,
     ) -> bool:
-        """Write the firing of ``name`` at ``at`` (an existing one is overwritten, or with
-        ``overwrite=False`` kept as it is); returns whether this call wrote it. The insert is
-        insert-if-absent: two writers of one instant (two beats finishing a pending firing, a
-        beat and a backfill) never fail on the primary key."""
-        where = (t_firings.c.schedule == name, t_firings.c.logical_date == at)
+        """Write the firing of ``name`` (of these rows' tenant) at ``at`` (an existing one is
+        overwritten, or with ``overwrite=False`` kept as it is); returns whether this call wrote
+        it. The insert is insert-if-absent: two writers of one instant (two beats finishing a
+        pending firing, a beat and a backfill) never fail on the primary key."""
+        where = (*self._firing(name), t_firings.c.logical_date == at)
         values = {"state": state, "kind": kind, "reason": reason, "run_id": run_id, "at": db_now()}
         if overwrite and conn.execute(t_firings.update().where(*where).values(**values)).rowcount:
             return True
         query = (
             postgresql.insert(t_firings)
-            .values(schedule=name, logical_date=at, **values)
-            .on_conflict_do_nothing(index_elements=[t_firings.c.schedule, t_firings.c.logical_date])
+            .values(tenant=self._owner(), schedule=name, logical_date=at, **values)
+            .on_conflict_do_nothing(index_elements=[t_firings.c.tenant, t_firings.c.schedule, t_firings.c.logical_date])
             .returning(t_firings.c.state)  # (rowcount says -1 here on psycopg)
         )
         if conn.execute(query).first() is not None:
@@ -220,15 +240,13 @@ class ScheduleRows:
                 self.record(conn, name, at, "fired", kind, run_id=run_id)
                 conn.execute(
                     t_schedules.update()
-                    .where(t_schedules.c.name == name)
+                    .where(*self._key(name))
                     .values(last_run_id=run_id, last_error=None, last_error_at=None)
                 )
             else:
                 self.record(conn, name, at, "failed", kind, reason=error)
                 conn.execute(
-                    t_schedules.update()
-                    .where(t_schedules.c.name == name)
-                    .values(last_error=error, last_error_at=db_now())
+                    t_schedules.update().where(*self._key(name)).values(last_error=error, last_error_at=db_now())
                 )
 
         self.db.transaction(tx)
@@ -238,54 +256,45 @@ class ScheduleRows:
 
     def pending(self, older_than: dt.datetime) -> list[Any]:
         """Firings left ``pending`` (their beat died between deciding and creating the run), with
-        their ``reason`` (what the decision asked besides the run, e.g. cancel the running ones)."""
+        their ``tenant`` and ``reason`` (what the decision asked besides the run, e.g. cancel
+        the running ones)."""
         c = t_firings.c
-        query = sa.select(c.schedule, c.logical_date, c.kind, c.reason).where(c.state == "pending", c.at < older_than)
+        query = sa.select(c.tenant, c.schedule, c.logical_date, c.kind, c.reason).where(
+            c.state == "pending", c.at < older_than
+        )
         if self.tenant is not None:
-            query = query.where(
-                c.schedule.in_(sa.select(t_schedules.c.name).where(t_schedules.c.tenant == self.tenant))
-            )
+            query = query.where(c.tenant == self.tenant)
         return list(self.db.read(lambda conn: conn.execute(query).all()))
 
     def firings(self, name: str, limit: int = 100) -> list[Any]:
-        """The schedule's newest firings (none for a schedule these rows do not see)."""
+        """The schedule's newest firings (of these rows' tenant, when scoped)."""
         c = t_firings.c
-        mine = sa.select(t_schedules.c.name).where(*self._mine(t_schedules.c.name == name))
-        query = (
-            sa.select(t_firings)
-            .where(c.schedule == name, c.schedule.in_(mine))
-            .order_by(c.logical_date.desc())
-            .limit(limit)
-        )
+        query = sa.select(t_firings).where(c.schedule == name).order_by(c.logical_date.desc()).limit(limit)
+        if self.tenant is not None:
+            query = query.where(c.tenant == self.tenant)
         return list(self.db.read(lambda conn: conn.execute(query).all()))
 
     def run_for(self, name: str, logical_date: str, tenant: str | None = None) -> tuple[str, str] | None:
-        """The run (id, state) the schedule has for an instant, if any: of ``tenant`` only, when
-        given (the schedule's own runs)."""
+        """The run (id, state) the schedule has for an instant, if any: of ``tenant`` (default
+        these rows' tenant) only, when known (the schedule's own runs)."""
         c = t_runs.c
         query = sa.select(c.id, c.state).where(c.schedule == name, c.logical_date == logical_date)
+        tenant = tenant if tenant is not None else self.tenant
         if tenant is not None:
             query = query.where(c.tenant == tenant)
         found = self.db.read(lambda conn: conn.execute(query).first())
         return (found.id, found.state) if found is not None else None
 
-    def run_tenant(self, name: str, logical_date: str) -> str | None:
-        """The tenant of the run the schedule name has for an instant, whoever's it is, if any."""
-        c = t_runs.c
-        query = sa.select(c.tenant).where(c.schedule == name, c.logical_date == logical_date)
-        found: str | None = self.db.read(lambda conn: conn.execute(query).scalar())
-        return found
-
-    def last_runs(self, tenants: Mapping[str, str]) -> dict[str, tuple[str, str]]:
-        """Each schedule's newest run of its tenant (``tenants``: schedule name -> tenant): (run
-        id, state)."""
-        if not tenants:
+    def last_runs(self, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, str]]:
+        """Each schedule's newest run (``keys``: (tenant, name) pairs): (run id, state)."""
+        if not keys:
             return {}
         c = t_runs.c
+        wanted = sorted(set(keys))
         newest = (
-            sa.select(c.schedule, c.tenant, sa.func.max(c.logical_date).label("ld"))
-            .where(c.schedule.in_(sorted(tenants)))
-            .group_by(c.schedule, c.tenant)
+            sa.select(c.tenant, c.schedule, sa.func.max(c.logical_date).label("ld"))
+            .where(sa.tuple_(c.tenant, c.schedule).in_(wanted))
+            .group_by(c.tenant, c.schedule)
             .subquery()
         )
         query = sa.select(c.schedule, c.tenant, c.id, c.state).join(
@@ -293,4 +302,4 @@ class ScheduleRows:
             sa.and_(newest.c.schedule == c.schedule, newest.c.tenant == c.tenant, newest.c.ld == c.logical_date),
         )
         found = self.db.read(lambda conn: conn.execute(query).all())
-        return {r.schedule: (r.id, r.state) for r in found if tenants.get(r.schedule) == r.tenant}
+        return {(r.tenant, r.schedule): (r.id, r.state) for r in found}

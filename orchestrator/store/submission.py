@@ -115,12 +115,19 @@ class Submission:
 
         try:
             return self.db.transaction(insert)
-        except sa.exc.IntegrityError:
-            # a concurrent submit with the same idempotency key won the unique constraint
+        except sa.exc.IntegrityError as exc:
+            # a concurrent submit with the same idempotency key (or a schedule's instant) won
+            # the unique constraint: its run is the answer
             with self.db.engine.begin() as conn:
                 found = existing(conn)
             if found is None:
-                raise
+                # nothing was written (the transaction rolled back): a typed refusal, never a
+                # raw driver error (validation refuses every shape known to reach here)
+                constraint = getattr(getattr(exc.orig, "diag", None), "constraint_name", None) or "a unique key"
+                raise ValidationError(
+                    f"the run could not be stored: it would repeat {constraint} ({type(exc.orig).__name__})",
+                    dag=dag.name,
+                ) from exc
             return found, False
 
 

@@ -66,6 +66,9 @@ def cluster(fault_db_url: str, redis_server: RedisServer, tmp_path: Path) -> Ite
         "ORCHESTRATOR_MAX_TIME_LIMIT": "120",
         "ORCHESTRATOR_RECORD_PROBE_EFFECTS": "1",
         "ORCHESTRATOR_HAZARD_PROBES": "1",
+        # the beat tests fire every second and run the tests' factories
+        "ORCHESTRATOR_SCHEDULE_MIN_INTERVAL_SECONDS": "0",
+        "ORCHESTRATOR_DAG_FACTORY_MODULES": "tasks.dags,tests.factories",
     }
     c = Cluster(tmp_path, redis_server, fault_db_url, env)
     try:

@@ -110,6 +110,7 @@ def test_beat_killed_and_restarted_creates_no_duplicate_and_catches_up(cluster: 
     with cluster.store.engine.begin() as conn:
         conn.execute(
             s.firings.insert().values(
+                tenant="default",
                 schedule="fast",
                 logical_date=orphan,
                 state="pending",
@@ -220,6 +221,7 @@ def test_beat_on_the_embedded_default_needs_no_server(tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
     env.update(ORCHESTRATOR_DATA_DIR=str(tmp_path / "data"), ORCHESTRATOR_BEAT_INTERVAL="0.5", PYTHONUNBUFFERED="1")
+    env.update(ORCHESTRATOR_SCHEDULE_MIN_INTERVAL_SECONDS="0")
     cli = [sys.executable, "-m", "orchestrator.cli"]
     added = subprocess.run(
         [*cli, "schedule", "add", "embedded", "--every", "1", "--spec", spec(tmp_path)],

@@ -1,8 +1,11 @@
 """The run page in a real browser: headless Chromium (Debian's chromium + chromium-driver)
 driven by Selenium against a real ``orchestrator serve`` process, a real worker and Postgres.
 
-The test parks a task in DEAD_LETTER, checks that the page draws every node with its state
-from the database, clicks *retry* on the parked task, and follows the run to SUCCEEDED. Its
+``serve`` runs without ``ORCHESTRATOR_UI_AUTH`` on loopback, so it makes a token at start and
+prints its login URL: the browser logs in through that URL (and is refused without it). The
+run-page test parks a task in DEAD_LETTER, checks that the page draws every node with its state
+from the database, clicks *retry* on the parked task, and follows the run to SUCCEEDED; the
+page's script runs under the Content-Security-Policy (no violation in the console). Its
 screenshot goes to the test's temporary directory; with ``ORCHESTRATOR_DOCS_SCREENSHOT=PATH``
 it is also copied there (how ``docs/run-page.png`` in the README was made).
 """
@@ -10,6 +13,7 @@ it is also copied there (how ``docs/run-page.png`` in the README was made).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -17,6 +21,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,8 +42,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class Server:
+    base: str
+    #: the login URL ``serve`` printed: http://127.0.0.1:PORT/login?token=TOKEN
+    login: str
+
+
 @pytest.fixture
-def server(orc: Orchestrator, tmp_path: Path) -> Iterator[str]:
+def server(orc: Orchestrator, tmp_path: Path) -> Iterator[Server]:
     port = free_port()
     log = tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if k != "ORCHESTRATOR_UI_AUTH"}
@@ -63,7 +75,11 @@ def server(orc: Orchestrator, tmp_path: Path) -> Iterator[str]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"orchestrator serve did not start:\n{log.read_text()}")
                 time.sleep(0.2)
-        yield base
+        while not (found := re.search(rf"{re.escape(base)}/login\?token=[A-Za-z0-9_-]+", log.read_text())):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"orchestrator serve printed no login URL:\n{log.read_text()}")
+            time.sleep(0.1)
+        yield Server(base, found.group(0))
     finally:
         stop_process(proc)
 
@@ -77,6 +93,7 @@ def browser() -> Iterator[object]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP violations land there
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -101,8 +118,45 @@ def drawn(driver: object) -> dict[str, str]:
     return {n.get_attribute("data-key"): n.get_attribute("data-state") for n in nodes}
 
 
+def csp_violations(driver: object) -> list[str]:
+    logs = driver.get_log("browser")  # type: ignore[attr-defined]
+    return [e["message"] for e in logs if "Content Security Policy" in e["message"]]
+
+
+def test_token_login(orc: Orchestrator, server: Server, browser: object) -> None:
+    """Without the token: the login form; through the printed URL: the runs page."""
+    from selenium.webdriver.common.by import By
+
+    dag = DAG("login_probe")
+    dag.task("a", P + "echo")
+    run = orc.submit(dag)  # no worker: it waits, a run to list
+    driver = browser
+    driver.get(f"{server.base}/runs")  # type: ignore[attr-defined]
+    assert "/login" in driver.current_url and run.id not in driver.page_source  # type: ignore[attr-defined]
+    assert driver.find_elements(By.CSS_SELECTOR, 'form[action="/login"] input[name="token"]')  # type: ignore[attr-defined]
+    driver.get(f"{server.base}/api/runs/{run.id}")  # type: ignore[attr-defined]
+    assert run.id not in driver.page_source  # type: ignore[attr-defined]
+    driver.get(server.login.replace("token=", "token=wrong"))  # type: ignore[attr-defined]
+    assert "403" in driver.page_source and run.id not in driver.page_source  # type: ignore[attr-defined]
+    assert not driver.get_cookies() or all(c["name"] != "orc_user" for c in driver.get_cookies())  # type: ignore[attr-defined]
+    driver.get(server.login)  # type: ignore[attr-defined]
+    assert driver.current_url == f"{server.base}/runs"  # type: ignore[attr-defined]
+    assert run.id in driver.page_source  # type: ignore[attr-defined]
+    # the token left the address bar; the session is an HttpOnly cookie
+    session = [c for c in driver.get_cookies() if c["name"] == "orc_user"]  # type: ignore[attr-defined]
+    assert len(session) == 1 and session[0]["httpOnly"] is True
+    # the login form works too (a new browser session: the cookie gone)
+    driver.delete_all_cookies()  # type: ignore[attr-defined]
+    driver.get(f"{server.base}/runs/{run.id}")  # type: ignore[attr-defined]
+    assert "/login" in driver.current_url  # type: ignore[attr-defined]
+    driver.find_element(By.NAME, "token").send_keys(server.login.split("token=", 1)[1])  # type: ignore[attr-defined]
+    driver.find_element(By.CSS_SELECTOR, 'form[action="/login"] button').click()  # type: ignore[attr-defined]
+    wait_for("the run page", lambda: driver.current_url == f"{server.base}/runs/{run.id}", 10)  # type: ignore[attr-defined]
+    assert csp_violations(driver) == []
+
+
 def test_run_page_draws_the_dag_and_retries_a_parked_task(
-    orc: Orchestrator, worker: WorkerProcess, server: str, browser: object, tmp_path: Path
+    orc: Orchestrator, worker: WorkerProcess, server: Server, browser: object, tmp_path: Path
 ) -> None:
     from selenium.webdriver.common.by import By
 
@@ -116,7 +170,8 @@ def test_run_page_draws_the_dag_and_retries_a_parked_task(
     wait_for("transform parked", lambda: run.task("transform").state is TaskState.DEAD_LETTER)
 
     driver = browser
-    driver.get(f"{server}/runs/{run.id}")  # type: ignore[attr-defined]
+    driver.get(server.login)  # type: ignore[attr-defined]
+    driver.get(f"{server.base}/runs/{run.id}")  # type: ignore[attr-defined]
     states = {t.key: t.state.value for t in run.tasks()}
     assert drawn(driver) == states, (drawn(driver), states)
     assert states["transform"] == "DEAD_LETTER" and states["load"] == "PENDING"
@@ -132,6 +187,14 @@ def test_run_page_draws_the_dag_and_retries_a_parked_task(
     why = driver.find_element(By.CSS_SELECTOR, "#task-load .wait").text  # type: ignore[attr-defined]
     assert "transform" in why, why
 
+    # the page's script runs under the CSP (its nonce): "fit" and "+" resize the drawing
+    svg = driver.find_element(By.CSS_SELECTOR, "#dag svg")  # type: ignore[attr-defined]
+    before = svg.get_attribute("width")
+    driver.find_element(By.CSS_SELECTOR, 'button[data-zoom="1.25"]').click()  # type: ignore[attr-defined]
+    assert svg.get_attribute("width") != before
+    driver.find_element(By.CSS_SELECTOR, 'button[data-zoom="0"]').click()  # type: ignore[attr-defined]
+    assert csp_violations(driver) == []
+
     shot = tmp_path / "run-page.png"
     assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000  # type: ignore[attr-defined]
     if os.environ.get("ORCHESTRATOR_DOCS_SCREENSHOT"):
@@ -143,9 +206,9 @@ def test_run_page_draws_the_dag_and_retries_a_parked_task(
     assert run.wait(timeout=60).state is RunState.SUCCEEDED
     retried = [e for e in run.events() if e.key == "transform" and e.actor == "operator"]
     assert len(retried) == 1 and retried[0].to_state == "READY"
-    assert retried[0].by == "anonymous (web from 127.0.0.1)"
+    assert retried[0].by == "token (web from 127.0.0.1)"
 
-    driver.get(f"{server}/runs/{run.id}")  # type: ignore[attr-defined]
+    driver.get(f"{server.base}/runs/{run.id}")  # type: ignore[attr-defined]
     assert drawn(driver) == dict.fromkeys(states, "SUCCEEDED")
     assert driver.find_element(By.ID, "run-state").text == "SUCCEEDED"  # type: ignore[attr-defined]
     # a final run offers no actions

@@ -6,6 +6,7 @@ trigger and backfill. Real beat processes: tests/fault/test_beat.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from orchestrator import DAG, Orchestrator, RunState, ValidationError
+from orchestrator import DAG, FactoryNotAllowed, Orchestrator, RunState, ValidationError, dag_factory
 from orchestrator import schema as s
 from orchestrator.alerts import schedule_failed
 from orchestrator.cron import ScheduleError
@@ -29,8 +30,11 @@ from tests.conftest import backend_orchestrator
 
 TASKS = ["tasks.probes.noop", "tasks.etl.extract_orders"]
 HERE = "tests.unit.test_schedules"
+#: the factory modules of these tests (the deployment's default is tasks.dags alone)
+FACTORY_MODULES = ("tasks.dags", "tests.factories", HERE)
 
 
+@dag_factory
 def by_params(logical_date: dt.datetime, params: dict[str, Any]) -> DAG:
     """A factory (``tests.unit.test_schedules:by_params``) whose DAG the params shape: ``task``
     (default the no-op probe), ``tenant`` (default none: ``default``)."""
@@ -41,10 +45,24 @@ def by_params(logical_date: dt.datetime, params: dict[str, Any]) -> DAG:
 
 @pytest.fixture(params=["postgres"])
 def orc(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Orchestrator]:
-    o = backend_orchestrator(request, str(tmp_path), TASKS)
-    assert isinstance(o, Orchestrator)
+    base = backend_orchestrator(request, str(tmp_path), TASKS)
+    assert isinstance(base, Orchestrator)
+    base.store.dispose()
+    # every-second schedules below: no minimum interval (its own test sets one)
+    settings = dataclasses.replace(base.settings, dag_factory_modules=FACTORY_MODULES, schedule_min_interval_seconds=0)
+    o = Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS))
     yield o
     o.store.dispose()
+
+
+def bound(orc: Orchestrator, tenant: str, **settings: Any) -> Orchestrator:
+    """An orchestrator of the same deployment acting as ``tenant``."""
+    return Orchestrator(
+        dataclasses.replace(orc.settings, **settings),
+        publisher=RecordingPublisher(),
+        registry=StaticRegistry(TASKS),
+        tenant=tenant,
+    )
 
 
 @pytest.fixture
@@ -99,7 +117,7 @@ def firings(orc: Orchestrator, name: str) -> list[Any]:
         ({"cron": "61 * * * *"}, ScheduleError, "not valid"),
         ({"cron": "* * * * *", "tz": "Nowhere/City"}, ScheduleError, "unknown time zone"),
         ({"every": 60, "spec": "missing.yaml"}, ScheduleError, "does not exist"),
-        ({"every": 60, "spec": None, "dag": "no.such.module:fn"}, ScheduleError, "cannot import"),
+        ({"every": 60, "spec": None, "dag": "tests.factories.nope:fn"}, ScheduleError, "cannot import"),
         ({"every": 60, "spec": None, "dag": "tests.factories:nothing"}, ScheduleError, "has no function"),
         ({"every": 60, "spec": None, "dag": "tests.factories"}, ScheduleError, "module:function"),
         ({"every": 60, "dst_fold": "twice"}, ScheduleError, "dst_fold must be one of"),
@@ -303,14 +321,16 @@ def test_apply_upserts_a_file_of_schedules_and_checks_all_first(orc: Orchestrato
 
 def test_a_tenant_bound_orchestrator_sees_its_own_schedules(orc: Orchestrator, spec: Path) -> None:
     orc.schedules.add("shared", every=60, spec=str(spec))
-    acme = Orchestrator(orc.settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS), tenant="acme")
+    acme = bound(orc, "acme")
     try:
         acme.schedules.add("mine", every=60, spec=str(spec))
         assert [x.name for x in acme.schedules.all()] == ["mine"] and acme.schedules.get("mine").tenant == "acme"
         with pytest.raises(ScheduleNotFound):
             acme.schedules.pause("shared")
-        with pytest.raises(ValidationError, match="schedule name 'shared' is taken"):
-            acme.schedules.add("shared", every=30, spec=str(spec))
+        # names are per tenant: acme's "shared" is its own schedule, the default tenant's is untouched
+        assert acme.schedules.add("shared", every=30, spec=str(spec)).tenant == "acme"
+        mine = orc.store.schedule_rows.scoped("default").get("shared")
+        assert mine.every_seconds == 60 and mine.tenant == "default"
     finally:
         acme.store.dispose()
 
@@ -336,7 +356,7 @@ def run_rows(orc: Orchestrator, name: str) -> list[Any]:
 def test_a_factorys_runs_are_the_schedules_tenant(orc: Orchestrator) -> None:
     """A factory schedule added by a tenant-bound orchestrator fires, from beat (unbound), runs
     of that tenant; a DAG the factory builds for another tenant is a failed firing."""
-    acme = Orchestrator(orc.settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS), tenant="acme")
+    acme = bound(orc, "acme")
     try:
         acme.schedules.add("mine", every=60, dag=f"{HERE}:by_params")
         acme.schedules.add("escape", every=60, dag=f"{HERE}:by_params", params={"tenant": "beta"})
@@ -373,7 +393,7 @@ def test_submit_with_a_schedule_is_the_schedules_own(orc: Orchestrator, spec: Pa
         orc.submit(dag, schedule="nope", logical_date=at)
     with pytest.raises(ValidationError, match="needs its logical_date"):
         orc.submit(dag, schedule="shared")
-    acme = Orchestrator(orc.settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS), tenant="acme")
+    acme = bound(orc, "acme")
     try:
         with pytest.raises(ValidationError, match="no schedule named 'shared' for tenant 'acme'"):
             acme.submit(dag, schedule="shared", logical_date=at)
@@ -391,18 +411,19 @@ def test_a_schedule_name_used_again_by_another_tenant_never_sees_the_old_runs(or
     old = [f.run_id for f in orc.schedules.backfill("reused", start, end)]
     assert len(old) == 2 and all(old)
     orc.schedules.remove("reused")
-    acme = Orchestrator(orc.settings, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS), tenant="acme")
+    acme = bound(orc, "acme")
     try:
         acme.schedules.add(
             "reused", cron="30 2 * * *", tz="America/New_York", spec=str(spec), overlap="cancel_previous"
         )
         assert acme.schedules.get("reused").last_run_id is None
-        again = list(acme.schedules.backfill("reused", start, end, max_active=1, timeout=5))
+        again = list(acme.schedules.backfill("reused", start, end, max_active=2, timeout=5))
     finally:
         acme.store.dispose()
-    assert not any(f.run_id in old for f in again)
-    assert all(f.run_id is None and "not tenant 'acme'" in (f.error or "") for f in again)
-    assert [r.state for r in run_rows(orc, "reused")] == [RunState.RUNNING.value] * 2  # nothing cancelled
+    # acme's schedule makes runs of its own for the same instants; the old ones are not its
+    assert all(f.created and f.run_id and f.run_id not in old for f in again) and len(again) == 2
+    old_rows = [r for r in run_rows(orc, "reused") if r.tenant == "default"]
+    assert [r.state for r in old_rows] == [RunState.RUNNING.value] * 2  # nothing cancelled
 
 
 def test_cancel_previous_cancels_nothing_when_the_new_dag_does_not_build(orc: Orchestrator) -> None:
@@ -512,7 +533,7 @@ def test_two_writers_of_one_firing_never_fail(orc: Orchestrator, spec: Path) -> 
     """The firing insert is insert-if-absent: a writer that finds the instant written by a
     concurrent one (committed while it waited) leaves it, no integrity error."""
     orc.schedules.add("raced", every=60, spec=str(spec))
-    rows = orc.store.schedule_rows
+    rows = orc.store.schedule_rows.scoped("default")
     at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     results: list[Any] = []
     first_conn = orc.store.engine.connect()
@@ -572,3 +593,200 @@ def test_trigger_reads_the_database_clock_once(orc: Orchestrator, spec: Path, mo
     fired = orc.schedules.trigger("manual")
     assert len(readings) == 1
     assert fired.logical_date == readings[0].replace(microsecond=readings[0].microsecond // 1000 * 1000)
+
+
+# ---------------------------------------------------------------------------- issue 18: factories, names, interval
+
+#: callables that must never be a schedule's factory (the probe: all four were accepted, rmtree ran)
+HOSTILE = ["builtins:eval", "builtins:exec", "shutil:rmtree", "os:makedirs"]
+
+
+def schedule_rows(orc: Orchestrator) -> list[Any]:
+    with orc.store.engine.connect() as conn:
+        return list(conn.execute(sa.select(s.schedules.c.tenant, s.schedules.c.name)).all())
+
+
+@pytest.mark.parametrize("path", [*HOSTILE, "tests.factories:undeclared", "subprocess:run", "os.path:join"])
+def test_only_declared_factories_are_accepted(orc: Orchestrator, path: str, tmp_path: Path) -> None:
+    with pytest.raises(FactoryNotAllowed, match="DAG factory"):
+        orc.schedules.add("evil", every=60, dag=path)
+    listing = tmp_path / "s.yaml"
+    listing.write_text(f"schedules:\n  - {{name: evil, every: 60, dag: '{path}'}}\n")
+    with pytest.raises(FactoryNotAllowed):
+        orc.schedules.apply(listing)
+    assert schedule_rows(orc) == []
+
+
+def test_a_module_outside_the_setting_is_not_even_imported(orc: Orchestrator) -> None:
+    import sys
+
+    assert "antigravity" not in sys.modules
+    with pytest.raises(FactoryNotAllowed, match="ORCHESTRATOR_DAG_FACTORY_MODULES"):
+        orc.schedules.add("x", every=60, dag="antigravity:fly")
+    assert "antigravity" not in sys.modules
+    # the deployment's default lists tasks.dags alone: the tests' factories are refused there
+    plain = bound(orc, "acme", dag_factory_modules=("tasks.dags",))
+    try:
+        with pytest.raises(FactoryNotAllowed):
+            plain.schedules.add("x", every=60, dag="tests.factories:probe")
+        assert plain.schedules.add("etl", every=300, dag="tasks.dags:daily_etl").factory == "tasks.dags:daily_etl"
+    finally:
+        plain.store.dispose()
+
+
+@pytest.mark.parametrize("path", [*HOSTILE, "tests.factories:undeclared"])
+def test_beat_never_calls_a_planted_factory(orc: Orchestrator, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule row naming a callable that is not a declared factory (written by SQL, or a
+    factory no longer declared): the firing fails with a named error and nothing is called."""
+    import builtins
+    import os
+    import shutil
+
+    import tests.factories
+
+    called: list[str] = []
+
+    def sentinel(name: str, real: Any) -> Any:
+        """``real``, but a call as a factory (a date first) is recorded and goes no further."""
+
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            if args and isinstance(args[0], dt.datetime):
+                called.append(name)
+                raise AssertionError(f"{name} was called as a factory")
+            return real(*args, **kwargs)
+
+        return fn
+
+    for module, attr in ((builtins, "eval"), (builtins, "exec"), (shutil, "rmtree"), (os, "makedirs")):
+        monkeypatch.setattr(module, attr, sentinel(f"{module.__name__}:{attr}", getattr(module, attr)))
+    monkeypatch.setattr(tests.factories, "undeclared", sentinel("tests.factories:undeclared", None))
+    orc.schedules.add("planted", every=60, dag="tests.factories:probe")
+    with orc.store.engine.begin() as conn:
+        conn.execute(s.schedules.update().where(s.schedules.c.name == "planted").values(factory=path))
+    rewind(orc, "planted", 61)
+    orc.schedules.tick()
+    orc.schedules.trigger("planted")
+    assert called == []
+    assert runs_of(orc, "planted") == []
+    found = firings(orc, "planted")
+    assert found and all(f.state == "failed" and "FactoryNotAllowed" in f.reason for f in found)
+    assert "FactoryNotAllowed" in (orc.schedules.get("planted").last_error or "")
+
+
+def test_schedule_names_are_per_tenant(orc: Orchestrator, spec: Path) -> None:
+    """Two tenants each have a schedule called nightly; each fires its own runs; neither sees,
+    changes or is told about the other's."""
+    alpha, bravo = bound(orc, "alpha"), bound(orc, "bravo")
+    try:
+        alpha.schedules.add("nightly", every=60, dag=f"{HERE}:by_params")
+        bravo.schedules.add("nightly", every=120, spec=str(spec))
+        assert sorted(schedule_rows(orc)) == [("alpha", "nightly"), ("bravo", "nightly")]
+        assert alpha.schedules.get("nightly").timing.every == 60 and bravo.schedules.get("nightly").timing.every == 120
+        with orc.store.engine.begin() as conn:  # both due
+            now = orc.store.schedule_rows.now()
+            conn.execute(
+                s.schedules.update().values(
+                    last_at=now - dt.timedelta(seconds=150), next_at=now - dt.timedelta(seconds=1)
+                )
+            )
+        orc.schedules.tick()  # beat: an unbound orchestrator fires both
+        rows = run_rows(orc, "nightly")
+        assert sorted(r.tenant for r in rows) == ["alpha", "bravo"]
+        assert {r.tenant: r.dag_name for r in rows} == {"alpha": "by-params", "bravo": "report"}
+        for o in (alpha, bravo):
+            assert [f.state for f in o.schedules.firings("nightly")].count("fired") == 1
+        assert alpha.schedules.get("nightly").last_run_id == next(r.id for r in rows if r.tenant == "alpha")
+        # a manual trigger of the same instant twice by both tenants: one run each
+        fa, fb = alpha.schedules.trigger("nightly"), bravo.schedules.trigger("nightly")
+        assert fa.created and fb.created and fa.run_id != fb.run_id
+        # pause, remove: one tenant's only
+        alpha.schedules.pause("nightly")
+        assert not bravo.schedules.get("nightly").paused
+        alpha.schedules.remove("nightly")
+        assert bravo.schedules.get("nightly").tenant == "bravo"
+        assert [f.state for f in bravo.schedules.firings("nightly")].count("fired") == 2
+    finally:
+        alpha.store.dispose()
+        bravo.store.dispose()
+
+
+def test_no_error_names_another_tenant(orc: Orchestrator, spec: Path) -> None:
+    alpha, bravo = bound(orc, "alpha"), bound(orc, "bravo")
+    try:
+        bravo.schedules.add("bravo-only", every=60, spec=str(spec))
+        messages = []
+        for call in (
+            lambda: alpha.schedules.get("bravo-only"),
+            lambda: alpha.schedules.pause("bravo-only"),
+            lambda: alpha.schedules.trigger("bravo-only"),
+            lambda: alpha.schedules.remove("bravo-only"),
+            lambda: alpha.schedules.firings("bravo-only"),
+            lambda: list(alpha.schedules.backfill("bravo-only", dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 2))),
+        ):
+            with pytest.raises(Exception) as caught:  # any refusal: its text is what is checked
+                call()
+            messages.append(str(caught.value))
+        dag = DAG("planted")
+        dag.task("a", "tasks.probes.noop")
+        with pytest.raises(ValidationError) as caught:
+            alpha.submit(dag, schedule="bravo-only", logical_date="2026-01-01T00:00:00+00:00")
+        messages.append(str(caught.value))
+        # taking the name is allowed, and says nothing about bravo's
+        assert alpha.schedules.add("bravo-only", every=60, spec=str(spec)).tenant == "alpha"
+        assert all("bravo" not in m.replace("bravo-only", "") for m in messages), messages
+        assert bravo.schedules.get("bravo-only").tenant == "bravo"
+    finally:
+        alpha.store.dispose()
+        bravo.store.dispose()
+
+
+def test_an_operator_asked_for_an_ambiguous_name_is_told_to_choose(orc: Orchestrator, spec: Path) -> None:
+    for tenant in ("alpha", "bravo"):
+        o = bound(orc, tenant)
+        try:
+            o.schedules.add("nightly", every=60, spec=str(spec))
+        finally:
+            o.store.dispose()
+    with pytest.raises(ScheduleError, match="act as one of them"):
+        orc.schedules.get("nightly")
+    assert sorted(x.tenant for x in orc.schedules.all()) == ["alpha", "bravo"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "ok"),
+    [
+        ({"every": 1}, False),
+        ({"every": 59.9}, False),
+        ({"every": 60}, True),
+        ({"cron": "* * * * *"}, True),
+        ({"cron": "*/5 * * * *", "least": 600}, False),
+        ({"cron": "0,1 3 * * *", "least": 120}, False),  # two minutes apart once a day
+        ({"cron": "0 * * * *", "least": 3600}, True),
+        ({"cron": "59 23 * * *", "least": 86400}, True),
+    ],
+)
+def test_a_minimum_interval_is_enforced(orc: Orchestrator, spec: Path, kwargs: dict[str, Any], ok: bool) -> None:
+    least = kwargs.pop("least", 60)
+    strict = bound(orc, "default", schedule_min_interval_seconds=least)
+    try:
+        if ok:
+            strict.schedules.add("timed", spec=str(spec), **kwargs)
+        else:
+            with pytest.raises(ScheduleError, match="ORCHESTRATOR_SCHEDULE_MIN_INTERVAL_SECONDS"):
+                strict.schedules.add("timed", spec=str(spec), **kwargs)
+            path = spec.parent / "timed.yaml"
+            entry = ", ".join(f"{k}: {v!r}" for k, v in kwargs.items())
+            path.write_text(f"schedules:\n  - {{name: timed, {entry}, spec: {spec.name}}}\n")
+            with pytest.raises(ScheduleError, match="minimum interval"):
+                strict.schedules.apply(path)
+            assert schedule_rows(orc) == []
+    finally:
+        strict.store.dispose()
+
+
+def test_the_default_minimum_interval_is_a_minute() -> None:
+    from orchestrator import Settings
+
+    assert Settings().schedule_min_interval_seconds == 60.0
+    assert Settings.from_env({"ORCHESTRATOR_SCHEDULE_MIN_INTERVAL_SECONDS": "300"}).schedule_min_interval_seconds == 300
+    assert Settings().dag_factory_modules == ("tasks.dags",)

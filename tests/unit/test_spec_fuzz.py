@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -330,3 +331,90 @@ def test_submit_arguments_are_checked(orc: Orchestrator, kwargs: dict[str, Any],
     dag.task("a", "t.ok")
     with pytest.raises(ValidationError, match=says):
         orc.submit(dag, **kwargs)
+
+
+# ------------------------------------------------------------------ DAGs assembled by hand (issue 18)
+
+_VALID_NODE: dict[str, Any] = {"task": "t.ok"}
+#: one wrong value per Node field, as a hand-built Node may hold it (``dag.task`` never makes these)
+_BAD_FIELDS: dict[str, Any] = {
+    "task": st.one_of(st.sampled_from([1, None, ["t.ok"], b"t.ok", "t.nope", "celery.x", "t ok"]), _anything),
+    "args": st.sampled_from([1, "abc", {"a": 1}, None, {1, 2}, (object(),)]),
+    "kwargs": st.sampled_from([[1], "k", None, {1: "x"}, {"a": object()}]),
+    "upstream": st.sampled_from(["a", [1], (None,), 5, ("zz",), ("a", "a"), [["a"]]]),
+    "trigger_rule": st.sampled_from(["all_success", "nope", 1, None]),
+    "max_attempts": st.sampled_from(["1", 0, 1001, 1.5, True, None]),
+    "backoff": st.sampled_from([{"base": 1, "cap": 2}, None, 1, "x"]),
+    "soft_time_limit": st.sampled_from(["5", -1, 0.5, float("nan"), [1]]),
+    "time_limit": st.sampled_from(["5", 0, float("inf"), {}]),
+    "priority": st.sampled_from(["high", "urgent", 1, [None]]),
+    "queue": st.sampled_from([1, "a b", "", ["q"]]),
+    "retry_on": st.sampled_from(["ValueError", 5, [None], [1], ("a b",)]),
+    "no_retry_on": st.sampled_from(["x", None, [ValueError]]),
+    "pool": st.sampled_from([1, "", "a b", ["p"]]),
+    "pool_slots": st.sampled_from([0, "1", 1.5, True, None, 2]),  # 2 without a pool
+    "rate_limit": st.sampled_from([1, "", ["r"]]),
+    "deadline": st.sampled_from(["1h", 0, -5, float("nan"), 1e13, [1]]),
+}
+
+
+@st.composite
+def _hand_built(draw: Any) -> tuple[DAG, str]:
+    """A DAG of Node objects put into ``dag.nodes`` by hand, with one thing wrong (returned)."""
+    from orchestrator.dag import Node
+
+    dag = DAG("by-hand")
+    keys = draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3, unique=True))
+    for i, key in enumerate(keys):
+        dag.nodes[key] = Node(key=key, task="t.ok", upstream=tuple(keys[:i][-1:]))
+    wrong = draw(st.sampled_from([*sorted(_BAD_FIELDS), "key-mismatch", "duplicate-key", "not-a-node", "cycle"]))
+    victim = draw(st.sampled_from(keys))
+    node = dag.nodes[victim]
+    if wrong in _BAD_FIELDS:
+        dag.nodes[victim] = replace(node, **{wrong: draw(_BAD_FIELDS[wrong])})
+    elif wrong == "key-mismatch":
+        dag.nodes[victim] = replace(node, key=draw(st.one_of(st.sampled_from(["zz", "a\n", ""]), _anything)))
+    elif wrong == "duplicate-key":  # two entries holding one node key: two tasks of one key in the run
+        dag.nodes["zz"] = node
+    elif wrong == "not-a-node":
+        dag.nodes[victim] = draw(st.sampled_from([None, {"key": victim, "task": "t.ok"}, node.to_spec(), victim]))
+    else:
+        first = keys[0]
+        dag.nodes[first] = replace(dag.nodes[first], upstream=(keys[-1],))
+    return dag, wrong
+
+
+def test_a_dag_assembled_by_hand_is_validated_at_submit(orc: Orchestrator) -> None:
+    """``submit`` and ``check`` validate whatever ``dag.nodes`` holds: every Node field's type,
+    keys matching the dict's keys, upstream references, cycles; a ValidationError before
+    anything is written."""
+
+    @settings(max_examples=_budget(False) * 2, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(_hand_built())
+    def prop(case: tuple[DAG, str]) -> None:
+        dag, wrong = case
+        before = _rows(orc)
+        with pytest.raises(ValidationError) as caught:
+            orc.check(dag)
+        assert str(caught.value)
+        with pytest.raises(ValidationError):
+            orc.submit(dag)
+        with pytest.raises(ValidationError):
+            orc.submit(dag, tenant="other", idempotency_key="by-hand")
+        assert _rows(orc) == before, f"{wrong}: a refusal wrote rows"
+
+    prop()
+
+
+def test_two_entries_of_one_node_key_are_a_validation_error_not_a_unique_violation(orc: Orchestrator) -> None:
+    """The shape the fuzzer found ending in a raw psycopg UniqueViolation: ``dag.nodes`` holding
+    one Node under two dict keys (or a Node under another key) made two task rows of one key."""
+    from orchestrator.dag import Node
+
+    dag = DAG("dup")
+    node = Node(key="a", task="t.ok")
+    dag.nodes = {"a": node, "b": node}
+    before = _rows(orc)
+    with pytest.raises(ValidationError, match="stored under its own key"):
+        orc.submit(dag)
+    assert _rows(orc) == before

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from orchestrator import DAG, Orchestrator, RunNotFound, Settings, TaskNotFound, TaskState, ValidationError
+from orchestrator import DAG, Orchestrator, RunNotFound, Settings, TaskNotFound, TaskState
 from orchestrator import schema as s
 from orchestrator.engine import RunHandle
 from orchestrator.metrics import render as render_metrics
@@ -175,8 +175,9 @@ def test_python_api(world: tuple[Orchestrator, Orchestrator, str]) -> None:
             call()
         assert written(a) == before, name
     assert [x.name for x in sched.all()] == [] and b.store.schedule_rows.scoped("b").firings("a-nightly") == []
-    with pytest.raises(ValidationError, match="is taken"):
-        sched.add("a-nightly", every=60, dag="tests.factories:probe")
+    # names are per tenant: b may have its own "a-nightly"; a's is untouched and never named
+    assert sched.add("a-nightly", every=60, dag="tasks.dags:daily_etl").tenant == "b"
+    sched.remove("a-nightly")
     assert written(a) == before
     # the owner and the deployment's operator still see and act
     assert a.run(run_id).status().tenant == "a" and a.schedules.get("a-nightly").tenant == "a"

@@ -1,11 +1,17 @@
-"""``orchestrator serve`` over HTTP (Tornado's test client, a real socket) on SQLite, and the
-DAG drawing: pages, JSON, actions with XSRF, authentication, read-only binds, the Host check."""
+"""``orchestrator serve`` over HTTP (Tornado's test client, a real socket) on the Postgres test
+database, and the DAG drawing: pages, JSON, actions with XSRF; authentication on every read and
+write (the token made at start on loopback, the refusal of a public bind without credentials,
+proxy headers that change nothing, tenant-bound credentials); security headers; 414/431."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,12 +20,13 @@ from urllib.parse import urlencode
 import pytest
 from tornado.testing import AsyncHTTPTestCase
 
-from orchestrator import DAG, Orchestrator, Settings, TaskState, ValidationError
+from orchestrator import DAG, Orchestrator, Settings, TaskState
 from orchestrator import graph as drawing
+from orchestrator.errors import ConfigurationError
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.registry import StaticRegistry
 from orchestrator.routing import default_queues
-from orchestrator.web import Access, is_loopback, make_app
+from orchestrator.web import SERVER_OPTIONS, Access, is_loopback, make_app, parse_ui_auth
 from tests.conftest import clean_test_database
 
 TOKEN = "s3cret-token-0123456789"
@@ -56,6 +63,32 @@ def diamond(name: str = "diamond") -> DAG:
     return dag
 
 
+PROXY_HEADERS = {
+    "X-Forwarded-For": "203.0.113.9",
+    "X-Forwarded-Host": "orc.example",
+    "X-Forwarded-Proto": "https",
+    "X-Real-IP": "203.0.113.9",
+    "Forwarded": "for=203.0.113.9;proto=https",
+    "X-Client-IP": "203.0.113.9",
+    "X-Cluster-Client-IP": "203.0.113.9",
+    "X-Original-Forwarded-For": "203.0.113.9",
+    "True-Client-IP": "203.0.113.9",
+    "CF-Connecting-IP": "203.0.113.9",
+    "Fastly-Client-IP": "203.0.113.9",
+    "X-Forwarded": "for=203.0.113.9",
+    "Forwarded-For": "203.0.113.9",
+    "Via": "1.1 proxy.example",
+}
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 class WebCase(AsyncHTTPTestCase):
     auth = ""
     bind = "127.0.0.1"
@@ -66,6 +99,8 @@ class WebCase(AsyncHTTPTestCase):
         self.tmp = Path(tempfile.mkdtemp(prefix="orc-web-"))
         self.orc = make_orc(self.tmp)
         super().setUp()
+        #: the headers every request sends unless told otherwise (a logged-in browser, here)
+        self.session: dict[str, str] = {}
 
     def tearDown(self) -> None:
         super().tearDown()
@@ -74,30 +109,59 @@ class WebCase(AsyncHTTPTestCase):
     def get_app(self) -> Any:
         return make_app(self.orc, auth=self.auth, bind=self.bind, cookie_secret="test-secret")
 
-    def get(self, path: str, **headers: str) -> Any:
-        return self.fetch(path, headers={"Host": "127.0.0.1", **headers}, follow_redirects=False)
+    def get_httpserver_options(self) -> dict[str, Any]:
+        return dict(SERVER_OPTIONS)
 
-    def post(self, path: str, form: dict[str, str] | None = None, **headers: str) -> Any:
+    @property
+    def generated(self) -> str:
+        return str(self._app.settings["access"].generated)
+
+    def _headers(self, headers: dict[str, str], anonymous: bool) -> dict[str, str]:
+        merged = {"Host": "127.0.0.1", **({} if anonymous else self.session)}
+        for k, v in headers.items():
+            if k == "Cookie" and "Cookie" in merged:
+                v = merged["Cookie"] + "; " + v
+            merged[k] = v
+        return merged
+
+    def get(self, path: str, *, anonymous: bool = False, **headers: str) -> Any:
+        return self.fetch(path, headers=self._headers(headers, anonymous), follow_redirects=False)
+
+    def post(self, path: str, form: dict[str, str] | None = None, *, anonymous: bool = False, **headers: str) -> Any:
         body = urlencode(form or {})
         return self.fetch(
-            path, method="POST", body=body, headers={"Host": "127.0.0.1", **headers}, follow_redirects=False
+            path, method="POST", body=body, headers=self._headers(headers, anonymous), follow_redirects=False
         )
 
     def xsrf(self, **headers: str) -> tuple[str, dict[str, str]]:
         """A page's XSRF token and the cookie that goes with it."""
-        page = self.get("/login", **headers)
+        page = self.get("/login", anonymous=True, **headers)
         assert page.code == 200, page.code
         cookie = re.search(r"_xsrf=([^;]+)", page.headers["Set-Cookie"])
         assert cookie is not None
         return cookie.group(1), {"Cookie": f"_xsrf={cookie.group(1)}", **headers}
 
-    def failed_run(self) -> str:
-        run = self.orc.submit(diamond())
+    def log_in(self, token: str) -> str:
+        """``GET /login?token=``: the session cookie (as a Cookie header value)."""
+        done = self.get("/login?" + urlencode({"token": token}), anonymous=True)
+        assert done.code == 302 and done.headers["Location"] == "/runs", done.code
+        session = re.search(r"orc_user=([^;]+)", done.headers["Set-Cookie"])
+        assert session is not None
+        return f"orc_user={session.group(1)}"
+
+    def failed_run(self, tenant: str | None = None) -> str:
+        run = self.orc.submit(diamond(), tenant=tenant)
         finish(self.orc, fail={"b"})
         return run.id
 
 
 class TestLocal(WebCase):
+    """Loopback, no ORCHESTRATOR_UI_AUTH: a token made at start, needed by every request."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.session = {"Cookie": self.log_in(self.generated)}
+
     def test_runs_list_filters_and_pages(self) -> None:
         ids = [self.orc.submit(diamond(f"dag{i % 2}")).id for i in range(5)]
         page = self.get("/runs")
@@ -144,10 +208,11 @@ class TestLocal(WebCase):
         assert self.get("/runs/nope").code == 404
         api = self.get("/api/runs/nope")
         assert api.code == 404 and json.loads(api.body)["error"] == "no run with id 'nope'"
+        assert self.get("/no/such/page").code == 404
 
     def test_actions_need_the_xsrf_token_and_are_audited(self) -> None:
         run_id = self.failed_run()
-        assert self.post(f"/runs/{run_id}/tasks/b/retry").code == 403  # no token
+        assert self.post(f"/runs/{run_id}/tasks/b/retry").code == 403  # no XSRF token
         token, headers = self.xsrf()
         done = self.post(f"/runs/{run_id}/tasks/b/retry", {"_xsrf": token}, **headers)
         assert done.code == 303 and done.headers["Location"] == f"/runs/{run_id}"
@@ -160,7 +225,7 @@ class TestLocal(WebCase):
         assert b"banner ok" not in forged.body
         assert self.orc.run(run_id).task("b").state in (TaskState.READY, TaskState.QUEUED)
         by = [e.by for e in self.orc.run(run_id).events() if e.actor == "operator"]
-        assert len(by) >= 1 and set(by) == {"anonymous (web from 127.0.0.1)"}
+        assert len(by) >= 1 and set(by) == {"token (web from 127.0.0.1)"}
         # a refused action: 409 with the reason, and the refusal is in the ledger
         again = self.post(f"/api/runs/{run_id}/tasks/b/retry", {"_xsrf": token}, **headers)
         assert again.code == 409 and "only DEAD_LETTER or FAILED" in json.loads(again.body)["error"]
@@ -182,26 +247,108 @@ class TestLocal(WebCase):
         open_metrics = self.get("/metrics", Accept="application/openmetrics-text; version=1.0.0")
         assert open_metrics.headers["Content-Type"].startswith("application/openmetrics-text")
 
-    def test_a_foreign_host_name_or_a_proxy_is_refused(self) -> None:
-        # DNS rebinding: a page of evil.example resolving to 127.0.0.1 must not drive the app
-        assert self.get("/runs", Host="evil.example:8080").code == 403
-        assert self.get("/runs", Host="localhost:8080").code == 200
-        # a reverse proxy on this host would open the unauthenticated app to its clients
-        relayed = self.get("/api/runs", **{"X-Forwarded-For": "203.0.113.9"})
-        assert relayed.code == 403 and "ORCHESTRATOR_UI_AUTH" in json.loads(relayed.body)["error"]
-
-
-class TestReadOnly(WebCase):
-    bind = "0.0.0.0"
-
-    def test_no_auth_on_a_public_bind_is_read_only(self) -> None:
+    def test_every_read_and_write_needs_the_token(self) -> None:
         run_id = self.failed_run()
-        page = self.get(f"/runs/{run_id}", Host="orc.example")
-        assert page.code == 200 and b"read-only" in page.body and b"/tasks/b/retry" not in page.body
-        token, headers = self.xsrf(Host="orc.example")
-        refused = self.post(f"/api/runs/{run_id}/tasks/b/retry", {"_xsrf": token}, **headers)
-        assert refused.code == 403 and "read-only" in json.loads(refused.body)["error"]
-        assert self.orc.run(run_id).task("b").state is TaskState.FAILED
+        assert len(self.generated) >= 32
+        for path in ("/", "/runs", f"/runs/{run_id}"):
+            page = self.get(path, anonymous=True)
+            assert page.code == 302 and page.headers["Location"].startswith("/login?next="), path
+        for path in ("/api/runs", f"/api/runs/{run_id}", f"/api/runs/{run_id}/graph?format=svg", "/metrics"):
+            refused = self.get(path, anonymous=True)
+            assert refused.code == 401 and run_id.encode() not in refused.body, path
+        token, headers = self.xsrf()
+        for path in (f"/runs/{run_id}/cancel", f"/api/runs/{run_id}/cancel", f"/api/runs/{run_id}/tasks/b/retry"):
+            assert self.post(path, {"_xsrf": token}, anonymous=True, **headers).code == 401, path
+        assert self.post(f"/api/runs/{run_id}/cancel", anonymous=True, **bearer("x" * 43)).code == 401
+        assert self.orc.run(run_id).state.value == "FAILED"
+        health = self.get("/healthz", anonymous=True)
+        assert health.code == 200 and health.body == b"ok\n"
+        # a wrong token: 403, and nothing set
+        wrong = self.get("/login?token=" + "x" * 43, anonymous=True)
+        assert wrong.code == 403 and "Set-Cookie" not in wrong.headers
+        assert self.get("/login?token=", anonymous=True).code == 403
+        # the right one: the session, and on to /runs (or a path of this app given as next)
+        cookie = self.log_in(self.generated)
+        assert self.get("/runs", anonymous=True, Cookie=cookie).code == 200
+        onward = self.get("/login?" + urlencode({"token": self.generated, "next": f"/runs/{run_id}"}), anonymous=True)
+        assert onward.code == 302 and onward.headers["Location"] == f"/runs/{run_id}"
+        away = self.get("/login?" + urlencode({"token": self.generated, "next": "//evil.example/"}), anonymous=True)
+        assert away.headers["Location"] == "/runs"
+        # scripts: the token as a bearer; a forged session cookie is nobody
+        assert self.get(f"/api/runs/{run_id}", anonymous=True, **bearer(self.generated)).code == 200
+        assert self.get("/api/runs", anonymous=True, Cookie="orc_user=token").code == 401
+        # no Host check any more: the credential decides (a rebinding page has none)
+        assert self.get("/runs", Host="evil.example:8080").code == 200
+        assert self.get("/runs", anonymous=True, Host="evil.example:8080").code == 302
+
+    def test_proxy_headers_change_nothing(self) -> None:
+        """Each of 14 headers a proxy adds: without the token a write is refused and nothing is
+        written; with it the header changes nothing."""
+        token, headers = self.xsrf()
+        for name, value in PROXY_HEADERS.items():
+            run = self.orc.submit(diamond())
+            before = len(self.orc.run(run.id).events())
+            for path in (f"/api/runs/{run.id}/cancel", f"/runs/{run.id}/cancel", f"/api/runs/{run.id}/tasks/a/fail"):
+                refused = self.post(path, {"_xsrf": token}, anonymous=True, **{name: value, **headers})
+                assert refused.code in (401, 403), (name, path, refused.code)
+            read = self.get(f"/api/runs/{run.id}", anonymous=True, **{name: value})
+            assert read.code == 401 and run.id.encode() not in read.body, name
+            assert self.orc.run(run.id).state.value == "RUNNING" and len(self.orc.run(run.id).events()) == before
+            plain = json.loads(self.get(f"/api/runs/{run.id}", anonymous=True, **bearer(self.generated)).body)
+            relayed = self.get(f"/api/runs/{run.id}", anonymous=True, **{name: value}, **bearer(self.generated))
+            same = {k: v for k, v in json.loads(relayed.body).items() if k != "waiting"}  # "published 0.1s ago"
+            assert relayed.code == 200 and same == {k: v for k, v in plain.items() if k != "waiting"}, name
+            done = self.post(f"/api/runs/{run.id}/cancel", anonymous=True, **{name: value}, **bearer(self.generated))
+            assert done.code == 200 and self.orc.run(run.id).state.value == "CANCELLED", name
+            by = [e.by for e in self.orc.run(run.id).events() if e.actor == "operator"]
+            assert by and set(by) == {"token (web from 127.0.0.1)"}, (name, by)  # the socket's address
+
+    def test_security_headers_on_every_response(self) -> None:
+        run_id = self.failed_run()
+        responses = {
+            "page": self.get(f"/runs/{run_id}"),
+            "list": self.get("/runs"),
+            "api": self.get(f"/api/runs/{run_id}"),
+            "graph": self.get(f"/api/runs/{run_id}/graph?format=svg"),
+            "metrics": self.get("/metrics"),
+            "404": self.get("/api/runs/nope"),
+            "no route": self.get("/nowhere"),
+            "401": self.get("/api/runs", anonymous=True),
+            "302": self.get("/runs", anonymous=True),
+            "login": self.get("/login", anonymous=True),
+            "403": self.get("/login?token=wrong", anonymous=True),
+            "healthz": self.get("/healthz", anonymous=True),
+            "414": self.get("/runs?q=" + "a" * 20_000, anonymous=True),
+        }
+        for what, r in responses.items():
+            csp = r.headers.get("Content-Security-Policy", "")
+            assert "script-src 'self' 'nonce-" in csp and "unsafe-inline" not in csp.split("style-src")[0], what
+            assert "frame-ancestors 'none'" in csp, what
+            assert r.headers.get("X-Frame-Options") == "DENY", what
+            assert r.headers.get("X-Content-Type-Options") == "nosniff", what
+            assert r.headers.get("Referrer-Policy") == "no-referrer", what
+        # the run page's scripts carry the response's nonce; no inline handler is left
+        page = responses["page"]
+        nonce = re.search(r"'nonce-([^']+)'", page.headers["Content-Security-Policy"])
+        assert nonce is not None
+        html = page.body.decode()
+        scripts = re.findall(r"<script([^>]*)>", html)
+        assert scripts and all(f'nonce="{nonce.group(1)}"' in s or "src=" in s for s in scripts), scripts
+        assert not re.search(r"\son[a-z]+\s*=", html)
+        assert nonce.group(1) not in self.get(f"/runs/{run_id}").headers["Content-Security-Policy"]  # per response
+
+    def test_oversized_requests_are_answered(self) -> None:
+        from orchestrator.web import MAX_HEADER_BYTES, MAX_URL_BYTES
+
+        long_url = self.get("/api/runs?q=" + "a" * 100_000)  # the issue's 100 KB query string
+        assert long_url.code == 414 and "URL longer" in json.loads(long_url.body)["error"]
+        assert self.get("/runs?q=" + "a" * (MAX_URL_BYTES + 1), anonymous=True).code == 414
+        assert self.get("/api/runs?q=" + "a" * (MAX_URL_BYTES - 100)).code == 200
+        big = self.get("/api/runs", **{"X-Big": "a" * (MAX_HEADER_BYTES + 1)})
+        assert big.code == 431 and "headers larger" in json.loads(big.body)["error"]
+        many = self.get("/runs", anonymous=True, **{f"X-H{i}": "b" * 1000 for i in range(40)})
+        assert many.code == 431
+        assert self.get("/api/runs", **{"X-Big": "a" * 20_000}).code == 200
 
 
 class TestBasicAuth(WebCase):
@@ -212,17 +359,19 @@ class TestBasicAuth(WebCase):
         run_id = self.failed_run()
         anonymous = self.get("/runs")
         assert anonymous.code == 401 and anonymous.headers["WWW-Authenticate"].startswith("Basic")
-        wrong = {"Authorization": "Basic " + base64.b64encode(b"admin:nope").decode()}
-        assert self.get("/api/runs", **wrong).code == 401
+        assert self.get("/api/runs", **basic("admin", "nope")).code == 401
         assert self.get("/metrics").code == 401
         assert self.get("/healthz").code == 200
-        right = {"Authorization": "Basic " + base64.b64encode(b"admin:pa55word").decode()}
+        right = basic("admin", "pa55word")
         assert self.get(f"/runs/{run_id}", **right).code == 200
         token, headers = self.xsrf(**right)
         assert self.post(f"/api/runs/{run_id}/tasks/b/retry", **right).code == 403  # basic auth still needs XSRF
         assert self.post(f"/api/runs/{run_id}/tasks/b/retry", {"_xsrf": token}, **headers).code == 200
         by = [e.by for e in self.orc.run(run_id).events() if e.actor == "operator"]
         assert len(by) >= 1 and set(by) == {"admin (web from 127.0.0.1)"}
+        # a foreign Host or a proxy's header neither grants nor denies: the password decides
+        assert self.get("/api/runs", Host="orc.example", **right).code == 200
+        assert self.get("/api/runs", Host="orc.example", **{"X-Forwarded-For": "10.0.0.1"}).code == 401
 
 
 class TestToken(WebCase):
@@ -231,36 +380,255 @@ class TestToken(WebCase):
 
     def test_bearer_for_scripts_and_a_login_form_for_people(self) -> None:
         run_id = self.failed_run()
+        assert self.generated == ""  # configured credentials: nothing made at start
         assert self.get("/api/runs").code == 401
         page = self.get(f"/runs/{run_id}")
         assert page.code == 302 and page.headers["Location"].startswith("/login?next=")
-        bearer = {"Authorization": f"Bearer {TOKEN}"}
-        assert self.get("/api/runs", **bearer).code == 200
+        assert self.get("/api/runs", **bearer(TOKEN)).code == 200
         # a bearer request needs no XSRF token: a browser never sends that header on its own
-        done = self.post(f"/api/runs/{run_id}/tasks/b/retry", **bearer)
+        done = self.post(f"/api/runs/{run_id}/tasks/b/retry", **bearer(TOKEN))
         assert done.code == 200 and json.loads(done.body)["ok"] is True
-        token, headers = self.xsrf(**bearer)
+        token, headers = self.xsrf()
         bad = self.post("/login", {"_xsrf": token, "token": "wrong", "next": "/runs"}, **headers)
-        assert bad.code == 401
+        assert bad.code == 401 and "orc_user" not in bad.headers.get("Set-Cookie", "")
         good = self.post("/login", {"_xsrf": token, "token": TOKEN, "next": f"/runs/{run_id}"}, **headers)
         assert good.code == 302 and good.headers["Location"] == f"/runs/{run_id}"
         session = re.search(r"orc_user=([^;]+)", good.headers["Set-Cookie"])
         assert session is not None
         assert self.get(f"/runs/{run_id}", Cookie=f"orc_user={session.group(1)}").code == 200
+        # the configured token logs in through the URL too
+        assert self.get(f"/runs/{run_id}", Cookie=self.log_in(TOKEN)).code == 200
         # an open redirect through ?next= is refused
         for elsewhere in ("//evil.example/", "/\\evil.example", "https://evil.example/", "/runs\r\nX: y"):
             away = self.post("/login", {"_xsrf": token, "token": TOKEN, "next": elsewhere}, **headers)
             assert away.headers["Location"] == "/runs", elsewhere
 
 
+ACME_TOKEN = "acme-token-0123456789abcdef"
+TENANTS_AUTH = f"root:rootpass, alice:alice-pass=acme, bob:bob-pass=bravo, {ACME_TOKEN}=acme, {TOKEN}=*"
+
+
+class TestTenantBound(WebCase):
+    """One serve, several tenants: a tenant-bound credential sees and acts on its tenant only."""
+
+    auth = TENANTS_AUTH
+    bind = "0.0.0.0"
+
+    def test_each_tenant_sees_only_its_own(self) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        mine, theirs = self.failed_run("acme"), self.failed_run("bravo")
+        token, xsrf_headers = self.xsrf()
+        for who in (basic("alice", "alice-pass"), bearer(ACME_TOKEN), {"Cookie": self.log_in(ACME_TOKEN)}):
+            self.session = who
+            # lists hold the tenant's runs only, whatever the filter asks
+            assert [r["id"] for r in json.loads(self.get("/api/runs").body)["runs"]] == [mine]
+            assert json.loads(self.get("/api/runs?tenant=bravo").body)["runs"] == []
+            listing = self.get("/runs")
+            assert listing.code == 200 and mine.encode() in listing.body and theirs.encode() not in listing.body
+            # every read of another tenant's run: 404, exactly like a run that does not exist
+            for path in (f"/runs/{theirs}", f"/api/runs/{theirs}", f"/api/runs/{theirs}/graph?format=dot"):
+                assert self.get(path).code == 404, path
+                assert self.get(path.replace(theirs, mine)).code == 200, path
+            nope = json.loads(self.get(f"/api/runs/{theirs}").body)
+            assert nope == json.loads(self.get("/api/runs/nope").body) | {"error": f"no run with id {theirs!r}"}
+            # and every action
+            for path in (
+                f"/runs/{theirs}/cancel",
+                f"/runs/{theirs}/tasks/b/retry",
+                f"/api/runs/{theirs}/cancel",
+                f"/api/runs/{theirs}/tasks/b/retry",
+                f"/api/runs/{theirs}/tasks/b/skip",
+                f"/api/runs/{theirs}/tasks/b/fail",
+            ):
+                cookie = " ".join(v for k, v in xsrf_headers.items() if k == "Cookie")
+                acted = self.post(path, {"_xsrf": token}, Cookie=cookie)
+                assert acted.code == 404, (path, acted.code)
+            # /metrics: the tenant's families only
+            scrape = self.get("/metrics")
+            assert scrape.code == 200
+            tenants = {
+                s.labels["tenant"]
+                for f in text_string_to_metric_families(scrape.body.decode())
+                for s in f.samples
+                if "tenant" in s.labels
+            }
+            assert tenants == {"acme"}, tenants
+        assert self.orc.run(theirs).state.value == "FAILED"
+        assert not [e for e in self.orc.run(theirs).events() if e.actor == "operator"]
+        # its own run: it acts, and the ledger says who
+        self.session = basic("alice", "alice-pass")
+        done = self.post(f"/api/runs/{mine}/tasks/b/retry", {"_xsrf": token}, **xsrf_headers)
+        assert done.code == 200, done.body
+        assert {e.by for e in self.orc.run(mine).events() if e.actor == "operator"} == {"alice (web from 127.0.0.1)"}
+        # bob sees bravo's and not acme's; the admins see both
+        self.session = basic("bob", "bob-pass")
+        assert [r["id"] for r in json.loads(self.get("/api/runs").body)["runs"]] == [theirs]
+        assert self.get(f"/runs/{mine}").code == 404
+        for admin in (basic("root", "rootpass"), bearer(TOKEN)):
+            self.session = admin
+            assert {r["id"] for r in json.loads(self.get("/api/runs").body)["runs"]} == {mine, theirs}
+            assert self.get(f"/runs/{theirs}").code == 200
+        # a password is checked with its user: alice's password is not bob's
+        assert self.get("/api/runs", anonymous=True, **basic("bob", "alice-pass")).code == 401
+
+
+def test_credentials_are_checked_at_start(tmp_path: Path) -> None:
+    creds = parse_ui_auth(TENANTS_AUTH)
+    assert [(c.kind, c.name, c.tenant) for c in creds] == [
+        ("basic", "root", None),
+        ("basic", "alice", "acme"),
+        ("basic", "bob", "bravo"),
+        ("token", "token@acme", "acme"),
+        ("token", "token", None),
+    ]
+    assert parse_ui_auth("u:p=ss=*")[0].secret == "p=ss"  # a secret with '=' ends with =* or =TENANT
+    assert parse_ui_auth("") == ()
+    bad = {
+        "   ": "blank",
+        "admin: ": "password is blank",
+        "admin:   =acme": "password is blank",
+        "admin:\t": "password is blank",
+        "a:secret-one,,b:secret-two": "entry 2 is empty",
+        "a:secret-one,a:secret-two": "appears twice",
+        ":secret-one": "user name is empty",
+        "short": "at least 16",
+        "has space in the token": "no spaces",
+        "a:secret-one=bad tenant!": "neither '*' nor a tenant",
+        "a:secret-one=": "neither '*' nor a tenant",
+    }
+    for raw, why in bad.items():
+        with pytest.raises(ConfigurationError, match=re.escape(why)) as caught:
+            parse_ui_auth(raw)
+        message = str(caught.value)
+        assert message.startswith("ORCHESTRATOR_UI_AUTH"), message
+        assert "secret-one" not in message and "secret-two" not in message, message
+    orc = make_orc(tmp_path)
+    try:
+        # no credentials: refused on any bind that is not loopback, a token made on loopback
+        for public in ("0.0.0.0", "::", "10.0.0.5", ""):
+            with pytest.raises(ConfigurationError, match="ORCHESTRATOR_UI_AUTH is not set"):
+                make_app(orc, auth="", bind=public)
+        access = make_app(orc, auth="", bind="127.0.0.1").settings["access"]
+        assert len(access.generated) >= 40 and access.credentials[0].tenant is None
+        assert access.generated != make_app(orc, auth="", bind="::1").settings["access"].generated
+        with pytest.raises(ConfigurationError, match="password is blank"):
+            make_app(orc, auth="admin: ", bind="0.0.0.0")
+        # a serve bound to one tenant cannot hand out another tenant's credentials
+        bound = Orchestrator(
+            orc.settings, store=orc.store, publisher=orc.publisher, registry=orc.registry, tenant="acme"
+        )
+        assert make_app(bound, auth=f"{ACME_TOKEN}=acme", bind="0.0.0.0") is not None
+        with pytest.raises(ConfigurationError, match="acts as tenant 'acme' only"):
+            make_app(bound, auth=f"{ACME_TOKEN}=bravo", bind="0.0.0.0")
+    finally:
+        orc.store.dispose()
+
+
 def test_loopback_addresses() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.9.9.9")
     for public in ("", "0.0.0.0", "::", "10.0.0.5", "example.com", "[::]"):
         assert not is_loopback(public), public
-    assert Access("", "0.0.0.0").can_write is False and Access("", "127.0.0.1").can_write is True
-    for bad in ("user:", ":pw", "short"):
-        with pytest.raises(ValidationError):
-            Access(bad, "127.0.0.1")
+    assert Access("", "127.0.0.1").generated and Access(TOKEN, "0.0.0.0").generated == ""
+
+
+# ------------------------------------------------------------------ orchestrator serve, the process
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the process group this test started (SIGTERM, then SIGKILL)."""
+    import signal
+
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def _serve_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_") or k.startswith("ORCHESTRATOR_TEST")
+    }
+    env.update(ORCHESTRATOR_DATA_DIR=str(tmp), **extra)
+    return env
+
+
+def test_serve_refuses_a_public_bind_without_credentials(tmp_path: Path) -> None:
+    for argv, env, needle in (
+        (["--host", "0.0.0.0"], {}, "ORCHESTRATOR_UI_AUTH is not set"),
+        (["--host", "::"], {}, "ORCHESTRATOR_UI_AUTH is not set"),
+        (["--host", "0.0.0.0"], {"ORCHESTRATOR_UI_AUTH": "admin:  "}, "password is blank"),
+        (["--host", "127.0.0.1"], {"ORCHESTRATOR_UI_AUTH": "  "}, "is blank"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "serve", *argv, "--port", "1"],
+            env=_serve_env(tmp_path, **env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, (argv, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and "ORCHESTRATOR_UI_AUTH" in lines[0], done.stderr
+        assert not (tmp_path / "pg").exists()  # refused before the database was touched
+
+
+def test_serve_prints_a_login_url_and_needs_its_token(tmp_path: Path) -> None:
+    import socket
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    log = tmp_path / "serve.log"
+    env = _serve_env(tmp_path, ORCHESTRATOR_DATABASE_URL=clean_test_database())
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not (found := re.search(r"(http://127\.0\.0\.1:\d+/login\?token=([A-Za-z0-9_-]+))", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        url, token = found.group(1), found.group(2)
+        assert url == f"http://127.0.0.1:{port}/login?token={token}" and len(token) >= 40
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+                return None
+
+        opener = urllib.request.build_opener(NoRedirect)
+
+        def status(path: str, **headers: str) -> tuple[int, Any]:
+            try:
+                with opener.open(urllib.request.Request(path, headers=headers), timeout=10) as r:
+                    return r.status, r.headers
+            except urllib.error.HTTPError as e:
+                return e.code, e.headers
+
+        base = f"http://127.0.0.1:{port}"
+        assert status(base + "/api/runs")[0] == 401 and status(base + "/metrics")[0] == 401
+        assert status(base + "/runs")[0] == 302
+        assert status(base + "/api/runs", Authorization=f"Bearer {token}")[0] == 200
+        assert status(base + "/login?token=wrong-" + token)[0] == 403
+        code, headers = status(url)
+        assert code == 302 and headers["Location"] == "/runs" and "orc_user=" in headers["Set-Cookie"]
+        cookie = headers["Set-Cookie"].split(";")[0]
+        assert status(base + "/runs", Cookie=cookie)[0] == 200
+        # a request line too long for the limit is answered, not dropped
+        assert status(base + "/runs?q=" + "a" * 100_000)[0] == 414
+    finally:
+        stop_process(proc)
 
 
 # ------------------------------------------------------------------ drawing

@@ -1,0 +1,163 @@
+"""A 50,000-task run in a real browser (issue 18, item 3): headless Chromium (Debian's
+chromium + chromium-driver) driven by Selenium against a real ``orchestrator serve`` process on
+the integration database.
+
+The run is ``root -> 49,998 tasks -> sink`` submitted through the orchestrator (no worker: the
+middle layer is moved to SUCCEEDED, 10 of it to FAILED, with one bulk SQL UPDATE). Measured and
+printed: the run page's size and time to serve (the first request, which lays the DAG out, and a
+second), and Chromium's time to draw it (navigation start to the page's script marking it
+ready). Asserted: < 2 MB, < 1 s (the first request, which lays the DAG out: < 3 s), < 5 s;
+the middle layer is one counted box; a task is found through the key search, and through "next"
+paging. ``serve`` runs with ``ORCHESTRATOR_UI_AUTH`` set to a token: the browser logs in with
+``/login?token=``, scripts send ``Authorization: Bearer``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from orchestrator import DAG, Orchestrator
+from tests.integration.conftest import ROOT, stop_process
+from tests.integration.test_browser import CHROMEDRIVER, CHROMIUM, csp_violations, free_port, wait_for
+
+pytestmark = pytest.mark.timeout(600)
+
+TOKEN = "scale-test-token-0123456789"
+N = 50_000
+MAX_BYTES, MAX_SERVE_S, MAX_DRAW_S = 2_000_000, 1.0, 5.0
+
+
+def fetch(url: str) -> tuple[bytes, float]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=120) as r:
+        body = r.read()
+    return body, time.perf_counter() - started
+
+
+@pytest.fixture
+def base(orc: Orchestrator, tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "ORCHESTRATOR_UI_AUTH": TOKEN}
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"orchestrator serve did not start:\n{log.read_text()}")
+                time.sleep(0.2)
+        yield url
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.fail("the browser test needs Debian's chromium and chromium-driver (apt install chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def big_run(orc: Orchestrator) -> str:
+    dag = DAG("scale_50k")
+    root = dag.task("root", "tasks.probes.echo")
+    middle = [dag.task(f"m{i:05d}", "tasks.probes.echo", upstream=[root]) for i in range(N - 2)]
+    dag.task("sink", "tasks.probes.echo", upstream=middle)
+    started = time.perf_counter()
+    run = orc.submit(dag)
+    with orc.store.db.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE orc_tasks SET state = 'SUCCEEDED' WHERE run_id = :r AND key LIKE 'm%'"), {"r": run.id}
+        )
+        conn.execute(
+            sa.text("UPDATE orc_tasks SET state = 'FAILED', error = 'boom' WHERE run_id = :r AND key < 'm00010'"),
+            {"r": run.id},
+        )
+    print(f"\n50,000-task run {run.id} submitted and settled in {time.perf_counter() - started:.1f}s")
+    return run.id
+
+
+def test_a_50000_task_run_page(orc: Orchestrator, base: str, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+
+    run_id = big_run(orc)
+    page = f"{base}/runs/{run_id}"
+    body, cold = fetch(page)
+    body, warm = fetch(page)
+    api, api_s = fetch(f"{base}/api/runs/{run_id}")
+    print(f"run page: {len(body):,} bytes; served in {cold:.3f}s (first, lays the DAG out), {warm:.3f}s (again)")
+    print(f"/api/runs/ID: {len(api):,} bytes in {api_s:.3f}s (default limit 500)")
+    # the first request reads the edges and lays the DAG out (kept for the run: its DAG never
+    # changes); every later one reads the tasks' states and one page of tasks and ledger
+    assert len(body) < MAX_BYTES and warm < MAX_SERVE_S and cold < 3 * MAX_SERVE_S
+    html = body.decode()
+    assert "49,998 tasks: 49,988 SUCCEEDED, 10 FAILED" in html and html.count('class="node') == 3
+    assert len(api) < MAX_BYTES
+
+    driver = browser
+    driver.get(f"{base}/login?token={TOKEN}")  # type: ignore[attr-defined]
+    assert driver.current_url == f"{base}/runs"  # type: ignore[attr-defined]
+    driver.get(page)  # type: ignore[attr-defined]
+    wait_for("the run page drawn", lambda: driver.find_elements(By.CSS_SELECTOR, "#run[data-ready]"), 30)  # type: ignore[attr-defined]
+    drawn_ms = int(driver.find_element(By.ID, "run").get_attribute("data-ready-ms"))  # type: ignore[attr-defined]
+    nav = driver.execute_script(  # type: ignore[attr-defined]
+        "var n = performance.getEntriesByType('navigation')[0]; return [n.responseEnd, n.loadEventEnd];"
+    )
+    print(f"Chromium: drawn {drawn_ms / 1000:.3f}s after navigation start (response end {nav[0] / 1000:.3f}s)")
+    assert drawn_ms / 1000 < MAX_DRAW_S
+    group = driver.find_element(By.CSS_SELECTOR, "#dag g.node.collapsed")  # type: ignore[attr-defined]
+    assert group.get_attribute("data-keys") == str(N - 2)
+    assert group.get_attribute("data-counts") == "FAILED:10,SUCCEEDED:49988"
+
+    # a task found through the key search
+    box = driver.find_element(By.ID, "task-search")  # type: ignore[attr-defined]
+    box.send_keys("m31415")
+    driver.find_element(By.ID, "task-find").click()  # type: ignore[attr-defined]
+    wait_for("the task found", lambda: driver.find_elements(By.CSS_SELECTOR, "tr#task-m31415"), 10)  # type: ignore[attr-defined]
+    rows = driver.find_elements(By.CSS_SELECTOR, "#tasks tr[data-key]")  # type: ignore[attr-defined]
+    assert [r.get_attribute("data-key") for r in rows] == ["m31415"]
+    assert rows[0].get_attribute("data-state") == "SUCCEEDED"
+    # and through paging: the failed ones by state, then "next" from the first page
+    driver.get(f"{page}?state=FAILED")  # type: ignore[attr-defined]
+    rows = driver.find_elements(By.CSS_SELECTOR, "#tasks tr[data-key]")  # type: ignore[attr-defined]
+    assert [r.get_attribute("data-key") for r in rows] == [f"m{i:05d}" for i in range(10)]
+    driver.get(page)  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "tasks-next").click()  # type: ignore[attr-defined]
+    wait_for("the second page", lambda: driver.find_elements(By.CSS_SELECTOR, "tr#task-m00199"), 10)  # type: ignore[attr-defined]
+    assert csp_violations(driver) == []
