@@ -556,6 +556,11 @@ class _SkeletonCache:
                 self._found[key] = found  # the newest last
             return found
 
+    def knows(self, run_id: str) -> bool:
+        """Whether a skeleton of ``run_id`` is kept (drawing it then costs one read of states)."""
+        with self._lock:
+            return any(k[0] == run_id for k in self._found)
+
     def put(self, key: tuple[str, int], skeleton: drawing.Skeleton) -> None:
         with self._lock:
             self._found[key] = skeleton
@@ -579,14 +584,26 @@ def run_drawing(orc: Orchestrator, run_id: str) -> tuple[drawing.Skeleton, drawi
 
 def run_page_data(
     orc: Orchestrator, run_id: str, tasks: TaskQuery, events_before: int | None
-) -> tuple[dict[str, Any], str]:
+) -> tuple[dict[str, Any], str | None]:
     """The run page's document (one page of tasks, one of the ledger) and its SVG, built off
-    the IO loop."""
+    the IO loop. The SVG is ``None`` when the run's skeleton is not kept yet and the run is
+    large: laying out tens of thousands of tasks takes most of a second, so the page is served
+    without it and its script fetches the drawing (``?part=dag``, :func:`run_dag_svg`)."""
     doc = run_document(orc, run_id, tasks=tasks, events=LEDGER_ROWS, events_before=events_before)
     doc.pop("edges")
+    if sum(doc["counts"].values()) > DEFER_DRAWING_ABOVE and not SKELETON_CACHE.knows(run_id):
+        return doc, None
+    return doc, run_dag_svg(orc, run_id)
+
+
+#: a run of more tasks whose skeleton is not kept is drawn after its page is served
+DEFER_DRAWING_ABOVE = 2_000
+
+
+def run_dag_svg(orc: Orchestrator, run_id: str) -> str:
+    """The run page's drawing: the SVG, each task box a link to its row in the task table."""
     _, picture = run_drawing(orc, run_id)
-    svg = drawing.to_svg(picture, href=lambda key: f"?{urlencode({'q': key})}#task-{quote(key)}")
-    return doc, svg
+    return drawing.to_svg(picture, href=lambda key: f"?{urlencode({'q': key})}#task-{quote(key)}")
 
 
 def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[str, Any]:
@@ -729,6 +746,11 @@ class RunsPage(_Base):
 
 class RunPage(_Base):
     async def get(self, run_id: str) -> None:
+        if self.get_query_argument("part", "") == "dag":  # the drawing alone (a large run's page fetches it)
+            svg = await self.blocking(run_dag_svg, self.orc, run_id)
+            self.set_header("Content-Type", "image/svg+xml; charset=UTF-8")
+            self.write(svg)
+            return
         tq = _task_query(self, TASK_ROWS)
         events_before = _opt_int(self, "events_before")
         doc, svg = await self.blocking(run_page_data, self.orc, run_id, tq, events_before)

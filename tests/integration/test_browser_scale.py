@@ -6,7 +6,8 @@ The run is ``root -> 49,998 tasks -> sink`` submitted through the orchestrator (
 middle layer is moved to SUCCEEDED, 10 of it to FAILED, with one bulk SQL UPDATE). Measured and
 printed: the run page's size and time to serve (the first request, which lays the DAG out, and a
 second), and Chromium's time to draw it (navigation start to the page's script marking it
-ready). Asserted: < 2 MB, < 1 s (the first request, which lays the DAG out: < 3 s), < 5 s;
+ready). The first view is served without the drawing, which its script fetches (the DAG is laid
+out once per run); later views have it inline. Asserted: < 2 MB, < 1 s to serve, < 5 s to draw;
 the middle layer is one counted box; a task is found through the key search, and through "next"
 paging. ``serve`` runs with ``ORCHESTRATOR_UI_AUTH`` set to a token: the browser logs in with
 ``/login?token=``, scripts send ``Authorization: Bearer``.
@@ -118,29 +119,34 @@ def test_a_50000_task_run_page(orc: Orchestrator, base: str, browser: object) ->
 
     run_id = big_run(orc)
     page = f"{base}/runs/{run_id}"
-    body, cold = fetch(page)
-    body, warm = fetch(page)
-    api, api_s = fetch(f"{base}/api/runs/{run_id}")
-    print(f"run page: {len(body):,} bytes; served in {cold:.3f}s (first, lays the DAG out), {warm:.3f}s (again)")
-    print(f"/api/runs/ID: {len(api):,} bytes in {api_s:.3f}s (default limit 500)")
-    # the first request reads the edges and lays the DAG out (kept for the run: its DAG never
-    # changes); every later one reads the tasks' states and one page of tasks and ledger
-    assert len(body) < MAX_BYTES and warm < MAX_SERVE_S and cold < 3 * MAX_SERVE_S
-    html = body.decode()
-    assert "49,998 tasks: 49,988 SUCCEEDED, 10 FAILED" in html and html.count('class="node') == 3
-    assert len(api) < MAX_BYTES
-
+    # the first view, in the browser: the page is served without its drawing (the DAG is laid
+    # out once per run, most of a second for 50,000 tasks), and its script fetches the drawing
     driver = browser
     driver.get(f"{base}/login?token={TOKEN}")  # type: ignore[attr-defined]
     assert driver.current_url == f"{base}/runs"  # type: ignore[attr-defined]
     driver.get(page)  # type: ignore[attr-defined]
     wait_for("the run page drawn", lambda: driver.find_elements(By.CSS_SELECTOR, "#run[data-ready]"), 30)  # type: ignore[attr-defined]
     drawn_ms = int(driver.find_element(By.ID, "run").get_attribute("data-ready-ms"))  # type: ignore[attr-defined]
-    nav = driver.execute_script(  # type: ignore[attr-defined]
-        "var n = performance.getEntriesByType('navigation')[0]; return [n.responseEnd, n.loadEventEnd];"
+    served, response_end = driver.execute_script(  # type: ignore[attr-defined]
+        "var n = performance.getEntriesByType('navigation')[0]; return [n.responseEnd - n.requestStart, n.responseEnd];"
     )
-    print(f"Chromium: drawn {drawn_ms / 1000:.3f}s after navigation start (response end {nav[0] / 1000:.3f}s)")
-    assert drawn_ms / 1000 < MAX_DRAW_S
+    print(
+        f"Chromium, first view: page served in {served / 1000:.3f}s, drawing fetched and drawn"
+        f" {drawn_ms / 1000:.3f}s after navigation start (response end {response_end / 1000:.3f}s)"
+    )
+    assert served / 1000 < MAX_SERVE_S and drawn_ms / 1000 < MAX_DRAW_S
+    # every later view reads the tasks' states and one page of tasks and ledger, drawing inline
+    body, warm = fetch(page)
+    dag, dag_s = fetch(f"{page}?part=dag")
+    api, api_s = fetch(f"{base}/api/runs/{run_id}")
+    print(f"run page: {len(body):,} bytes, served in {warm:.3f}s (drawing inline); drawing alone {dag_s:.3f}s")
+    print(f"/api/runs/ID: {len(api):,} bytes in {api_s:.3f}s (default limit 500)")
+    assert len(body) < MAX_BYTES and warm < MAX_SERVE_S
+    html = body.decode()
+    assert "49,998 tasks: 49,988 SUCCEEDED, 10 FAILED" in html and html.count('class="node') == 3
+    assert len(api) < MAX_BYTES and b"49,998 tasks" in dag
+    driver.get(page)  # type: ignore[attr-defined]
+    wait_for("the run page drawn again", lambda: driver.find_elements(By.CSS_SELECTOR, "#run[data-ready]"), 30)  # type: ignore[attr-defined]
     group = driver.find_element(By.CSS_SELECTOR, "#dag g.node.collapsed")  # type: ignore[attr-defined]
     assert group.get_attribute("data-keys") == str(N - 2)
     assert group.get_attribute("data-counts") == "FAILED:10,SUCCEEDED:49988"
