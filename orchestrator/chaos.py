@@ -1,23 +1,45 @@
 """``orchestrator chaos``: a soak that runs many DAGs on a real local deployment while faults
 are injected at random, then proves from the database that nothing was lost or committed twice.
 
-It starts, on this machine only: a private redis-server on a free 127.0.0.1 port, N prefork
-Celery workers and a reconciler loop, all against the Postgres database given. Faults: a pool
-child killed (-9), a whole worker killed (-9) and restarted, a worker paused past its lease
-(SIGSTOP/SIGCONT), Redis restarted (SHUTDOWN NOSAVE) or flushed (FLUSHALL), the application's
-Postgres backends terminated, and a duplicate publish of a queued task's message.
+It starts, on this machine only and on 127.0.0.1 only: a private PostgreSQL server on a temp
+data directory (unless ``database_url`` names a database to use instead), a private
+redis-server, N prefork Celery workers and a reconciler loop, plus small TCP relays in this
+process: one between the workers (and the reconciler) and Redis, one per worker between that
+worker and Postgres. Worker ``chaos0`` runs under libfaketime with a time file this module
+rewrites. Eleven kinds of fault:
+
+- ``kill_child``: a pool child killed (-9); ``kill_worker``: a whole worker killed (-9) and
+  restarted; ``pause_worker``: a worker paused past its lease (SIGSTOP, SIGCONT 2.5-3.5 s later);
+- ``redis_restart`` (SHUTDOWN NOSAVE, started again) and ``redis_flush`` (FLUSHALL);
+- ``broker_cut``: the broker relay drops every connection and refuses new ones for 2-5 s, then
+  forwards again (Redis itself keeps running);
+- ``pg_terminate``: the application's Postgres backends terminated; ``pg_restart``: the private
+  server stopped (fast: every session ended) and started again 1-3 s later (private server only);
+- ``pg_partition``: one worker's Postgres relay blackholes for 3-5 s (more than the 2 s lease):
+  nothing passes either way, connections hang, then heal and carry on;
+- ``clock_jump``: worker ``chaos0``'s clock jumps by 1-10 minutes, forward or back;
+- ``duplicate_publish``: a queued or running task's message published a second time.
+
+The faults are dealt from a shuffled deck (every kind once per round) so every kind is
+injected early and about as often; a fault that lasts (a pause, a cut, a partition, a restart)
+is healed later by the main loop while other faults go on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import pwd
 import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -35,6 +57,17 @@ from .store import Store, make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 P = "tasks.probes."
+#: the worker whose clock jumps
+SKEWED = "chaos0"
+LIBFAKETIME = [
+    Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"),
+    Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1"),
+    Path("/usr/local/lib/faketime/libfaketimeMT.so.1"),
+]
+#: every kind of fault; ``kill_child`` twice, as before: it is the commonest crash
+DECK = ["kill_child", "kill_child", "kill_worker", "pause_worker", "redis_restart", "redis_flush", "broker_cut",
+        "pg_terminate", "pg_restart", "pg_partition", "clock_jump", "duplicate_publish"]  # fmt: skip
+KINDS = sorted(set(DECK))
 
 
 def free_port() -> int:
@@ -58,6 +91,173 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
         pass
 
 
+def libfaketime() -> Path | None:
+    """libfaketime's multi-threaded preload library, if installed (``apt-get install faketime``)."""
+    return next((p for p in LIBFAKETIME if p.exists()), None)
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of the soak's own: a temp data directory, a free 127.0.0.1 port, so
+    restarting it touches nothing else. The Debian server binaries
+    (``/usr/lib/postgresql/<version>/bin``, else ``pg_ctl`` on the ``PATH``); as root they run
+    as the ``postgres`` user (the server refuses to run as root)."""
+
+    def __init__(self) -> None:
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parts[-3]))
+        which = shutil.which("pg_ctl")
+        if not found and which is None:
+            raise RuntimeError(
+                "no pg_ctl: the chaos soak's private Postgres needs the server binaries"
+                " (apt-get install postgresql), or give --database-url"
+            )
+        self.bin = found[-1].parent if found else Path(str(which)).parent
+        self.root = Path(tempfile.mkdtemp(prefix="orc-chaos-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.port = free_port()
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        self._user: list[str] = []
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam("postgres")
+            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+            self._user = ["runuser", "-u", "postgres", "--"]
+        os.chmod(self.root, 0o755)
+        self.running = False
+
+    def _run(self, *cmd: str, timeout: float = 60.0) -> None:
+        done = subprocess.run([*self._user, *cmd], capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            tail = ""
+            with contextlib.suppress(OSError):
+                tail = self.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{Path(cmd[0]).name} failed ({done.returncode}): {done.stdout}{done.stderr}{tail}")
+
+    def init(self) -> None:
+        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+
+    def start(self) -> None:
+        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+                   " -c synchronous_commit=off -c max_connections=300")  # fmt: skip
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
+        self.running = True
+
+    def stop(self, mode: str = "fast") -> None:
+        self.running = False
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 to an upstream 127.0.0.1 port, run on the :class:`Relays` loop.
+
+    ``cut(seconds)``: every connection dropped (reset) and the port refused, then listening
+    again. ``blackhole(True)``: nothing passes either way (bytes wait in the sockets, new
+    connections wait to be served) until ``blackhole(False)``: a partition, then healing."""
+
+    def __init__(self, name: str, upstream: tuple[str, int]) -> None:
+        self.name, self.upstream = name, upstream
+        self.port = free_port()
+        self.server: asyncio.AbstractServer | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.flowing: asyncio.Event | None = None
+
+    async def open(self) -> None:
+        if self.flowing is None:
+            self.flowing = asyncio.Event()
+            self.flowing.set()
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self.flowing is not None
+        self.writers.add(writer)
+        try:
+            await self.flowing.wait()
+            try:
+                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream), 10)
+            except (TimeoutError, OSError):
+                return
+            self.writers.add(up_writer)
+            try:
+                pumps = [asyncio.ensure_future(self._pump(reader, up_writer)),
+                         asyncio.ensure_future(self._pump(up_reader, writer))]  # fmt: skip
+                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+                for pump in pumps:
+                    pump.cancel()
+            finally:
+                self.writers.discard(up_writer)
+                up_writer.close()
+        finally:
+            self.writers.discard(writer)
+            writer.close()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self.flowing is not None
+        with contextlib.suppress(OSError, ConnectionError):
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    return
+                await self.flowing.wait()
+                writer.write(data)
+                await writer.drain()
+
+    async def drop_all(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        for writer in list(self.writers):
+            writer.transport.abort()
+        self.writers.clear()
+
+    async def set_flowing(self, flowing: bool) -> None:
+        assert self.flowing is not None
+        if flowing:
+            self.flowing.set()
+        else:
+            self.flowing.clear()
+
+
+class Relays:
+    """The relays' event loop, on a daemon thread of this process."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="chaos-relays", daemon=True)
+        self.thread.start()
+        self.relays: list[Relay] = []
+
+    def call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def add(self, name: str, upstream: tuple[str, int]) -> Relay:
+        relay = Relay(name, upstream)
+        self.call(relay.open())
+        self.relays.append(relay)
+        return relay
+
+    def cut(self, relay: Relay) -> None:
+        """Drop every connection and refuse new ones (until :meth:`reopen`)."""
+        self.call(relay.drop_all())
+
+    def reopen(self, relay: Relay) -> None:
+        self.call(relay.open())
+
+    def blackhole(self, relay: Relay, on: bool) -> None:
+        self.call(relay.set_flowing(not on))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            for relay in self.relays:
+                self.call(relay.set_flowing(True))
+                self.call(relay.drop_all())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
 @dataclass
 class Deployment:
     database_url: str
@@ -67,16 +267,23 @@ class Deployment:
     redis: subprocess.Popen[bytes] | None = None
     worker_procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     reconciler: subprocess.Popen[bytes] | None = None
+    #: the private server, when the soak runs its own (``pg_restart`` needs it)
+    pg: PrivatePostgres | None = None
+    relays: Relays | None = None
+    broker_relay: Relay | None = None
+    pg_relays: dict[str, Relay] = field(default_factory=dict)
+    #: worker ``chaos0``'s libfaketime time file (``+0``, ``-7m``...), when libfaketime is installed
+    clock_file: Path | None = None
 
     @property
     def broker_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
-    def env(self) -> dict[str, str]:
+    def env(self, *, database_url: str | None = None, broker_port: int | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
         env.update(
-            ORCHESTRATOR_DATABASE_URL=self.database_url,
-            ORCHESTRATOR_BROKER_URL=self.broker_url,
+            ORCHESTRATOR_DATABASE_URL=database_url or self.database_url,
+            ORCHESTRATOR_BROKER_URL=f"redis://127.0.0.1:{broker_port or self.redis_port}/0",
             ORCHESTRATOR_DATA_DIR=str(self.data),
             ORCHESTRATOR_LEASE_SECONDS="2",
             ORCHESTRATOR_TICK_SECONDS="0.3",
@@ -91,9 +298,9 @@ class Deployment:
         )
         return env
 
-    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = (self.data / f"{name}.log").open("ab")
-        return subprocess.Popen(cmd, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd, cwd=ROOT, env=env or self.env(), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
 
     def start_redis(self) -> None:
@@ -109,22 +316,67 @@ class Deployment:
         )
         return done.stdout.strip()
 
+    def _relayed_url(self, relay: Relay | None) -> str | None:
+        if relay is None:
+            return None
+        return (
+            sa.engine.make_url(self.database_url)
+            .set(host="127.0.0.1", port=relay.port)
+            .render_as_string(hide_password=False)
+        )
+
     def start_worker(self, name: str) -> None:
         cmd = [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", "prefork", "-c", "2",
                "--without-gossip", "--without-mingle", "--loglevel", "INFO", "-n", f"{name}@%h"]  # fmt: skip
-        self.worker_procs[name] = self._spawn(name, cmd)
+        broker_port = self.broker_relay.port if self.broker_relay else None
+        env = self.env(database_url=self._relayed_url(self.pg_relays.get(name)), broker_port=broker_port)
+        lib = libfaketime()
+        if name == SKEWED and self.clock_file is not None and lib is not None:
+            # libfaketime 0.9.10 fails sleeps (EINVAL) with FAKETIME_DONT_FAKE_MONOTONIC=1, so
+            # the monotonic clock is offset with the wall clock
+            env.update(LD_PRELOAD=str(lib), FAKETIME_TIMESTAMP_FILE=str(self.clock_file),
+                       FAKETIME_CACHE_DURATION="1")  # fmt: skip
+        self.worker_procs[name] = self._spawn(name, cmd, env)
+
+    def start_reconciler(self) -> None:
+        cmd = [sys.executable, "-m", "orchestrator.cli", "reconcile", "--interval", "0.3"]
+        broker_port = self.broker_relay.port if self.broker_relay else None
+        self.reconciler = self._spawn("reconciler", cmd, self.env(broker_port=broker_port))
 
     def start(self) -> None:
         self.start_redis()
+        self.relays = Relays()
+        self.broker_relay = self.relays.add("broker", ("127.0.0.1", self.redis_port))
+        url = sa.engine.make_url(self.database_url)
+        if url.host and "host" not in url.query:  # a TCP server: one relay per worker (a Unix socket: none)
+            for i in range(self.workers):
+                self.pg_relays[f"chaos{i}"] = self.relays.add(f"pg-chaos{i}", (url.host, url.port or 5432))
+        if libfaketime() is not None:
+            self.clock_file = self.data / "clock"
+            self.clock_file.write_text("+0\n")
         for i in range(self.workers):
             self.start_worker(f"chaos{i}")
-        cmd = [sys.executable, "-m", "orchestrator.cli", "reconcile", "--interval", "0.3"]
-        self.reconciler = self._spawn("reconciler", cmd)
+        self.start_reconciler()
+
+    def supervise(self) -> list[str]:
+        """Restart a worker or the reconciler that exited by itself (as a service manager
+        would); the names restarted."""
+        restarted = []
+        for name, proc in list(self.worker_procs.items()):
+            if proc.poll() is not None:
+                self.start_worker(name)
+                restarted.append(name)
+        if self.reconciler is not None and self.reconciler.poll() is not None:
+            self.start_reconciler()
+            restarted.append("reconciler")
+        return restarted
 
     def stop(self) -> None:
         for proc in [*self.worker_procs.values(), self.reconciler, self.redis]:
             if proc is not None:
                 stop_group(proc)
+        if self.relays is not None:
+            self.relays.close()
 
     @staticmethod
     def _wait(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -158,13 +410,111 @@ def random_dag(rng: random.Random, i: int) -> DAG:
     return dag
 
 
-class Injector:
-    """Picks and applies one random fault at a time."""
+@dataclass
+class Fault:
+    kind: str
+    #: when the fault stopped acting (monotonic); ``None`` while it lasts
+    healed_at: float | None = None
+    #: the progress mark (last committed task's event id) when it healed
+    mark: int = 0
+    #: seconds from healing to the next task committed anywhere
+    recovery: float | None = None
 
-    def __init__(self, dep: Deployment, orc: Orchestrator, rng: random.Random) -> None:
-        self.dep, self.orc, self.rng = dep, orc, rng
+
+@dataclass
+class Heal:
+    at: float
+    kind: str
+    action: Callable[[], None]
+    fault: Fault
+    tries: int = 0
+
+
+class Injector:
+    """Deals faults from a shuffled deck, one at a time, and heals the lasting ones on time."""
+
+    def __init__(self, dep: Deployment, orc: Orchestrator, rng: random.Random, echo: Callable[[str], None]) -> None:
+        self.dep, self.orc, self.rng, self.echo = dep, orc, rng, echo
         self.counts: Counter[str] = Counter()
         self.last_fault = time.monotonic()
+        self.deck: list[str] = []
+        self.heals: list[Heal] = []
+        self.faults: list[Fault] = []
+        #: the last task-commit mark seen (``orc_task_events.id`` of a SUCCEEDED transition)
+        self.mark = 0
+        available = set(DECK)
+        if dep.pg is None:
+            available.discard("pg_restart")  # never restart a server the soak does not own
+        if not dep.pg_relays:
+            available.discard("pg_partition")
+        if dep.clock_file is None:
+            available.discard("clock_jump")
+        self.available = available
+
+    @property
+    def db_down(self) -> bool:
+        return self.dep.pg is not None and not self.dep.pg.running
+
+    def lasting(self) -> set[str]:
+        return {h.kind for h in self.heals}
+
+    def _draw(self) -> str | None:
+        blocked = self.lasting()
+        if self.db_down or "pg_restart" in blocked:
+            blocked |= {"pg_terminate", "duplicate_publish"}
+        if "pause_worker" in blocked or "pg_partition" in blocked:
+            blocked |= {"pause_worker", "pg_partition"}  # one worker out at a time, not all
+        if not self.deck:
+            self.deck = [k for k in DECK if k in self.available]
+            self.rng.shuffle(self.deck)
+        for i, kind in enumerate(self.deck):
+            if kind not in blocked:
+                return self.deck.pop(i)
+        return None
+
+    def inject(self) -> None:
+        kind = self._draw()
+        if kind is None:
+            return
+        fault = Fault(kind)
+        heal = getattr(self, kind)()
+        if heal is None:
+            self._healed(fault)
+        else:
+            delay, action = heal
+            self.heals.append(Heal(time.monotonic() + delay, kind, action, fault))
+        self.faults.append(fault)
+        self.counts[kind] += 1
+        self.last_fault = time.monotonic()
+
+    def _healed(self, fault: Fault) -> None:
+        fault.healed_at = time.monotonic()
+        fault.mark = self.mark
+
+    def heal_due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        for heal in [h for h in self.heals if everything or h.at <= now]:
+            try:
+                heal.action()
+            except Exception as exc:  # noqa: BLE001 - try again in a second
+                heal.tries += 1
+                self.echo(f"healing {heal.kind} failed ({exc!r}); retrying")
+                heal.at = now + 1.0
+                if heal.tries < 30:
+                    continue
+            self.heals.remove(heal)
+            self._healed(heal.fault)
+            self.last_fault = time.monotonic()
+
+    def observe(self, mark: int) -> None:
+        """A new progress mark: every healed fault still waiting for a commit has recovered."""
+        if mark <= self.mark:
+            return
+        now = time.monotonic()
+        for fault in self.faults:
+            if fault.recovery is None and fault.healed_at is not None and fault.mark < mark:
+                fault.recovery = now - fault.healed_at
+        self.mark = mark
 
     def children(self, proc: subprocess.Popen[bytes]) -> list[int]:
         try:
@@ -173,17 +523,11 @@ class Injector:
             return []
         return [int(x) for x in out.stdout.split()]
 
-    def inject(self) -> None:
-        kinds = ["kill_child", "kill_child", "kill_worker", "pause_worker", "redis_restart", "redis_flush",
-                 "pg_terminate", "duplicate_publish"]  # fmt: skip
-        kind = self.rng.choice(kinds)
-        getattr(self, kind)()
-        self.counts[kind] += 1
-        self.last_fault = time.monotonic()
-
     def _worker(self) -> tuple[str, subprocess.Popen[bytes]]:
         name = self.rng.choice(sorted(self.dep.worker_procs))
         return name, self.dep.worker_procs[name]
+
+    # -- the faults: each returns None, or (seconds, how to heal) for a fault that lasts
 
     def kill_child(self) -> None:
         _, proc = self._worker()
@@ -193,15 +537,20 @@ class Injector:
 
     def kill_worker(self) -> None:
         name, proc = self._worker()
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         self.dep.start_worker(name)
 
-    def pause_worker(self) -> None:
+    def pause_worker(self) -> tuple[float, Callable[[], None]]:
         _, proc = self._worker()
         os.killpg(proc.pid, signal.SIGSTOP)
-        time.sleep(2.5 + self.rng.random())  # past the 2 s lease
-        os.killpg(proc.pid, signal.SIGCONT)
+
+        def resume() -> None:
+            if proc.poll() is None:  # not killed (and reaped) meanwhile
+                os.killpg(proc.pid, signal.SIGCONT)
+
+        return 2.5 + self.rng.random(), resume  # past the 2 s lease
 
     def redis_restart(self) -> None:
         self.dep._redis_cmd("SHUTDOWN", "NOSAVE")
@@ -212,6 +561,12 @@ class Injector:
 
     def redis_flush(self) -> None:
         self.dep._redis_cmd("FLUSHALL")
+
+    def broker_cut(self) -> tuple[float, Callable[[], None]]:
+        relays, relay = self.dep.relays, self.dep.broker_relay
+        assert relays is not None and relay is not None
+        relays.cut(relay)
+        return 2.0 + 3.0 * self.rng.random(), lambda: relays.reopen(relay)
 
     def pg_terminate(self) -> None:
         db = make_engine(self.dep.database_url)
@@ -226,6 +581,26 @@ class Injector:
         finally:
             db.dispose()
 
+    def pg_restart(self) -> tuple[float, Callable[[], None]]:
+        pg = self.dep.pg
+        assert pg is not None
+        pg.stop("fast")
+        return 1.0 + 2.0 * self.rng.random(), pg.start
+
+    def pg_partition(self) -> tuple[float, Callable[[], None]]:
+        relays = self.dep.relays
+        assert relays is not None
+        relay = self.dep.pg_relays[self.rng.choice(sorted(self.dep.pg_relays))]
+        relays.blackhole(relay, True)
+        return 3.0 + 2.0 * self.rng.random(), lambda: relays.blackhole(relay, False)
+
+    def clock_jump(self) -> None:
+        assert self.dep.clock_file is not None
+        minutes = self.rng.randint(1, 10) * self.rng.choice([1, -1])
+        tmp = self.dep.clock_file.with_suffix(".tmp")
+        tmp.write_text(f"{minutes:+d}m\n")
+        tmp.replace(self.dep.clock_file)  # libfaketime never reads half a file
+
     def duplicate_publish(self) -> None:
         found = self.orc.reads.in_flight(1)
         if not found:
@@ -237,11 +612,16 @@ class Injector:
         self.orc.app.send_task(row.task_name, **options)
 
 
+PROGRESS = sa.text(
+    "SELECT coalesce(max(id), 0) FROM orc_task_events WHERE to_state = 'SUCCEEDED' AND accepted AND key IS NOT NULL"
+)
+
+
 def run_chaos(
     *,
     runs: int,
     seed: int,
-    database_url: str,
+    database_url: str | None = None,
     workers: int = 2,
     min_faults: int = 0,
     fault_interval: float = 0.6,
@@ -252,32 +632,64 @@ def run_chaos(
     stuck or committed twice, no illegal transition, no child started before its parent).
 
     At least ``runs`` runs are driven; more are submitted while fewer than ``min_faults`` faults
-    have been injected, so every fault lands on a busy deployment.
+    have been injected, so every fault lands on a busy deployment. Without ``database_url`` the
+    soak runs its own PostgreSQL server (and may restart it); with one, that database is wiped
+    and every kind but ``pg_restart`` is injected.
     """
     # two generators, so the DAGs do not depend on how the faults interleave with them
     rng = random.Random(seed)
     fault_rng = random.Random(seed + 1_000_003)
     data = Path(tempfile.mkdtemp(prefix="orc-chaos-"))
-    dep = Deployment(database_url, workers, data)
-    engine = make_engine(database_url)
-    migrate.reset(engine)
-    engine.dispose()
-    for k, v in dep.env().items():
-        os.environ[k] = v
-    from .celery_app import get_app
-
-    orc = Orchestrator(app=get_app(), store=Store(database_url))
-    started = time.monotonic()
-    dep.start()
-    injector = Injector(dep, orc, fault_rng)
-    run_ids: list[str] = []
+    pg: PrivatePostgres | None = None
+    dep: Deployment | None = None
+    orc: Orchestrator | None = None
+    probe: sa.Engine | None = None
     report: dict[str, Any] = {}
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (``timeout``, a test giving up) ends the soak through ``finally``: every
+        # process it started is stopped, by its process group
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
+        if database_url is None:
+            pg = PrivatePostgres()
+            pg.init()
+            pg.start()
+            database_url = pg.url
+        dep = Deployment(database_url, workers, data, pg=pg)
+        engine = make_engine(database_url)
+        migrate.reset(engine)
+        engine.dispose()
+        # this process (submits, checks, duplicate publishes) talks to Redis and Postgres directly
+        for k, v in dep.env().items():
+            os.environ[k] = v
+        from .celery_app import get_app
+
+        orc = Orchestrator(app=get_app(), store=Store(database_url))
+        probe = make_engine(database_url)
+        started = time.monotonic()
+        dep.start()
+        injector = Injector(dep, orc, fault_rng, echo)
+        run_ids: list[str] = []
         Deployment._wait(lambda: _live_workers(orc) >= workers, "workers", 60)
         next_fault = time.monotonic() + 2.0
+        next_look = 0.0
+        finished = 0
+        restarts = 0
         pending = list(range(runs))
         while time.monotonic() - started < timeout:
-            if pending and len(run_ids) - _finished(orc, run_ids) < 8:
+            injector.heal_due()
+            for name in dep.supervise():
+                echo(f"{name} exited; restarted")
+                restarts += 1
+            up = not injector.db_down
+            if up and time.monotonic() >= next_look:
+                finished = _finished(orc, run_ids)
+                with contextlib.suppress(sa.exc.DBAPIError):
+                    with probe.connect() as conn:
+                        injector.observe(int(conn.execute(PROGRESS).scalar_one()))
+                next_look = time.monotonic() + 0.25
+            if up and pending and len(run_ids) - finished < 8:
                 i = pending.pop(0)
                 try:
                     run_ids.append(orc.submit(random_dag(rng, i), idempotency_key=f"chaos-{seed}-{i}").id)
@@ -295,20 +707,41 @@ def run_chaos(
                 except Exception as exc:  # noqa: BLE001 - a failed injection is reported, the soak goes on
                     echo(f"fault injection failed: {exc!r}")
                 next_fault = time.monotonic() + fault_interval * (0.5 + rng.random())
-            if not pending and enough_faults and _finished(orc, run_ids) == len(run_ids):
+            if not pending and enough_faults and not injector.heals and up and _finished(orc, run_ids) == len(run_ids):
                 break
             time.sleep(0.05)
-        # from the last fault until every run was final: how long the system took to heal
+        injector.heal_due(everything=True)
+        # from the last fault's end until every run was final: how long the system took to heal
         recovered = time.monotonic() - injector.last_fault
+        with contextlib.suppress(sa.exc.DBAPIError):
+            with probe.connect() as conn:
+                injector.observe(int(conn.execute(PROGRESS).scalar_one()))
         problems = _safe_check(orc, run_ids)
-        report = _summary(orc, run_ids, problems, injector.counts, recovered, time.monotonic() - started)
+        report = _summary(orc, run_ids, problems, injector, recovered, time.monotonic() - started)
+        report["restarts"] = restarts
     finally:
-        dep.stop()
+        if dep is not None:
+            dep.stop()
+        if probe is not None:
+            probe.dispose()
+        if orc is not None:
+            with contextlib.suppress(Exception):
+                orc.store.engine.dispose()
+        if pg is not None:
+            pg.close()
         shutil.rmtree(data, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     for line in _format(report):
         echo(line)
+    if not report:
+        return 1
     clean = not (report["lost"] or report["committed_twice"] or report["stuck"] or report["other_violations"])
     return 0 if clean else 1
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt("terminated")
 
 
 def _live_workers(orc: Orchestrator) -> int:
@@ -334,21 +767,30 @@ def _safe_check(orc: Orchestrator, run_ids: list[str]) -> list[str]:
 
 
 def _summary(
-    orc: Orchestrator, run_ids: list[str], problems: list[str], faults: Counter[str], recovered: float, took: float
+    orc: Orchestrator, run_ids: list[str], problems: list[str], injector: Injector, recovered: float, took: float
 ) -> dict[str, Any]:
     reads = orc.reads
     states = reads.task_states(run_ids)
     executions = sum(int(e[3]) for e in reads.snapshot(run_ids).effects)
     rejected = reads.rejected_events(run_ids)
     stuck = sum(n for st, n in states.items() if st in ("PENDING", "READY", "QUEUED", "RUNNING", "RETRYING"))
+    by_kind: dict[str, dict[str, Any]] = {}
+    for kind in sorted(injector.counts):
+        waits = [f.recovery for f in injector.faults if f.kind == kind and f.recovery is not None]
+        by_kind[kind] = {
+            "count": injector.counts[kind],
+            "recovery_median": round(statistics.median(waits), 2) if waits else None,
+            "recovery_max": round(max(waits), 2) if waits else None,
+        }
     return {
         "runs": len(run_ids),
         "tasks": sum(states.values()),
         "task_states": states,
         "executions": executions,
         "rejected_events": rejected,
-        "faults": dict(faults),
-        "faults_total": sum(faults.values()),
+        "faults": dict(injector.counts),
+        "faults_by_kind": by_kind,
+        "faults_total": sum(injector.counts.values()),
         "lost": sum(1 for p in problems if "stuck in" in p),
         "committed_twice": sum(1 for p in problems if "committed twice" in p or "accepted results" in p),
         "stuck": stuck,
@@ -366,9 +808,17 @@ def _format(r: dict[str, Any]) -> list[str]:
         f"runs: {r['runs']}  tasks: {r['tasks']}  executions: {r['executions']}",
         f"rejected events (fenced duplicates and late results): {r['rejected_events']}",
         f"task states: {r['task_states']}",
-        f"faults injected: {r['faults_total']} ({faults})",
+        f"faults injected: {r['faults_total']} of {len(r['faults'])} kinds ({faults})",
+        "per kind: count, then seconds from the fault's end to the next task committed (median / max):",
+    ]
+    for kind, k in r["faults_by_kind"].items():
+        median = "-" if k["recovery_median"] is None else f"{k['recovery_median']}s"
+        most = "-" if k["recovery_max"] is None else f"{k['recovery_max']}s"
+        lines.append(f"  {kind:<18} {k['count']:>5}   {median} / {most}")
+    lines += [
+        f"processes that exited by themselves and were restarted: {r.get('restarts', 0)}",
         f"lost: {r['lost']}  committed twice: {r['committed_twice']}  stuck: {r['stuck']}",
-        f"time to recover (last fault -> every run final): {r['recovery_seconds']}s  (soak took {r['seconds']}s)",
+        f"time to recover (last fault's end -> every run final): {r['recovery_seconds']}s  (soak took {r['seconds']}s)",
     ]
     lines.extend(f"violation: {v}" for v in r["other_violations"])
     return lines
