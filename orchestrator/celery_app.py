@@ -36,6 +36,10 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
     for option in ("data_folder_in", "processed_folder"):
         if option in transport_options:
             os.makedirs(transport_options[option], exist_ok=True)
+    if settings.broker_url.startswith("filesystem"):
+        from . import fsbroker
+
+        fsbroker.register()  # an atomic publish (kombu's can be read half written)
     app = Celery(
         main,
         broker=settings.broker_url,

@@ -20,10 +20,13 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.engine import URL
 
 from .errors import ConfigurationError
 
@@ -77,15 +80,34 @@ def status(pgdata: Path) -> Status:
         info = PostmasterInfo.read_from_pgdata(pgdata) if (pgdata / "PG_VERSION").exists() else None
     except (AssertionError, ValueError):
         info = None  # postmaster.pid half written: the server is starting, not ready
-    if info is None or not info.is_running() or info.status != "ready":
+    if info is None or not info.is_running() or info.status != "ready" or not _serves(info.process, pgdata):
         return Status(False, None, None, None)
     return Status(True, info.pid, str(info.socket_dir) if info.socket_dir else None, info.port)
+
+
+def _serves(process: Any, pgdata: Path) -> bool:
+    """Whether ``process`` (the pid in ``postmaster.pid``) is this directory's server, not a
+    process that got the pid of a server that died (a reboot, a container restart, kill -9)."""
+    try:
+        return any(str(pgdata) in part or str(pgdata.resolve()) in part for part in process.cmdline())
+    except Exception:  # noqa: BLE001 - psutil: gone, or not ours to read (another user): not shown to be it
+        return False
+
+
+#: characters a data directory's path may hold: the wheel hands the path to pg_ctl, which runs
+#: it through a shell unquoted (a space would break the start; a `$(...)` would run)
+SAFE_PATH = re.compile(r"[A-Za-z0-9._/@+-]+")
 
 
 def ensure(pgdata: Path) -> str:
     """Start the server of ``pgdata`` unless it runs (initialising the directory the first
     time), make sure its ``orchestrator`` database exists, and return a psycopg URL for it."""
     wheel = _wheel()
+    if not SAFE_PATH.fullmatch(str(pgdata.absolute())):
+        raise ConfigurationError(
+            f"the embedded PostgreSQL cannot live in {str(pgdata.absolute())!r}: its path may hold only letters,"
+            " digits and . _ / @ + - (no spaces); set ORCHESTRATOR_DATA_DIR to such a directory"
+        )
     known = status(pgdata)
     if not known.running:
         pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +116,10 @@ def ensure(pgdata: Path) -> str:
     host = known.socket_dir or "127.0.0.1"
     port = known.port or 5432
     _create_database(host, port)
-    return f"postgresql+psycopg://postgres@/{DATABASE}?host={host}&port={port}"
+    url = URL.create(
+        "postgresql+psycopg", username="postgres", database=DATABASE, query={"host": host, "port": str(port)}
+    )
+    return url.render_as_string(hide_password=False)
 
 
 def _starting(pgdata: Path) -> Any:
@@ -108,6 +133,12 @@ def _starting(pgdata: Path) -> Any:
 def _start(wheel: Any, pgdata: Path) -> Status:
     known = status(pgdata)
     if not known.running:
+        stale = pgdata / "postmaster.pid"
+        if stale.exists():
+            # no server of this directory runs (checked under the lock): a pid file left by a
+            # server that died, whose pid may since belong to another process
+            log.warning("removing the stale %s", stale)
+            stale.unlink()
         log.info("starting the embedded PostgreSQL in %s", pgdata)
         pgdata.mkdir(exist_ok=True)
         with warnings.catch_warnings():

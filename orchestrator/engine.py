@@ -17,7 +17,7 @@ import getpass
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -537,14 +537,23 @@ class Orchestrator:
             )
 
     def tenant_settings(self) -> dict[str, tuple[float, int | None, bool]]:
-        """``{tenant: (weight, max_running, dedicated)}`` of the tenants configured so far."""
-        return self.store.tenants.settings()
+        """``{tenant: (weight, max_running, dedicated)}`` of the tenants configured so far (a
+        tenant-bound orchestrator sees its own entry only)."""
+        found = self.store.tenants.settings()
+        if self.tenant is not None:
+            return {name: v for name, v in found.items() if name == self.tenant}
+        return found
 
-    def explain(self, run_id: str, key: str | None = None) -> list[Explanation]:
-        """Why each task of the run (or only ``key``) is where it is: see :mod:`orchestrator.explain`.
-        Raises :class:`RunNotFound`, or :class:`TaskNotFound` for a ``key`` the run does not have."""
+    def explain(self, run_id: str, key: str | None = None, *, keys: Collection[str] | None = None) -> list[Explanation]:
+        """Why each task of the run (or only ``key``, or only ``keys``) is where it is: see
+        :mod:`orchestrator.explain`. Raises :class:`RunNotFound`, or :class:`TaskNotFound` for
+        a ``key`` the run does not have. Only the named tasks and their parents are read."""
         s = self.settings
-        found = explain(self.reads.explain_input(run_id, worker_ttl=s.worker_ttl, depth=s.dispatch_depth), key)
+        scope = {key} if key is not None else keys
+        data = self.reads.explain_input(run_id, worker_ttl=s.worker_ttl, depth=s.dispatch_depth, keys=scope)
+        found = explain(data, key)
+        if keys is not None:
+            found = [e for e in found if e.key in keys]
         if key is not None and not found:
             raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
         return found

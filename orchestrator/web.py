@@ -43,7 +43,8 @@ the ledger with who acted and from where: ``alice (web from 10.0.0.7)``.
 
 Every response carries a Content-Security-Policy (scripts of this origin, or inline ones with
 the page's nonce only), ``X-Frame-Options: DENY``, ``nosniff``, ``Referrer-Policy:
-no-referrer`` and ``Cache-Control: no-store``. A URL longer than :data:`MAX_URL_BYTES` is
+same-origin`` and ``Cache-Control: no-store``. A browser's POST from another origin (another
+port of this host included) is refused by its ``Origin`` / ``Sec-Fetch-Site``. A URL longer than :data:`MAX_URL_BYTES` is
 answered 414, headers larger than :data:`MAX_HEADER_BYTES` 431.
 """
 
@@ -65,9 +66,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import tornado.web
+from tornado.log import access_log
 from tornado.template import Loader
 
 from . import graph as drawing
@@ -115,9 +117,26 @@ MAX_HEADER_BYTES = 32 * 1024
 #: Tornado's own limit on the request line and headers together, raised well above the two
 #: limits above so such a request is read and answered 414/431; beyond it Tornado closes the
 #: connection without a status
-SERVER_OPTIONS: dict[str, Any] = {"max_header_size": 1024 * 1024}
+#: connection; a request body (the forms hold an XSRF token, a token and a path) is at most
+#: 64 KiB, read within 30 s, and an idle connection is closed after 5 minutes
+SERVER_OPTIONS: dict[str, Any] = {
+    "max_header_size": 1024 * 1024,
+    "max_body_size": 64 * 1024,
+    "body_timeout": 30.0,
+    "idle_connection_timeout": 300.0,
+}
 #: the session cookie set by a token login (its value: the credential's name, signed)
 SESSION_COOKIE = "orc_user"
+
+
+def log_request(handler: tornado.web.RequestHandler) -> None:
+    """The access log line, without the query string (a login URL carries its token) and with
+    the path cut to 200 characters (a 414's URL is up to a megabyte)."""
+    status = handler.get_status()
+    log_method = access_log.info if status < 400 else access_log.warning if status < 500 else access_log.error
+    request = handler.request
+    path = request.path if len(request.path) <= 200 else request.path[:200] + "…"
+    log_method("%d %s %s (%s) %.2fms", status, request.method, path, request.remote_ip, 1000 * request.request_time())
 
 
 def is_loopback(host: str) -> bool:
@@ -309,7 +328,9 @@ class _Base(tornado.web.RequestHandler):
         self.set_header("Content-Security-Policy", content_security_policy(self.nonce))
         self.set_header("X-Frame-Options", "DENY")
         self.set_header("X-Content-Type-Options", "nosniff")
-        self.set_header("Referrer-Policy", "no-referrer")
+        # same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with a
+        # form's POST, and the origin check of every cookie-authenticated POST needs the origin
+        self.set_header("Referrer-Policy", "same-origin")
         self.set_header("Cache-Control", "no-store")
 
     async def blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -357,7 +378,22 @@ class _Base(tornado.web.RequestHandler):
             raise tornado.web.HTTPError(401)
         if self.access.bearer(self.request.headers.get("Authorization", "")):
             return  # a browser never sends this header by itself: no forgery possible
+        self._check_origin()
         super().check_xsrf_cookie()
+
+    def _check_origin(self) -> None:
+        """A browser's POST must come from this server's own pages. Cookies are scoped by host,
+        not port: a page on another port of this host can plant an ``_xsrf`` cookie of its own
+        choosing, so the double-submit check alone is not enough. Browsers send ``Origin`` and
+        ``Sec-Fetch-Site`` with every POST: another origin is refused (403)."""
+        headers = self.request.headers
+        site = headers.get("Sec-Fetch-Site")
+        if site is not None and site not in ("same-origin", "none"):
+            raise tornado.web.HTTPError(403, reason="cross-site request refused")
+        origin = headers.get("Origin")
+        # the host and port only: behind a TLS-terminating proxy the scheme differs
+        if origin is not None and urlsplit(origin).netloc != self.request.host:
+            raise tornado.web.HTTPError(403, reason="request from another origin refused")
 
     def by(self) -> str:
         """Who acts, and from where, as the ledger records it."""
@@ -491,8 +527,7 @@ def _waiting(orc: Orchestrator, run_id: str, tasks: list[Any]) -> dict[str, Any]
     keys = {t.key for t in tasks if not t.state.terminal and t.state is not TaskState.RUNNING}
     if not keys:
         return {}
-    found = orc.explain(run_id, next(iter(keys))) if len(keys) == 1 else orc.explain(run_id)
-    return {e.key: [r.to_json() for r in e.reasons] for e in found if e.key in keys}
+    return {e.key: [r.to_json() for r in e.reasons] for e in orc.explain(run_id, keys=keys)}
 
 
 def run_document(
@@ -650,8 +685,6 @@ def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[
 
 def safe_next(target: str) -> str:
     """Where the login form may send the browser: a path of this app, nothing else."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(target)
     if (
         not target.startswith("/")
@@ -944,6 +977,7 @@ def make_app(orc: Orchestrator, *, auth: str = "", bind: str = "127.0.0.1", cook
         pool=ThreadPoolExecutor(max_workers=4, thread_name_prefix="orc-web"),
         xsrf_cookies=True,
         xsrf_cookie_kwargs={"httponly": True, "samesite": "Strict"},
+        log_function=log_request,
         cookie_secret=cookie_secret or secrets.token_hex(32),
         autoescape="xhtml_escape",
     )

@@ -106,3 +106,36 @@ def test_a_database_url_that_is_not_postgres_is_refused(url: str) -> None:
 
     with pytest.raises(ConfigurationError, match=r"Postgres|embedded"):
         make_engine(url)
+
+
+def test_a_stale_pid_file_naming_another_process_does_not_block_the_server(tmp_path: Path) -> None:
+    """After a crash or a reboot, postmaster.pid may name a pid now used by another process:
+    that process is not taken for the server, the stale file goes, the server starts."""
+    pgdata = tmp_path / "data+x@y" / "pg"  # '+' and '@' must survive the URL too
+    try:
+        embedded.ensure(pgdata)
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        assert embedded.stop(pgdata)
+        lines[0] = str(os.getpid())  # a live process that is not this directory's server
+        (pgdata / "postmaster.pid").write_text("\n".join(lines) + "\n")
+        assert not embedded.status(pgdata).running
+        url = embedded.ensure(pgdata)
+        st = embedded.status(pgdata)
+        assert st.running and st.pid != os.getpid()
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT current_database()")).scalar_one() == "orchestrator"
+        engine.dispose()
+    finally:
+        embedded.stop(pgdata)
+
+
+def test_a_data_directory_the_shell_would_split_is_refused(tmp_path: Path) -> None:
+    from orchestrator.errors import ConfigurationError
+
+    for name in ("with space", "e$(id)", "a&b"):
+        with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DATA_DIR"):
+            embedded.ensure(tmp_path / name / "pg")
+        assert not (tmp_path / name).exists()

@@ -11,7 +11,7 @@ and explain keep to the tenant's rows.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,10 @@ class Reads:
         if self.tenant is not None:
             where.append(t_runs.c.tenant == self.tenant)
         return where
+
+    def _own_tasks(self) -> list[Any]:
+        """The condition on ``orc_tasks`` of the tasks these reads may see."""
+        return [] if self.tenant is None else [t_tasks.c.tenant == self.tenant]
 
     def _gate(self, conn: Any, run_id: str) -> None:
         """Raise :class:`RunNotFound` unless the run exists and these reads may see it."""
@@ -329,8 +333,12 @@ class Reads:
         found: str | None = self.db.read(lambda conn: conn.execute(query).scalar())
         return found
 
-    def explain_input(self, run_id: str, *, worker_ttl: float, depth: int) -> ExplainInput:
-        """What ``explain`` needs about a run, read in one connection (raise :class:`RunNotFound`)."""
+    def explain_input(
+        self, run_id: str, *, worker_ttl: float, depth: int, keys: Collection[str] | None = None
+    ) -> ExplainInput:
+        """What ``explain`` needs about a run, read in one connection (raise :class:`RunNotFound`).
+        With ``keys``, only what explaining those tasks needs: them, their edges in and their
+        parents (a page of a 50,000-task run reads a few hundred rows, not the run)."""
         c = t_tasks.c
         with self.db.engine.connect() as conn:
             found_run = conn.execute(
@@ -341,20 +349,25 @@ class Reads:
             if found_run is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
             run_state, tenant, dag_name, max_active = found_run
+            edge_where = [t_edges.c.run_id == run_id]
+            task_where = [c.run_id == run_id]
+            if keys is not None:
+                wanted = sorted(set(keys))
+                edge_where.append(t_edges.c.child_key.in_(wanted))
+                parents = conn.execute(sa.select(t_edges.c.parent_key).where(*edge_where)).scalars().all()
+                task_where.append(c.key.in_(sorted(set(wanted) | set(parents))))
             tasks = conn.execute(
                 sa.select(
                     c.key, c.state, c.attempt, c.max_attempts, c.trigger_rule, c.n_upstream, c.n_done,
                     c.n_succeeded, c.n_failed, c.n_skipped, c.queue, c.priority, c.not_before,
                     c.dispatched_at, c.worker, c.lease_expires_at, c.pool, c.pool_slots, c.rate_limit,
                 )
-                .where(c.run_id == run_id)
+                .where(*task_where)
                 .order_by(c.key)
             ).all()  # fmt: skip
             edges = [
                 (p, ch)
-                for p, ch in conn.execute(
-                    sa.select(t_edges.c.parent_key, t_edges.c.child_key).where(t_edges.c.run_id == run_id)
-                ).all()
+                for p, ch in conn.execute(sa.select(t_edges.c.parent_key, t_edges.c.child_key).where(*edge_where)).all()
             ]
             workers = [
                 (list(queues), int(n))
@@ -399,9 +412,18 @@ class Reads:
 
     # ------------------------------------------------------------------ diagnostics
 
-    def snapshot(self, run_ids: Sequence[str]) -> Snapshot:
+    def _visible_ids(self, conn: Any, run_ids: Sequence[str]) -> list[str]:
+        """The runs of ``run_ids`` these reads may see (a bound caller: its tenant's only)."""
         ids = list(run_ids)
+        if self.tenant is None or not ids:
+            return ids
+        return list(
+            conn.execute(sa.select(t_runs.c.id).where(t_runs.c.id.in_(ids), t_runs.c.tenant == self.tenant)).scalars()
+        )
+
+    def snapshot(self, run_ids: Sequence[str]) -> Snapshot:
         with self.db.engine.connect() as conn:
+            ids = self._visible_ids(conn, run_ids)
             effects: list[Any] = []
             if sa.inspect(conn).has_table(probe_effects.name):
                 e = probe_effects.c
@@ -427,6 +449,7 @@ class Reads:
         if not run_ids:
             return 0
         with self.db.engine.connect() as conn:
+            run_ids = self._visible_ids(conn, run_ids)
             return int(
                 conn.execute(
                     sa.select(sa.func.count()).where(
@@ -437,6 +460,7 @@ class Reads:
 
     def task_states(self, run_ids: Sequence[str]) -> dict[str, int]:
         with self.db.engine.connect() as conn:
+            run_ids = self._visible_ids(conn, run_ids)
             found = conn.execute(
                 sa.select(t_tasks.c.state, sa.func.count())
                 .where(t_tasks.c.run_id.in_(list(run_ids)))
@@ -446,6 +470,7 @@ class Reads:
 
     def rejected_events(self, run_ids: Sequence[str]) -> int:
         with self.db.engine.connect() as conn:
+            run_ids = self._visible_ids(conn, run_ids)
             return int(
                 conn.execute(
                     sa.select(sa.func.count()).where(
@@ -466,7 +491,7 @@ class Reads:
             return list(
                 conn.execute(
                     sa.select(t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.task_name, t_tasks.c.queue)
-                    .where(t_tasks.c.state.in_(["QUEUED", "RUNNING"]))
+                    .where(t_tasks.c.state.in_(["QUEUED", "RUNNING"]), *self._own_tasks())
                     .limit(limit)
                 ).all()
             )

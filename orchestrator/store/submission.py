@@ -138,6 +138,11 @@ def canonical_snapshot(snapshot: Any) -> str:
     plain = json.loads(json.dumps(snapshot))  # tuples, enum members: as the JSON column stores them
     if isinstance(plain, dict) and isinstance(plain.get("nodes"), list):
         plain["nodes"] = sorted(plain["nodes"], key=lambda n: str(n.get("key")) if isinstance(n, dict) else "")
+        for node in plain["nodes"]:
+            # sets of names (upstream may be given as a set, whose order varies between processes)
+            for field in ("upstream", "retry_on", "no_retry_on"):
+                if isinstance(node, dict) and isinstance(node.get(field), list):
+                    node[field] = sorted(node[field], key=str)
     return json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

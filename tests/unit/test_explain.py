@@ -140,3 +140,20 @@ def test_ready_behind_and_dead_letter_parents(orc: Orchestrator) -> None:
     found = {e.key: e for e in orc.explain(late_run.id)}
     assert [r.kind for r in found["bad"].reasons] == ["dead_letter"]
     assert [r.kind for r in found["after"].reasons] == ["waiting_on_parents", "parent_dead_letter", "trigger_rule"]
+
+
+def test_explaining_some_keys_reads_only_them_and_says_the_same(orc: Orchestrator) -> None:
+    """The run page explains the waiting tasks of one page only (`keys=`): the same reasons as
+    for the whole run, from the named tasks and their parents alone."""
+    dag = DAG("some")
+    a = dag.task("a", "t.ok")
+    b = dag.task("b", "t.bad")
+    dag.task("c", "t.ok", upstream=[a, b])
+    dag.task("d", "t.ok", upstream=["c"])
+    dag.task("e", "t.ok", queue="nobody.listens")
+    run = orc.submit(dag)
+    whole = {e.key: [r.to_json() for r in e.reasons] for e in orc.explain(run.id)}
+    some = {e.key: [r.to_json() for r in e.reasons] for e in orc.explain(run.id, keys={"c", "e"})}
+    assert some == {"c": whole["c"], "e": whole["e"]}
+    data = orc.reads.explain_input(run.id, worker_ttl=30, depth=1, keys={"d"})
+    assert sorted(t.key for t in data.tasks) == ["c", "d"] and data.edges == [("c", "d")]

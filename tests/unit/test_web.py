@@ -232,6 +232,28 @@ class TestLocal(WebCase):
         cancelled = json.loads(self.post(f"/api/runs/{run_id}/cancel", {"_xsrf": token}, **headers).body)
         assert cancelled["ok"] is True and self.orc.run(run_id).state.value == "CANCELLED"
 
+    def test_a_post_from_another_origin_is_refused(self) -> None:
+        """Cookies are scoped by host, not port: a page on another port of this host could plant
+        an _xsrf cookie it knows. The browser's Origin / Sec-Fetch-Site give it away."""
+        run_id = self.failed_run()
+        token, headers = self.xsrf()
+        for extra in (
+            {"Origin": "http://127.0.0.1:8000"},
+            {"Origin": "http://evil.example"},
+            {"Sec-Fetch-Site": "same-site"},
+            {"Sec-Fetch-Site": "cross-site"},
+        ):
+            refused = self.post(f"/runs/{run_id}/cancel", {"_xsrf": token}, **extra, **headers)
+            assert refused.code == 403, extra
+        assert self.orc.run(run_id).state.value != "CANCELLED"
+        own = {"Origin": "http://127.0.0.1", "Sec-Fetch-Site": "same-origin"}
+        assert self.post(f"/runs/{run_id}/tasks/b/retry", {"_xsrf": token}, **own, **headers).code == 303
+
+    def test_a_large_body_is_refused_before_it_is_read(self) -> None:
+        token, headers = self.xsrf()
+        big = self.post("/login", {"_xsrf": token, "token": "x" * 100_000}, anonymous=True, **headers)
+        assert big.code == 400, big.code  # Tornado refuses a Content-Length over max_body_size
+
     def test_metrics_are_read_from_the_database(self) -> None:
         from prometheus_client.parser import text_string_to_metric_families
 
@@ -326,7 +348,7 @@ class TestLocal(WebCase):
             assert "frame-ancestors 'none'" in csp, what
             assert r.headers.get("X-Frame-Options") == "DENY", what
             assert r.headers.get("X-Content-Type-Options") == "nosniff", what
-            assert r.headers.get("Referrer-Policy") == "no-referrer", what
+            assert r.headers.get("Referrer-Policy") == "same-origin", what
         # the run page's scripts carry the response's nonce; no inline handler is left
         page = responses["page"]
         nonce = re.search(r"'nonce-([^']+)'", page.headers["Content-Security-Policy"])
