@@ -44,8 +44,8 @@ the ledger with who acted and from where: ``alice (web from 10.0.0.7)``.
 Every response carries a Content-Security-Policy (scripts of this origin, or inline ones with
 the page's nonce only), ``X-Frame-Options: DENY``, ``nosniff``, ``Referrer-Policy:
 same-origin`` and ``Cache-Control: no-store``. A browser's POST from another origin (another
-port of this host included) is refused by its ``Origin`` / ``Sec-Fetch-Site``. A URL longer than :data:`MAX_URL_BYTES` is
-answered 414, headers larger than :data:`MAX_HEADER_BYTES` 431.
+port of this host included) is refused by its ``Origin`` / ``Sec-Fetch-Site``. A URL longer
+than :data:`MAX_URL_BYTES` is answered 414, headers larger than :data:`MAX_HEADER_BYTES` 431.
 """
 
 from __future__ import annotations
