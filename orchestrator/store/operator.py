@@ -176,6 +176,15 @@ class OperatorActions:
                 reason = "cancel refused: only a RUNNING run can be cancelled"
                 self.ledger.move_run(conn, run_id, RunState.RUNNING, RunState.CANCELLED, actor, reason=reason)
                 return [], f"run {run_id} is already {run.state}: only a RUNNING run can be cancelled"
+            # lock the run's open tasks first: a transition under way (an admission moving one
+            # READY -> QUEUED, a claim, a failure) commits before this reads them, and none can
+            # start until this commits, so no task is left open in a cancelled run
+            conn.execute(
+                sa.select(t_tasks.c.key)
+                .where(t_tasks.c.run_id == run_id, t_tasks.c.state.in_([st.value for st in NON_TERMINAL]))
+                .order_by(t_tasks.c.key)
+                .with_for_update()
+            ).all()
             live: list[str] = []
             for src in sorted(NON_TERMINAL):
                 moved = self.ledger.move_many(

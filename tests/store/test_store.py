@@ -838,3 +838,32 @@ def test_a_held_pick_uses_no_room(store: Store) -> None:
     # r0 takes the one token; p0-p2 and r1 are held; two free tasks fill the other slots
     assert sorted(d.key for d in first) == ["f0", "f1", "r0"], [d.key for d in first]
     assert store.admission.admit_ready(100) == []  # three in flight: the window is full
+
+
+def test_a_cancel_racing_an_admission_leaves_no_task_open(store: Store) -> None:
+    """An admission moving a task READY -> QUEUED commits while the cancel runs: the cancel
+    waits for it and cancels the task as QUEUED (to revoke), instead of finding it READY no
+    more and leaving it QUEUED in a cancelled run (its message would still run)."""
+    dag = DAG("race")
+    dag.task("a", "t")
+    run_id = submit(store, dag)
+    assert state(store, run_id, "a") is T.READY
+    admission = store.engine.connect()
+    tx = admission.begin()
+    admission.execute(
+        sa.text("UPDATE orc_tasks SET state = 'QUEUED' WHERE run_id = :r AND key = 'a'"), {"r": run_id}
+    )  # an admission under way: the row locked, not committed
+    out: dict[str, Any] = {}
+    cancel = threading.Thread(target=lambda: out.update(done=store.operator.cancel_run(run_id, OP)))
+    cancel.start()
+    try:
+        time.sleep(0.5)
+        assert cancel.is_alive()  # it waits for the task's row
+        tx.commit()
+    finally:
+        admission.close()
+        cancel.join(10)
+    live, conflict = out["done"]
+    assert conflict is None and live == [f"{run_id}.a.1"]
+    assert state(store, run_id, "a") is T.CANCELLED
+    assert store.reads.get_run(run_id).state is RunState.CANCELLED
