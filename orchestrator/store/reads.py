@@ -200,12 +200,6 @@ class Reads:
 
     # ------------------------------------------------------------------ paged reads (the web UI, the JSON API)
 
-    def task_counts(self, run_id: str) -> dict[str, int]:
-        """The run's tasks per state (one ``GROUP BY`` on the primary key's ``run_id``); raise
-        :class:`RunNotFound`."""
-        q = sa.select(t_tasks.c.state, sa.func.count()).where(t_tasks.c.run_id == run_id).group_by(t_tasks.c.state)
-        return {st: int(n) for st, n in self._of_run(run_id, q)}
-
     def task_page(
         self,
         run_id: str,
