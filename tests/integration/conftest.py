@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,3 +95,66 @@ def worker(orc: Orchestrator) -> Iterator[WorkerProcess]:
         yield WorkerProcess(proc, log)
     finally:
         stop_process(proc)
+
+
+# ------------------------------------------------------------------ orchestrator serve and a browser
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serving(log: Path, env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``orchestrator serve`` on a free 127.0.0.1 port in its own process group, once it answers
+    ``/healthz``: (the process, its base URL). Stopped by process group on the way out."""
+    port = free_port()
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"orchestrator serve did not start:\n{log.read_text()}")
+                time.sleep(0.2)
+        yield proc, base
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    """Headless Chromium (Debian's chromium + chromium-driver) through Selenium; its console
+    log is kept (CSP violations land there)."""
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.fail("the browser test needs Debian's chromium and chromium-driver (apt install chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -15,11 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,18 +24,11 @@ import pytest
 
 from orchestrator import DAG, Orchestrator
 from orchestrator.states import RunState, TaskState
-from tests.integration.conftest import ROOT, WorkerProcess, stop_process
+from tests.integration.conftest import WorkerProcess, serving
 
 P = "tasks.probes."
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -51,56 +40,15 @@ class Server:
 
 @pytest.fixture
 def server(orc: Orchestrator, tmp_path: Path) -> Iterator[Server]:
-    port = free_port()
     log = tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if k != "ORCHESTRATOR_UI_AUTH"}
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
+    with serving(log, env) as (proc, base):
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"orchestrator serve did not start:\n{log.read_text()}")
-                time.sleep(0.2)
         while not (found := re.search(rf"{re.escape(base)}/login\?token=[A-Za-z0-9_-]+", log.read_text())):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"orchestrator serve printed no login URL:\n{log.read_text()}")
             time.sleep(0.1)
         yield Server(base, found.group(0))
-    finally:
-        stop_process(proc)
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.fail("the browser test needs Debian's chromium and chromium-driver (apt install chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP violations land there
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def wait_for(what: str, check: object, timeout: float = 60.0) -> None:

@@ -16,8 +16,6 @@ paging. ``serve`` runs with ``ORCHESTRATOR_UI_AUTH`` set to a token: the browser
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,8 +25,8 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator
-from tests.integration.conftest import ROOT, stop_process
-from tests.integration.test_browser import CHROMEDRIVER, CHROMIUM, csp_violations, free_port, wait_for
+from tests.integration.conftest import serving
+from tests.integration.test_browser import csp_violations, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -47,52 +45,8 @@ def fetch(url: str) -> tuple[bytes, float]:
 
 @pytest.fixture
 def base(orc: Orchestrator, tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path / "serve.log"
-    env = {**os.environ, "ORCHESTRATOR_UI_AUTH": TOKEN}
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"orchestrator serve did not start:\n{log.read_text()}")
-                time.sleep(0.2)
+    with serving(tmp_path / "serve.log", {**os.environ, "ORCHESTRATOR_UI_AUTH": TOKEN}) as (_, url):
         yield url
-    finally:
-        stop_process(proc)
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.fail("the browser test needs Debian's chromium and chromium-driver (apt install chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def big_run(orc: Orchestrator, base: str | None = None) -> str:

@@ -28,6 +28,7 @@ from orchestrator.registry import StaticRegistry
 from orchestrator.routing import default_queues
 from orchestrator.web import SERVER_OPTIONS, Access, is_loopback, make_app, parse_ui_auth
 from tests.conftest import clean_test_database
+from tests.integration.conftest import stop_process
 
 TOKEN = "s3cret-token-0123456789"
 
@@ -555,20 +556,6 @@ def test_loopback_addresses() -> None:
 
 
 # ------------------------------------------------------------------ orchestrator serve, the process
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the process group this test started (SIGTERM, then SIGKILL)."""
-    import signal
-
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 def _serve_env(tmp: Path, **extra: str) -> dict[str, str]:
