@@ -20,6 +20,7 @@ from orchestrator import schema as s
 from orchestrator.store.schedules import iso
 from tests.conftest import stop_embedded
 from tests.fault.harness import Cluster, Proc
+from tests.integration.conftest import stop_process
 
 pytestmark = pytest.mark.fault
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,10 +243,5 @@ def test_beat_on_the_embedded_default_needs_no_server(tmp_path: Path) -> None:
             runs = json.loads(out.stdout)["runs"] if out.returncode == 0 else []
         assert len(runs) >= 3, (tmp_path / "beat.log").read_text()[-3000:]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop_process(proc, timeout=15)
         stop_embedded(tmp_path / "data")

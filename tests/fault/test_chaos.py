@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import pytest
 
 from orchestrator.chaos import KINDS
 from tests.fault.harness import ROOT
+from tests.integration.conftest import stop_process
 
 pytestmark = pytest.mark.fault
 
@@ -27,13 +27,7 @@ def test_a_short_soak_injects_every_kind_and_keeps_the_promise() -> None:
     try:
         out, _ = proc.communicate(timeout=170)
     finally:
-        if proc.poll() is None:  # SIGTERM: the soak stops what it started, then exits
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_process(proc, timeout=60)  # SIGTERM: the soak stops what it started, then exits
     assert proc.returncode == 0, out
     found = re.search(r"faults injected: (\d+) of (\d+) kinds \(([^)]*)\)", out)
     assert found, out
