@@ -14,7 +14,7 @@ from typing import Any
 
 from .backoff import Backoff, Jitter
 from .config import Settings
-from .dag import DAG, Limits, Node, OnDeadline, SizeLimits, load_spec
+from .dag import DAG, Limits, MapArg, MapSpec, Node, OnDeadline, SizeLimits, load_spec
 from .engine import Orchestrator, RunHandle
 from .errors import (
     ConfigurationError,
@@ -26,6 +26,7 @@ from .errors import (
     RunNotFound,
     RunTimeout,
     SchemaMissingError,
+    Skip,
     SpecError,
     TaskNotFound,
     UnknownLimitError,
@@ -34,7 +35,7 @@ from .errors import (
 )
 from .routing import Priority
 from .scheduling import FactoryNotAllowed, dag_factory
-from .states import RunState, TaskState, TriggerRule
+from .states import RunState, SkipReason, TaskState, TriggerRule
 
 _default: Orchestrator | None = None
 
@@ -69,6 +70,8 @@ __all__ = [
     "IdempotencyConflict",
     "Jitter",
     "Limits",
+    "MapArg",
+    "MapSpec",
     "Node",
     "OnDeadline",
     "OperatorError",
@@ -82,6 +85,8 @@ __all__ = [
     "SchemaMissingError",
     "Settings",
     "SizeLimits",
+    "Skip",
+    "SkipReason",
     "SpecError",
     "TaskNotFound",
     "TaskState",

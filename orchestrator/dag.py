@@ -81,6 +81,91 @@ class SizeLimits:
 Limits = SizeLimits
 
 
+#: the default and the hard cap of a map's children (``max_map_length``; the cap is
+#: ``ORCHESTRATOR_MAX_NODES``'s default)
+DEFAULT_MAX_MAP_LENGTH = 10_000
+MAX_MAP_LENGTH = 100_000
+#: how a map's several mapped arguments combine: item by item (equal lengths) or every pair
+COMBINES = ("zip", "product")
+ON_EMPTY = ("skip", "success")
+#: the trigger rules a node mapped over a parent's result may not have: they start it when the
+#: parent did not succeed, so there is nothing to map over
+MAP_REFUSED_RULES = frozenset(
+    {TriggerRule.ALWAYS, TriggerRule.ONE_FAILED, TriggerRule.ALL_FAILED, TriggerRule.ALL_SKIPPED}
+)
+MAP_KEY_FIELD_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True)
+class MapArg:
+    """One mapped keyword argument: each child gets one item of ``source``'s result (a node key)
+    or of ``items`` (a literal list) as ``kwarg``."""
+
+    kwarg: str
+    source: str | None = None
+    items: tuple[Any, ...] | None = None
+
+    def to_spec(self) -> Any:
+        return self.source if self.source is not None else list(self.items or ())
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """How a mapped node becomes its children (``DAG.map``): its mapped arguments, how several
+    combine (``zip`` or ``product``), the item field that names each child (``map_key``; by
+    default the item's index, or a dict's keys), what an empty input does (``on_empty``), the
+    most children (``max_length``) and the most of them QUEUED or RUNNING at once
+    (``max_active``). A node mapped over another mapped node maps item by item
+    (:meth:`DAG.per_item`)."""
+
+    args: tuple[MapArg, ...]
+    combine: str | None = None
+    map_key: str | None = None
+    on_empty: str = "skip"
+    max_length: int = DEFAULT_MAX_MAP_LENGTH
+    max_active: int | None = None
+
+    def to_spec(self) -> dict[str, Any]:
+        """The spec format's ``map`` field."""
+        spec: dict[str, Any]
+        if len(self.args) == 1:
+            spec = {"over": self.args[0].to_spec(), "kwarg": self.args[0].kwarg}
+        else:
+            spec = {"over": {a.kwarg: a.to_spec() for a in self.args}}
+        if self.combine is not None:
+            spec["combine"] = self.combine
+        if self.map_key is not None:
+            spec["map_key"] = self.map_key
+        if self.on_empty != "skip":
+            spec["on_empty"] = self.on_empty
+        if self.max_length != DEFAULT_MAX_MAP_LENGTH:
+            spec["max_length"] = self.max_length
+        if self.max_active is not None:
+            spec["max_active"] = self.max_active
+        return spec
+
+    def to_row(self, per_item: str | None) -> dict[str, Any]:
+        """The task row's ``map_spec`` (what ``orc_expand_v1`` reads); ``per_item``: the mapped
+        node this one maps item by item over."""
+        row: dict[str, Any] = {
+            "args": [
+                {"kwarg": a.kwarg, "from": a.source} if a.source is not None
+                else {"kwarg": a.kwarg, "items": list(a.items or ())}
+                for a in self.args
+            ],
+            "combine": self.combine or "zip",
+            "on_empty": self.on_empty,
+            "max_length": self.max_length,
+        }  # fmt: skip
+        if self.map_key is not None:
+            row["map_key"] = self.map_key
+        if self.max_active is not None:
+            row["max_active"] = self.max_active
+        if per_item is not None:
+            row["per_item"] = per_item
+        return row
+
+
 @dataclass(frozen=True)
 class Node:
     """One task of a DAG: a registered Celery task name and its JSON arguments."""
@@ -109,6 +194,18 @@ class Node:
     rate_limit: str | None = None
     #: seconds after the run's logical date (or its submit) by which the task must be done
     deadline: float | None = None
+    #: a mapped node (``DAG.map``): it becomes one child per item
+    map: MapSpec | None = None
+    #: the task's result names the direct children to follow (the others are SKIPPED)
+    branch: bool = False
+    #: a falsy result skips everything downstream
+    short_circuit: bool = False
+    #: Airflow's setup and teardown tasks; a teardown decides its run's state only with ``fails_run``
+    setup: bool = False
+    teardown: bool = False
+    fails_run: bool = False
+    #: all_success relaxed: READY once this share of the upstream (a map's children) succeeded
+    min_success_ratio: float | None = None
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -142,6 +239,13 @@ class Node:
             spec["rate_limit"] = self.rate_limit
         if self.deadline is not None:
             spec["deadline"] = self.deadline
+        if self.map is not None:
+            spec["map"] = self.map.to_spec()
+        for flag in ("branch", "short_circuit", "setup", "teardown", "fails_run"):
+            if getattr(self, flag):
+                spec[flag] = True
+        if self.min_success_ratio is not None:
+            spec["min_success_ratio"] = self.min_success_ratio
         return spec
 
 
@@ -186,7 +290,7 @@ class DAG:
         upstream: Iterable[Node | str] = (),
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
-        trigger_rule: TriggerRule | str = TriggerRule.ALL_SUCCESS,
+        trigger_rule: TriggerRule | str | None = None,
         max_attempts: int = 1,
         backoff: Backoff | Mapping[str, Any] | None = None,
         soft_time_limit: float | None = None,
@@ -199,6 +303,13 @@ class DAG:
         pool_slots: int = 1,
         rate_limit: str | None = None,
         deadline: float | None = None,
+        branch: bool = False,
+        short_circuit: bool = False,
+        setup: bool = False,
+        teardown: bool = False,
+        fails_run: bool = False,
+        min_success_ratio: float | None = None,
+        mapping: MapSpec | None = None,
     ) -> Node:
         """Add a node and return it (pass it in another node's ``upstream``).
 
@@ -212,6 +323,18 @@ class DAG:
         must exist when the DAG is submitted (``orchestrator pool set``, ``limit set``).
         ``deadline`` is the number of seconds after the run's logical date (or its submit) by
         which the task must be done (in a terminal state).
+
+        ``trigger_rule`` is one of Airflow's 13 rules (:class:`TriggerRule`; by default
+        ``all_success``, and ``all_done_setup_success`` for a teardown). ``branch=True``: the
+        task returns the key of the direct child to follow, or a list of them, and the other
+        children are SKIPPED (``branch_not_taken``) unless a followed child reaches them.
+        ``short_circuit=True``: a falsy result (``None``, ``False``, ``0``, ``""``, ``[]``,
+        ``{}``) skips every task downstream. ``setup=True`` / ``teardown=True`` are Airflow's
+        setup and teardown tasks: a teardown runs once its upstream is done if a setup upstream
+        of it succeeded, whatever the tasks between did, and its failure fails the run only
+        with ``fails_run=True``. ``min_success_ratio`` (with ``all_success``) lets the task run
+        once that share of its upstream, a map's children counted one by one, succeeded.
+        ``mapping`` is :meth:`map`'s.
 
         Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest
         of the checks run in :meth:`validate`.
@@ -257,7 +380,13 @@ class DAG:
             args=tuple(sig_args) + tuple(args or ()),
             kwargs={**sig_kwargs, **(kwargs or {})},
             upstream=tuple(u.key if isinstance(u, Node) else u for u in upstream),
-            trigger_rule=_enum(TriggerRule, trigger_rule, "trigger_rule", self.name, key),
+            trigger_rule=_enum(
+                TriggerRule,
+                trigger_rule if trigger_rule is not None else "all_done_setup_success" if teardown else "all_success",
+                "trigger_rule",
+                self.name,
+                key,
+            ),
             max_attempts=max_attempts,
             backoff=_backoff(backoff, self.name, key),
             soft_time_limit=soft_time_limit,
@@ -270,9 +399,135 @@ class DAG:
             pool_slots=pool_slots,
             rate_limit=rate_limit,
             deadline=deadline,
+            map=mapping,
+            branch=branch,
+            short_circuit=short_circuit,
+            setup=setup,
+            teardown=teardown,
+            fails_run=fails_run,
+            min_success_ratio=min_success_ratio,
         )
         self.nodes[key] = node
         return node
+
+    def map(
+        self,
+        key: str,
+        task: Any,
+        *,
+        over: Node | str | Sequence[Any] | Mapping[str, Node | str | Sequence[Any]],
+        kwarg: str | None = None,
+        upstream: Iterable[Node | str] = (),
+        combine: str | None = None,
+        map_key: str | None = None,
+        on_empty: str = "skip",
+        max_map_length: int = DEFAULT_MAX_MAP_LENGTH,
+        max_active: int | None = None,
+        **options: Any,
+    ) -> Node:
+        """Add a mapped node: one child task per item, keyed ``key[map_key]``.
+
+        ``over`` is a node (or its key) whose result is the list (a JSON list, or an object
+        whose values are the items and keys the map keys), or a literal list; each item is
+        passed to ``task`` as the keyword ``kwarg``, beside the signature's constant arguments.
+        Several mapped arguments: ``over={"path": listing, "size": [256, 512]}`` (no ``kwarg``)
+        with ``combine="zip"`` (item by item, equal lengths) or ``"product"`` (every pair).
+        Over another mapped node, the map runs item by item: child ``k`` gets the result of
+        that node's child ``k`` and starts when it succeeds (a chained map, depth first).
+        ``map_key`` names the field of each (object) item that keys its child (default: the
+        item's index). ``on_empty``: ``"skip"`` (the node ends SKIPPED, reason ``empty_map``) or
+        ``"success"`` (SUCCEEDED with ``[]``). ``max_map_length`` (default 10,000, at most
+        100,000) fails the node's parent whose result is longer, with a ``MapError``;
+        ``max_active`` bounds its children QUEUED or RUNNING at once.
+
+        A downstream node counts each child as one upstream task for its trigger rule and gets
+        ``upstream[key]``: the results of the children that succeeded, in map order. The
+        other ``options`` are :meth:`task`'s.
+        """
+        dag = self.name
+        if isinstance(over, Mapping):
+            if kwarg is not None:
+                raise ValidationError(
+                    "kwarg names the mapped argument of a single 'over'; with a mapping, its keys are the keywords",
+                    dag=dag,
+                    node=key,
+                )
+            pairs = list(over.items())
+            if not pairs:
+                raise ValidationError("over is an empty mapping: name the mapped arguments", dag=dag, node=key)
+        else:
+            if kwarg is None:
+                raise ValidationError("kwarg is required: the keyword each item is passed as", dag=dag, node=key)
+            pairs = [(kwarg, over)]
+        args: list[MapArg] = []
+        if isinstance(upstream, (str, bytes, Mapping)) or not isinstance(upstream, Iterable):
+            raise ValidationError("upstream must be a list of nodes or node keys", dag=dag, node=key)
+        parents: list[Node | str] = list(upstream)
+        for name, source in pairs:
+            if isinstance(source, Node):
+                source = source.key
+            if isinstance(source, str):
+                args.append(MapArg(kwarg=name, source=source))
+                if source not in [p.key if isinstance(p, Node) else p for p in parents]:
+                    parents.append(source)
+            elif isinstance(source, (list, tuple)):
+                args.append(MapArg(kwarg=name, items=tuple(source)))
+            else:
+                raise ValidationError(
+                    f"over[{name!r}] must be a node, a node key or a list, not {type(source).__name__}",
+                    dag=dag,
+                    node=key,
+                )
+        spec = MapSpec(
+            args=tuple(args),
+            combine=combine,
+            map_key=map_key,
+            on_empty=on_empty,
+            max_length=max_map_length,
+            max_active=max_active,
+        )
+        return self.task(key, task, upstream=parents, mapping=spec, **options)
+
+    def per_item(self, node: Node) -> str | None:
+        """The mapped node that ``node`` maps item by item over (its one mapped argument comes
+        from a mapped node), or ``None``."""
+        if node.map is None or len(node.map.args) != 1 or node.map.args[0].source is None:
+            return None
+        parent = self.nodes.get(node.map.args[0].source)
+        return parent.key if parent is not None and parent.map is not None else None
+
+    def lint(self) -> list[str]:
+        """Warnings about a DAG that is valid but likely not what was meant (returned with the
+        run handle, printed by the CLI): a node that joins the paths of a branch and keeps
+        ``all_success`` is SKIPPED whenever one of those paths is not taken."""
+        warnings: list[str] = []
+        children: dict[str, list[str]] = {}
+        for node in self.nodes.values():
+            for parent in node.upstream:
+                children.setdefault(parent, []).append(node.key)
+        for node in self.nodes.values():
+            if not node.branch:
+                continue
+            reached: dict[str, set[str]] = {}
+            for child in children.get(node.key, []):
+                seen = {child}
+                todo = [child]
+                while todo:
+                    for nxt in children.get(todo.pop(), []):
+                        if nxt not in seen:
+                            seen.add(nxt)
+                            todo.append(nxt)
+                for k in seen:
+                    reached.setdefault(k, set()).add(child)
+            for k in sorted(reached):
+                target = self.nodes[k]
+                if len(reached[k]) > 1 and target.trigger_rule is TriggerRule.ALL_SUCCESS:
+                    warnings.append(
+                        f"node {k!r} joins branches of {node.key!r} ({', '.join(sorted(reached[k]))}) with"
+                        " trigger_rule all_success: it is SKIPPED whenever one of them is not taken; use"
+                        " none_failed_min_one_success"
+                    )
+        return warnings
 
     def priority_of(self, node: Node) -> Priority:
         return node.priority or self.priority
@@ -475,6 +730,99 @@ def _validate_node(
     problem = deadline_problem(node.deadline)
     if problem:
         raise fail(problem)
+    for flag in ("branch", "short_circuit", "setup", "teardown", "fails_run"):
+        if not isinstance(getattr(node, flag), bool):
+            raise fail(f"{flag} must be true or false, not {short(getattr(node, flag))}")
+    if node.branch and node.short_circuit:
+        raise fail("a node is a branch or a short circuit, not both")
+    if node.setup and node.teardown:
+        raise fail("a node is a setup or a teardown, not both")
+    if node.fails_run and not node.teardown:
+        raise fail("fails_run is a teardown's option (every other task's failure fails its run)")
+    ratio = node.min_success_ratio
+    if ratio is not None:
+        if not _positive(ratio) or ratio > 1:
+            raise fail(f"min_success_ratio must be a number above 0 and at most 1, not {short(ratio)}")
+        if node.trigger_rule is not TriggerRule.ALL_SUCCESS:
+            raise fail(f"min_success_ratio relaxes all_success, not {node.trigger_rule.value}")
+        if not node.upstream:
+            raise fail("min_success_ratio needs upstream tasks")
+    if node.map is not None:
+        _validate_map(node, dag, limits, fail)
+
+
+def _validate_map(node: Node, dag: DAG, limits: SizeLimits, fail: Callable[[str], ValidationError]) -> None:
+    spec = node.map
+    if not isinstance(spec, MapSpec):
+        raise fail(f"map must be a MapSpec, not {type(spec).__name__}")
+    if not isinstance(spec.args, tuple) or not spec.args or not all(isinstance(a, MapArg) for a in spec.args):
+        raise fail("map needs at least one mapped argument")
+    for what in ("branch", "short_circuit", "setup", "teardown"):
+        if getattr(node, what):
+            raise fail(f"a mapped node cannot be a {what.replace('_', ' ')}")
+    names = [a.kwarg for a in spec.args]
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise fail(f"mapped keyword {short(name)} is not a Python identifier")
+        if name in node.kwargs:
+            raise fail(f"mapped keyword {name!r} is also a constant kwarg: keep one")
+        if name == UPSTREAM_KWARG:
+            raise fail(f"{UPSTREAM_KWARG!r} is reserved for the parents' results")
+    if len(set(names)) != len(names):
+        raise fail("a mapped keyword is listed twice")
+    if len(spec.args) > 1 and spec.combine not in COMBINES:
+        raise fail(f"several mapped arguments need combine='zip' or 'product', not {short(spec.combine)}")
+    if spec.combine is not None and spec.combine not in COMBINES:
+        raise fail(f"combine must be 'zip' or 'product', not {short(spec.combine)}")
+    if spec.on_empty not in ON_EMPTY:
+        raise fail(f"on_empty must be 'skip' or 'success', not {short(spec.on_empty)}")
+    cap = min(MAX_MAP_LENGTH, limits.max_nodes)
+    length = spec.max_length
+    if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= cap:
+        raise fail(f"max_map_length must be an integer from 1 to {cap} (ORCHESTRATOR_MAX_NODES), not {short(length)}")
+    active = spec.max_active
+    if active is not None and (isinstance(active, bool) or not isinstance(active, int) or active < 1):
+        raise fail(f"max_active must be a positive integer, not {short(active)}")
+    if spec.map_key is not None and (not isinstance(spec.map_key, str) or not MAP_KEY_FIELD_RE.fullmatch(spec.map_key)):
+        raise fail(f"map_key {short(spec.map_key)} must name an item field: 1-64 letters, digits, '_', '.' or '-'")
+    if len(node.key) > 150:
+        raise fail("a mapped node's key is at most 150 characters (its children's keys add the map key)")
+    from_nodes = False
+    for arg in spec.args:
+        if arg.source is not None:
+            from_nodes = True
+            if not isinstance(arg.source, str) or arg.source not in dag.nodes:
+                raise fail(f"map over unknown node {short(arg.source)}")
+            if arg.source not in node.upstream:
+                raise fail(f"map over {arg.source!r}, which is not upstream of it")
+            if arg.items is not None:
+                raise fail(f"mapped argument {arg.kwarg!r} has both a source and items")
+        else:
+            if not isinstance(arg.items, tuple):
+                raise fail(f"mapped argument {arg.kwarg!r} needs a node or a list")
+            check_json(list(arg.items), f"map items of {arg.kwarg!r}", dag=dag.name, node=node.key)
+            if len(arg.items) > length:
+                raise fail(f"{len(arg.items)} items of {arg.kwarg!r} exceed max_map_length {length}")
+    if from_nodes and node.trigger_rule in MAP_REFUSED_RULES:
+        raise fail(
+            f"trigger_rule {node.trigger_rule.value} on a node mapped over a parent's result: it can start it"
+            " when that parent did not succeed, with nothing to map over"
+        )
+    if node.min_success_ratio is not None:
+        raise fail("min_success_ratio belongs to the node after the map (the join), not to the map")
+    over_map = [a.source for a in spec.args if a.source is not None and dag.nodes[a.source].map is not None]
+    if over_map:
+        if len(spec.args) > 1:
+            raise fail(f"a node mapped over the mapped node {over_map[0]!r} maps item by item: one mapped argument")
+        if tuple(node.upstream) != (over_map[0],):
+            raise fail(
+                f"a node mapped item by item over {over_map[0]!r} has it as its only upstream (each child waits"
+                " for its own item)"
+            )
+        if active is not None:
+            raise fail("max_active applies to a map over a list; a map item by item follows its source's pace")
+        if spec.map_key is not None:
+            raise fail("map_key: a map item by item takes the keys of the map it follows")
 
 
 def deadline_problem(value: Any) -> str | None:
@@ -767,7 +1115,15 @@ NODE_FIELDS = {
     "pool_slots",
     "rate_limit",
     "deadline",
+    "map",
+    "branch",
+    "short_circuit",
+    "setup",
+    "teardown",
+    "fails_run",
+    "min_success_ratio",
 }
+MAP_FIELDS = {"over", "kwarg", "combine", "map_key", "on_empty", "max_length", "max_active"}
 DAG_FIELDS = {"name", "tenant", "priority", "params", "max_active_tasks", "deadline", "on_deadline", "nodes"}
 
 
@@ -833,13 +1189,21 @@ def dag_from_spec(spec: Any) -> DAG:
         upstream = raw.get("upstream", [])
         if not all(isinstance(u, str) for u in upstream):
             raise SpecError("'upstream' must be a list of node keys", dag=name, node=key)
+        options: dict[str, Any] = {
+            flag: raw[flag]
+            for flag in ("branch", "short_circuit", "setup", "teardown", "fails_run", "min_success_ratio")
+            if flag in raw
+        }
+        if "map" in raw:
+            mapping = options["mapping"] = _map_from_spec(raw["map"], name, key)
+            upstream = [*upstream, *(a.source for a in mapping.args if a.source and a.source not in upstream)]
         dag.task(
             key,
             raw["task"],
             upstream=upstream,
             args=raw.get("args", []),
             kwargs=raw.get("kwargs", {}),
-            trigger_rule=raw.get("trigger_rule", "all_success"),
+            trigger_rule=raw.get("trigger_rule"),
             max_attempts=raw.get("max_attempts", 1),
             backoff=raw.get("backoff"),
             soft_time_limit=raw.get("soft_time_limit"),
@@ -852,8 +1216,54 @@ def dag_from_spec(spec: Any) -> DAG:
             pool_slots=raw.get("pool_slots", 1),
             rate_limit=raw.get("rate_limit"),
             deadline=raw.get("deadline"),
+            **options,
         )
     return dag
+
+
+def _map_from_spec(raw: Any, dag: str, key: str) -> MapSpec:
+    """A node's ``map`` field: ``{"over": <node key> | [items] | {kwarg: <node key> | [items]},
+    "kwarg": ..., "combine", "map_key", "on_empty", "max_length", "max_active"}``."""
+    if not isinstance(raw, Mapping):
+        raise SpecError("'map' must be a mapping with 'over' (and 'kwarg')", dag=dag, node=key)
+    bad = set(raw) - MAP_FIELDS
+    if bad:
+        raise SpecError(f"unknown field(s) of 'map' {sorted(map(str, bad))}", dag=dag, node=key)
+    over = raw.get("over")
+    kwarg = raw.get("kwarg")
+    if isinstance(over, Mapping):
+        if kwarg is not None:
+            raise SpecError("'map': with 'over' a mapping, its keys are the keywords; drop 'kwarg'", dag=dag, node=key)
+        pairs = list(over.items())
+    elif isinstance(over, (str, list)):
+        if not isinstance(kwarg, str):
+            raise SpecError("'map' needs 'kwarg': the keyword each item is passed as", dag=dag, node=key)
+        pairs = [(kwarg, over)]
+    else:
+        raise SpecError(f"'map.over' must be a node key, a list or a mapping, not {short(over)}", dag=dag, node=key)
+    args = []
+    for name, source in pairs:
+        if isinstance(source, str):
+            args.append(MapArg(kwarg=name, source=source))
+        elif isinstance(source, list):
+            args.append(MapArg(kwarg=name, items=tuple(source)))
+        else:
+            raise SpecError(
+                f"'map.over' of {name!r} must be a node key or a list, not {short(source)}", dag=dag, node=key
+            )
+    for field_name, types in (("combine", (str,)), ("map_key", (str,)), ("on_empty", (str,)),
+                              ("max_length", (int,)), ("max_active", (int,))):  # fmt: skip
+        value = raw.get(field_name)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            raise SpecError(f"'map.{field_name}' has the wrong type: {short(value)}", dag=dag, node=key)
+    return MapSpec(
+        args=tuple(args),
+        combine=raw.get("combine"),
+        map_key=raw.get("map_key"),
+        on_empty=raw.get("on_empty", "skip"),
+        max_length=raw.get("max_length", DEFAULT_MAX_MAP_LENGTH),
+        max_active=raw.get("max_active"),
+    )
 
 
 #: the type of each node field of a spec file (absent means the default; where ``None`` is
@@ -863,7 +1273,6 @@ _SPEC_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
     ("args", (list,), "a list"),
     ("kwargs", (dict,), "a mapping"),
     ("upstream", (list,), "a list of node keys"),
-    ("trigger_rule", (str,), "a trigger rule name"),
     ("max_attempts", (int,), "an integer"),
     ("backoff", (dict, type(None)), "a mapping {base, cap, jitter}"),
     ("soft_time_limit", (int, float, type(None)), "a number of seconds"),
@@ -876,6 +1285,13 @@ _SPEC_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
     ("pool_slots", (int,), "an integer"),
     ("rate_limit", (str, type(None)), "a rate limit key"),
     ("deadline", (int, float, type(None)), "a number of seconds"),
+    ("trigger_rule", (str, type(None)), "a trigger rule name"),
+    ("branch", (bool,), "true or false"),
+    ("short_circuit", (bool,), "true or false"),
+    ("setup", (bool,), "true or false"),
+    ("teardown", (bool,), "true or false"),
+    ("fails_run", (bool,), "true or false"),
+    ("min_success_ratio", (int, float, type(None)), "a number above 0 and at most 1"),
 )
 
 

@@ -245,7 +245,7 @@ class Orchestrator:
         )
         if created:
             self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-        return RunHandle(self, run_id)
+        return RunHandle(self, run_id, warnings=dag.lint())
 
     def check(self, dag: DAG, *, tenant: str | None = None) -> DAG:
         """Everything :meth:`submit` checks before it writes: the DAG itself, its task names,
@@ -313,6 +313,15 @@ class Orchestrator:
             token.run_id, token.key, token.attempt, result, self.settings.dispatch_window
         )
         crash_point("after_result_commit")
+        self._after(outcome, token.run_id, token.key)
+        return outcome
+
+    def skip_attempt(self, token: FencingToken, reason: str) -> Outcome:
+        """Commit the attempt as SKIPPED (fenced; the body raised :class:`orchestrator.Skip`),
+        then publish what its children made ready."""
+        outcome = self.store.attempts.skip(
+            token.run_id, token.key, token.attempt, reason, self.settings.dispatch_window
+        )
         self._after(outcome, token.run_id, token.key)
         return outcome
 
@@ -636,11 +645,14 @@ class Orchestrator:
 
 
 class RunHandle:
-    """A submitted run: ``id``, ``status()``, ``tasks()``, ``wait()``, ``results()``."""
+    """A submitted run: ``id``, ``status()``, ``tasks()``, ``wait()``, ``results()``;
+    ``warnings``: what :meth:`DAG.lint` found when it was submitted (likely mistakes that are
+    still valid, such as a join below a branch that keeps ``all_success``)."""
 
-    def __init__(self, orchestrator: Orchestrator, run_id: str) -> None:
+    def __init__(self, orchestrator: Orchestrator, run_id: str, *, warnings: list[str] | None = None) -> None:
         self.orchestrator = orchestrator
         self.id = run_id
+        self.warnings: list[str] = list(warnings or [])
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.id}>"

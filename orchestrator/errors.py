@@ -16,6 +16,15 @@ class ConfigurationError(OrchestratorError):
     """A setting is missing or inconsistent; the message says what to set."""
 
 
+class Skip(Exception):
+    """Raise inside an orchestrated task to end it SKIPPED (not failed, never retried): its
+    children then follow their trigger rules. ``reason`` is kept in the ledger."""
+
+    def __init__(self, reason: str = "skipped by the task") -> None:
+        super().__init__(reason)
+        self.reason = str(reason)
+
+
 class ValidationError(OrchestratorError):
     """Input was refused before anything was written or published.
 

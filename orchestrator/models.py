@@ -100,6 +100,17 @@ class TaskView:
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
     not_before: dt.datetime | None
+    ready_at: dt.datetime | None = None
+    #: why a SKIPPED task was skipped (``states.SkipReason``)
+    skip_reason: str | None = None
+    #: a child of a map: its map's key, its place and its key in the map (``key`` is
+    #: ``map_parent[map_key]``)
+    map_parent: str | None = None
+    map_index: int | None = None
+    map_key: str | None = None
+    #: a mapped node (its children's header): {"total", "done", "succeeded", "failed",
+    #: "skipped"} once it is MAPPED or closed, else None
+    map_counts: dict[str, int] | None = None
 
     @property
     def duration(self) -> float | None:
@@ -126,6 +137,13 @@ class TaskView:
             "result": self.result,
             "error": self.error,
             "fingerprint": self.fingerprint,
+            **({"skip_reason": self.skip_reason} if self.skip_reason else {}),
+            **(
+                {"map_parent": self.map_parent, "map_index": self.map_index, "map_key": self.map_key}
+                if self.map_parent is not None
+                else {}
+            ),
+            **({"map": self.map_counts} if self.map_counts is not None else {}),
         }
 
 

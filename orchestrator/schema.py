@@ -75,12 +75,19 @@ tasks = sa.Table(
     sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("max_attempts", sa.Integer, nullable=False),
     sa.Column("backoff", sa.JSON, nullable=False),
-    sa.Column("trigger_rule", sa.String(16), nullable=False),
+    sa.Column("trigger_rule", sa.String(32), nullable=False),
     sa.Column("n_upstream", sa.Integer, nullable=False),
     sa.Column("n_done", sa.Integer, nullable=False),
     sa.Column("n_succeeded", sa.Integer, nullable=False),
+    #: parents (a mapped parent: its children) that ended FAILED, UPSTREAM_FAILED, SKIPPED
     sa.Column("n_failed", sa.Integer, nullable=False),
+    sa.Column("n_upstream_failed", sa.Integer, nullable=False, server_default="0"),
     sa.Column("n_skipped", sa.Integer, nullable=False),
+    #: parents that are setup tasks, and of them those that succeeded / were skipped
+    #: (``all_done_setup_success``)
+    sa.Column("n_setup", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("n_setup_ok", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("n_setup_skipped", sa.Integer, nullable=False, server_default="0"),
     sa.Column("wants_upstream", sa.Boolean, nullable=False),
     sa.Column("queue", sa.String(200), nullable=False),
     sa.Column("priority", sa.String(16), nullable=False),
@@ -118,6 +125,47 @@ tasks = sa.Table(
     sa.Column("deadline_at", TS, nullable=True),
     sa.Column("deadline_checked_at", TS, nullable=True),
     sa.Column("deadline_missed_at", TS, nullable=True),
+    #: ``setup`` or ``teardown`` (Airflow's setup and teardown tasks), or null
+    sa.Column("role", sa.String(16), nullable=True),
+    #: whether the task ending FAILED / UPSTREAM_FAILED fails its run (not a teardown unless it
+    #: asked to, not a map's header)
+    sa.Column("decides_run", sa.Boolean, nullable=False, server_default=sa.true()),
+    #: ``branch`` (its result names the children followed) or ``short_circuit`` (a falsy result
+    #: skips everything downstream), or null
+    sa.Column("flow", sa.String(16), nullable=True),
+    #: a map maps over this task's result (its success checks the result first)
+    sa.Column("feeds_map", sa.Boolean, nullable=False, server_default=sa.false()),
+    #: why a SKIPPED task was skipped: branch_not_taken, short_circuit, empty_map,
+    #: upstream_skipped, user
+    sa.Column("skip_reason", sa.String(32), nullable=True),
+    #: all_success relaxed: READY once this share of the upstream (a map's children) succeeded
+    sa.Column("min_success_ratio", sa.Float, nullable=True),
+    #: a mapped node (the map's header): what it maps over (``dag.MapSpec.to_row``); it never
+    #: runs itself but becomes its children (MAPPED) and closes after the last of them, with
+    #: their counts in ``map_total`` .. ``map_skipped``
+    sa.Column("map_spec", sa.JSON, nullable=True),
+    #: a child of a map: its header's key, its place and key in the map (the task's key is
+    #: ``<header>[<map_key>]``) and, mapped item by item over another map, that map's child whose
+    #: result is its item
+    sa.Column("map_parent", sa.String(200), nullable=True),
+    sa.Column("map_index", sa.Integer, nullable=True),
+    sa.Column("map_key", sa.String(100), nullable=True),
+    sa.Column("map_item_from", sa.String(200), nullable=True),
+    sa.Column("map_total", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("map_done", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("map_ok", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("map_failed", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("map_skipped", sa.Integer, nullable=False, server_default="0"),
+)
+#: a map's children in map order (the join's results, max_active's next child); partial: the
+#: tasks of no map are not in it
+MAP_CHILD = "map_parent IS NOT NULL"
+sa.Index(
+    "ix_orc_tasks_map_children",
+    tasks.c.run_id,
+    tasks.c.map_parent,
+    tasks.c.map_index,
+    postgresql_where=sa.text(MAP_CHILD),
 )
 sa.Index(
     "ix_orc_tasks_deadline_due",

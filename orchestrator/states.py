@@ -24,6 +24,8 @@ class TaskState(enum.StrEnum):
     SKIPPED = "SKIPPED"
     CANCELLED = "CANCELLED"
     DEAD_LETTER = "DEAD_LETTER"
+    #: a mapped node whose children run (it never runs itself); it closes after the last child
+    MAPPED = "MAPPED"
 
     @property
     def terminal(self) -> bool:
@@ -57,12 +59,24 @@ NON_TERMINAL = frozenset(s for s in TaskState if s not in TERMINAL)
 #: (from, to) -> who may make the change. ``None`` as source means "created".
 TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     (T.PENDING, T.READY): frozenset({"worker", "submit", "reconciler", "operator"}),
-    (T.PENDING, T.UPSTREAM_FAILED): frozenset({"worker", "reconciler", "operator"}),
-    (T.PENDING, T.SKIPPED): frozenset({"worker", "reconciler", "operator"}),
+    # "submit": a map over an empty literal list ends at submit, and its downstream with it
+    (T.PENDING, T.UPSTREAM_FAILED): frozenset({"worker", "submit", "reconciler", "operator"}),
+    (T.PENDING, T.SKIPPED): frozenset({"worker", "submit", "reconciler", "operator"}),
+    # a mapped node: expanded when its rule says READY (by whoever settled its last parent, or
+    # at submit), then closed after its last child (SUCCEEDED / FAILED / SKIPPED: a summary)
+    (T.PENDING, T.MAPPED): frozenset({"worker", "submit", "reconciler", "operator"}),
+    (T.PENDING, T.SUCCEEDED): frozenset({"worker", "submit", "reconciler", "operator"}),
+    (T.PENDING, T.FAILED): frozenset({"worker", "submit", "reconciler", "operator"}),
+    (T.MAPPED, T.SUCCEEDED): frozenset({"worker", "reconciler", "operator"}),
+    (T.MAPPED, T.FAILED): frozenset({"worker", "reconciler", "operator"}),
+    (T.MAPPED, T.SKIPPED): frozenset({"worker", "reconciler", "operator"}),
+    (T.MAPPED, T.MAPPED): frozenset({"operator"}),
     (T.READY, T.QUEUED): frozenset({"dispatcher"}),
     (T.QUEUED, T.QUEUED): frozenset({"reconciler"}),
     (T.QUEUED, T.RUNNING): frozenset({"worker"}),
     (T.RUNNING, T.SUCCEEDED): frozenset({"worker"}),
+    # the body raised orchestrator.Skip
+    (T.RUNNING, T.SKIPPED): frozenset({"worker"}),
     (T.RUNNING, T.RETRYING): frozenset({"worker", "reconciler"}),
     (T.RUNNING, T.FAILED): frozenset({"worker", "reconciler"}),
     (T.RUNNING, T.DEAD_LETTER): frozenset({"worker", "reconciler"}),
@@ -94,8 +108,8 @@ def check_transition(src: TaskState, dst: TaskState, actor: str) -> None:
 #: a FAILED task reopens a FAILED run, and a CANCELLED run stays cancelled.
 RUN_TRANSITIONS: dict[tuple[RunState | None, RunState], frozenset[str]] = {
     (None, RunState.RUNNING): frozenset({"submit"}),
-    (RunState.RUNNING, RunState.SUCCEEDED): frozenset({"worker", "reconciler", "operator"}),
-    (RunState.RUNNING, RunState.FAILED): frozenset({"worker", "reconciler", "operator"}),
+    (RunState.RUNNING, RunState.SUCCEEDED): frozenset({"worker", "submit", "reconciler", "operator"}),
+    (RunState.RUNNING, RunState.FAILED): frozenset({"worker", "submit", "reconciler", "operator"}),
     # the reconciler cancels a run that missed a deadline when its DAG says on_deadline="cancel"
     (RunState.RUNNING, RunState.CANCELLED): frozenset({"operator", "reconciler"}),
     (RunState.FAILED, RunState.RUNNING): frozenset({"operator"}),
@@ -127,15 +141,34 @@ def check_annotation(kind: str, actor: str) -> None:
 
 
 class TriggerRule(enum.StrEnum):
-    """When a task with upstream tasks may run (Airflow's semantics). The rules are decided on
-    the server, from the task's upstream counters, by ``orc_decide_v1`` (``store/sql/decide.sql``)."""
+    """When a task with upstream tasks may run: Airflow's 13 rules, spelled and decided as
+    Airflow's ``trigger_rule_dep`` does (early verdicts included). They are decided on the
+    server, from the task's upstream counters, by ``orc_decide_v2`` (``store/sql/decide.sql``);
+    ``always`` makes the task READY at submit. The table is in docs/reference/spec-format.md."""
 
     ALL_SUCCESS = "all_success"
+    ALL_FAILED = "all_failed"
     ALL_DONE = "all_done"
+    ALL_DONE_MIN_ONE_SUCCESS = "all_done_min_one_success"
+    ALL_DONE_SETUP_SUCCESS = "all_done_setup_success"
+    ALL_SKIPPED = "all_skipped"
     ONE_SUCCESS = "one_success"
     ONE_FAILED = "one_failed"
+    ONE_DONE = "one_done"
     NONE_FAILED = "none_failed"
-    ALL_FAILED = "all_failed"
+    NONE_FAILED_MIN_ONE_SUCCESS = "none_failed_min_one_success"
+    NONE_SKIPPED = "none_skipped"
+    ALWAYS = "always"
+
+
+class SkipReason(enum.StrEnum):
+    """Why a task is SKIPPED (``orc_tasks.skip_reason``, shown by explain and the run page)."""
+
+    BRANCH_NOT_TAKEN = "branch_not_taken"
+    SHORT_CIRCUIT = "short_circuit"
+    EMPTY_MAP = "empty_map"
+    UPSTREAM_SKIPPED = "upstream_skipped"
+    USER = "user"
 
 
 def run_outcome(failed_tasks: int) -> RunState:

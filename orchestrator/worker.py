@@ -7,8 +7,9 @@ the deployment's key, ``protocol.sign``). The task:
    another task) is acked and dropped, and nothing is written;
 1. claims with a CAS QUEUED -> RUNNING for that attempt (a lost claim: ack and drop);
 2. runs the body with the arguments stored in the database, a heartbeat extending the lease;
-3. commits SUCCEEDED (JSON result) or a failed attempt (RETRYING with backoff / FAILED),
-   fenced by the attempt, settles the children and publishes what became dispatchable.
+3. commits SUCCEEDED (JSON result), SKIPPED (the body raised :class:`orchestrator.Skip`) or a
+   failed attempt (RETRYING with backoff / FAILED), fenced by the attempt, settles the
+   children and publishes what became dispatchable.
 
 The same task called without those headers (``task.delay()``, ``task()``, Flower's apply) is a
 plain Celery task that never touches a run. A hard time limit is recorded from the worker's
@@ -40,7 +41,7 @@ from celery.worker.request import Request
 from .crashpoints import crash_point
 from .dag import UPSTREAM_KWARG, check_json
 from .engine import Orchestrator
-from .errors import ResultNotSerializable, ValidationError
+from .errors import ResultNotSerializable, Skip, ValidationError
 from .inbox import count_drop
 from .poison import exception_names, fingerprint, is_infrastructure
 from .process import all_orchestrators, current_orchestrator
@@ -235,6 +236,12 @@ class OrchestratedTask(Task):  # type: ignore[misc]
                 result = self.run(*claim.args, **kwargs)
             finally:
                 tracked = hb.untrack(token)
+        except Skip as exc:
+            if not tracked:
+                # the lease was lost meanwhile: this attempt no longer holds the task
+                raise Ignore() from None
+            orc.skip_attempt(token, exc.reason)
+            return None
         except BaseException as exc:
             hb.untrack(token)
             fp, evidence = fingerprint(exc)

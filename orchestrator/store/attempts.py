@@ -74,13 +74,27 @@ class Attempts:
 
     def succeed(self, run_id: str, key: str, attempt: int, result: Any, window: int) -> Outcome:
         """CAS RUNNING -> SUCCEEDED with ``result``, settle the children, admit ready tasks
-        (``orc_succeed_v1``)."""
+        (``orc_succeed_v2``). A result its node cannot use (a branch naming no direct child, a
+        map's parent returning no list) fails the attempt instead, without a retry, its error
+        the server's ``BranchError`` / ``MapError``."""
         check_transition(T.RUNNING, T.SUCCEEDED, WORKER.role)
         a = self.admission
         out = self.hot.succeed(run_id, key, attempt, result, window, a.worker_ttl, a.depth, a.aging)
         if not out["accepted"]:
+            if out.get("invalid"):
+                return self.fail(run_id, key, attempt, error=out["invalid"], window=window, retryable=False)
             return Outcome(False, None, [], out["conflict"])
         return Outcome(True, T.SUCCEEDED, [rows.dispatch(d) for d in out["dispatches"]])
+
+    def skip(self, run_id: str, key: str, attempt: int, reason: str, window: int) -> Outcome:
+        """CAS RUNNING -> SKIPPED (the body raised :class:`orchestrator.Skip`), settle the
+        children, admit ready tasks (``orc_skip_v1``)."""
+        check_transition(T.RUNNING, T.SKIPPED, WORKER.role)
+        a = self.admission
+        out = self.hot.skip(run_id, key, attempt, reason, window, a.worker_ttl, a.depth, a.aging)
+        if not out["accepted"]:
+            return Outcome(False, None, [], out["conflict"])
+        return Outcome(True, T.SKIPPED, [rows.dispatch(d) for d in out["dispatches"]])
 
     def fail(
         self,

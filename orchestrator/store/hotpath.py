@@ -1,7 +1,8 @@
 """The hot path on Postgres: the claim and the success in one round trip each.
 
-The server functions ``orc_claim_v1`` and ``orc_succeed_v1`` (``store/sql/``; the success settles
-and admits) are the only implementation of the claim and the success. They are called on
+The server functions ``orc_claim_v2``, ``orc_succeed_v2`` and ``orc_skip_v1`` (``store/sql/``; the
+success and the skip settle and admit) are the only implementation of the claim, the success
+and a body's skip. They are called on
 a dedicated psycopg connection per process and thread, in autocommit (a single statement is
 atomic: no BEGIN, no COMMIT), as prepared statements, without SQLAlchemy's per-call cost and
 without a pool pre-ping. A dropped or refused connection is replaced and the call retried, with
@@ -26,8 +27,9 @@ from .database import backoff_sleep
 
 log = logging.getLogger(__name__)
 
-_CLAIM = "SELECT orc_claim_v1(%s::text, %s::text, %s::int, %s::text, %s::float8, %s::text)"
-_SUCCEED = "SELECT orc_succeed_v1(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int, %s::float8)"
+_CLAIM = "SELECT orc_claim_v2(%s::text, %s::text, %s::int, %s::text, %s::float8, %s::text)"
+_SUCCEED = "SELECT orc_succeed_v2(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int, %s::float8)"
+_SKIP = "SELECT orc_skip_v1(%s::text, %s::text, %s::int, %s::text, %s::int, %s::float8, %s::int, %s::float8)"
 
 #: connections a forked child inherited from its parent: kept referenced, never closed, so
 #: that garbage collection in the child cannot end the parent's session
@@ -93,9 +95,17 @@ class HotPath:
         depth: int,
         aging: float,
     ) -> dict[str, Any]:
-        """``{"accepted": true, "dispatches": [...]}`` or ``{"accepted": false, "conflict"}``."""
+        """``{"accepted": true, "dispatches": [...]}``, ``{"accepted": false, "conflict"}`` or
+        ``{"accepted": false, "invalid"}`` (a result its node cannot use; nothing written)."""
         params = (run_id, key, attempt, Json(result), window, worker_ttl, depth, aging)
         out: dict[str, Any] = self._call(_SUCCEED, params)
+        return out
+
+    def skip(
+        self, run_id: str, key: str, attempt: int, reason: str, window: int, worker_ttl: float, depth: int, aging: float
+    ) -> dict[str, Any]:
+        """``{"accepted": true, "dispatches": [...]}`` or ``{"accepted": false, "conflict"}``."""
+        out: dict[str, Any] = self._call(_SKIP, (run_id, key, attempt, reason, window, worker_ttl, depth, aging))
         return out
 
     def close(self) -> None:

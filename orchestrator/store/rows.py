@@ -73,6 +73,17 @@ def task_view(r: Any) -> TaskView:
         started_at=aware(r.started_at),
         finished_at=aware(r.finished_at),
         not_before=aware(r.not_before),
+        ready_at=aware(r.ready_at),
+        skip_reason=r.skip_reason,
+        map_parent=r.map_parent,
+        map_index=r.map_index,
+        map_key=r.map_key,
+        map_counts=(
+            {"total": r.map_total, "done": r.map_done, "succeeded": r.map_ok, "failed": r.map_failed,
+             "skipped": r.map_skipped}
+            if r.map_spec is not None and r.state in ("MAPPED", "SUCCEEDED", "FAILED", "SKIPPED")
+            else None
+        ),
     )
 
 

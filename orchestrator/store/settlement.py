@@ -2,7 +2,7 @@
 rules, cascade SKIPPED / UPSTREAM_FAILED, and close the run when nothing is left open.
 
 Readiness is decided from per-task counters (``UPDATE ... SET n_done = n_done + 1 ...
-RETURNING``), never by scanning the run, in the server function ``orc_settle_v1``. The actor
+RETURNING``), never by scanning the run, in the server function ``orc_settle_v2``. The actor
 that caused the first change is the actor of every change it cascades into.
 """
 
@@ -24,19 +24,8 @@ from .ledger import Ledger
 T = TaskState
 t_tasks, t_runs = s.tasks, s.runs
 
-_COUNTER_COLUMNS = (
-    t_tasks.c.key,
-    t_tasks.c.state,
-    t_tasks.c.attempt,
-    t_tasks.c.trigger_rule,
-    t_tasks.c.n_upstream,
-    t_tasks.c.n_done,
-    t_tasks.c.n_succeeded,
-    t_tasks.c.n_failed,
-    t_tasks.c.n_skipped,
-)
 
-_ORC_SETTLE = sa.text("SELECT orc_settle_v1(:run, :key, :state, CAST(:children AS json), :actor, :by)")
+_ORC_SETTLE = sa.text("SELECT orc_settle_v2(:run, :key, :state, CAST(:children AS json), :actor, :by)")
 
 #: one terminal task to settle: (key, state it ended in, its child keys)
 Finished = tuple[str, TaskState, list[str]]
@@ -49,7 +38,7 @@ class Settlement:
 
     def settle(self, conn: Connection, run_id: str, finished: list[Finished], actor: Actor) -> None:
         """Count the newly terminal tasks into their children, cascade what that decides, and
-        close the run when no task is open: the server function ``orc_settle_v1``
+        close the run when no task is open: the server function ``orc_settle_v2``
         (``store/sql/settle.sql``), one round trip per finished task."""
         for key, state, children in finished:
             conn.execute(
@@ -60,7 +49,8 @@ class Settlement:
 
     def close_tasks(self, conn: Connection, run_id: str, closed: int, actor: Actor, *, recount: bool = False) -> None:
         """Subtract ``closed`` from the run's open-task count (or recount it from the task
-        rows); at zero, move the run RUNNING -> SUCCEEDED / FAILED."""
+        rows); at zero, move the run RUNNING -> SUCCEEDED / FAILED (FAILED when a task that
+        decides the run ended FAILED or UPSTREAM_FAILED, as ``orc_settle_v2`` judges it)."""
         if recount:
             new_value: Any = (
                 sa.select(sa.func.count())
@@ -81,6 +71,7 @@ class Settlement:
             sa.select(sa.func.count()).where(
                 t_tasks.c.run_id == run_id,
                 t_tasks.c.state.in_([T.FAILED.value, T.UPSTREAM_FAILED.value]),
+                t_tasks.c.decides_run,
             )
         ).scalar_one()
         outcome = run_outcome(failed)

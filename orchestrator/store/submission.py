@@ -12,11 +12,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import schema as s
-from ..dag import DAG
+from ..dag import DAG, Node
 from ..dbtime import aware, db_now
 from ..errors import IdempotencyConflict, ValidationError
 from ..models import SUBMIT
-from ..states import RunState, TaskState
+from ..states import RunState, TaskState, TriggerRule, check_transition
 from .database import Database
 from .ledger import Ledger
 
@@ -110,7 +110,10 @@ class Submission:
             self.ledger.create_run(conn, run_id, SUBMIT)
             self.db.backend.bulk_insert(conn, t_tasks, _task_rows(dag, run_id, now, queues, wants_upstream, due))
             self.db.backend.bulk_insert(conn, t_edges, _edge_rows(dag, run_id))
-            self.ledger.roots_ready(conn, run_id, [n.key for n in dag.nodes.values() if not n.upstream])
+            self.ledger.roots_ready(conn, run_id, [n.key for n in dag.nodes.values() if _starts(n) and n.map is None])
+            for node in dag.nodes.values():
+                if _starts(node) and node.map is not None:
+                    self._expand_root(conn, run_id, node.key)
             return run_id, True
 
         try:
@@ -129,6 +132,24 @@ class Submission:
                     dag=dag.name,
                 ) from exc
             return found, False
+
+    def _expand_root(self, conn: Connection, run_id: str, key: str) -> None:
+        """A mapped node that starts with its run (its items are literal lists) becomes its
+        children now (``orc_expand_v1``); an empty one ends at once and is settled."""
+        check_transition(T.PENDING, T.MAPPED, SUBMIT.role)
+        out = conn.execute(
+            sa.text("SELECT orc_expand_v1(:run, :key, 'submit', NULL, 'root')"), {"run": run_id, "key": key}
+        ).scalar_one()
+        if out is not None and out["state"] != T.MAPPED.value:
+            conn.execute(
+                sa.text("SELECT orc_settle_v2(:run, :key, :state, CAST(:children AS json), 'submit', NULL)"),
+                {"run": run_id, "key": key, "state": out["state"], "children": json.dumps(out["children"])},
+            )
+
+
+def _starts(node: Node) -> bool:
+    """Whether the node may start with its run: a root, or a node whose rule is ``always``."""
+    return not node.upstream or node.trigger_rule is TriggerRule.ALWAYS
 
 
 def canonical_snapshot(snapshot: Any) -> str:
@@ -212,13 +233,26 @@ def _task_rows(
     for node in dag.nodes.values():
         for parent in node.upstream:
             children.setdefault(parent, []).append(node.key)
+    # the columns of maps, branches, skips and setups: in the rows only when a node uses one
+    dynamic = any(
+        n.map is not None or n.branch or n.short_circuit or n.setup or n.teardown or n.min_success_ratio is not None
+        for n in dag.nodes.values()
+    )
+    setups = {n.key for n in dag.nodes.values() if n.setup}
+    map_sources = {
+        a.source
+        for n in dag.nodes.values()
+        if n.map is not None and dag.per_item(n) is None
+        for a in n.map.args
+        if a.source is not None
+    }
     # equal JSON values are shared objects, so the bulk insert encodes each one once
     empty_args: list[Any] = []
     empty_kwargs: dict[str, Any] = {}
     backoffs: dict[Any, dict[str, Any]] = {}
     for node in dag.nodes.values():
         prio = dag.priority_of(node)
-        root = not node.upstream
+        root = _starts(node) and node.map is None
         backoff = backoffs.get(node.backoff)
         if backoff is None:
             backoff = backoffs[node.backoff] = node.backoff.to_spec()
@@ -253,7 +287,21 @@ def _task_rows(
             "pool_slots": node.pool_slots,
             "rate_limit": node.rate_limit,
             **({"deadline_seconds": node.deadline, "deadline_at": due.get(node.key)} if node_deadlines else {}),
+            **(_dynamic_columns(dag, node, setups, map_sources) if dynamic else {}),
         }
+
+
+def _dynamic_columns(dag: DAG, node: Node, setups: set[str], map_sources: set[str]) -> dict[str, Any]:
+    """A task row's columns of maps, branches, skips, setups and teardowns."""
+    return {
+        "n_setup": sum(1 for p in node.upstream if p in setups),
+        "role": "setup" if node.setup else "teardown" if node.teardown else None,
+        "decides_run": node.map is None and not (node.teardown and not node.fails_run),
+        "flow": "branch" if node.branch else "short_circuit" if node.short_circuit else None,
+        "feeds_map": node.key in map_sources,
+        "min_success_ratio": node.min_success_ratio,
+        "map_spec": None if node.map is None else node.map.to_row(dag.per_item(node)),
+    }
 
 
 def _edge_rows(dag: DAG, run_id: str) -> Iterator[dict[str, Any]]:

@@ -1,8 +1,8 @@
-"""The server functions of the hot path (``store/sql/``): the trigger rules, a terminated session."""
+"""The server functions of the hot path (``store/sql/``): a terminated session. (The trigger rules:
+``test_trigger_rules.py``.)"""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import pytest
@@ -10,13 +10,12 @@ import sqlalchemy as sa
 
 from orchestrator import DAG
 from orchestrator.routing import default_queues, route
-from orchestrator.states import TaskState, TriggerRule
+from orchestrator.states import TaskState
 from orchestrator.store import Store
 from tests.conftest import empty_tables
 
 pytestmark = pytest.mark.postgres
 T = TaskState
-R = TriggerRule
 
 
 @pytest.fixture
@@ -27,58 +26,6 @@ def store(pg_url: str) -> Iterator[Store]:
     yield st
     st.attempts.hot.close()
     st.dispose()
-
-
-def c(total: int, succeeded: int = 0, failed: int = 0, skipped: int = 0) -> tuple[int, int, int, int, int]:
-    """Upstream counters: total, done, succeeded, failed (FAILED and UPSTREAM_FAILED), skipped."""
-    return total, succeeded + failed + skipped, succeeded, failed, skipped
-
-
-@pytest.mark.parametrize(
-    ("rule", "counts", "expected"),
-    [
-        (R.ALL_SUCCESS, c(2, succeeded=1), None),
-        (R.ALL_SUCCESS, c(2, succeeded=2), T.READY),
-        (R.ALL_SUCCESS, c(2, failed=1), T.UPSTREAM_FAILED),
-        (R.ALL_SUCCESS, c(2, succeeded=1, skipped=1), T.SKIPPED),
-        (R.ALL_DONE, c(2, failed=1), None),
-        (R.ALL_DONE, c(2, failed=1, skipped=1), T.READY),
-        (R.ONE_SUCCESS, c(3, succeeded=1), T.READY),
-        (R.ONE_SUCCESS, c(2, failed=1), None),
-        (R.ONE_SUCCESS, c(2, failed=2), T.UPSTREAM_FAILED),
-        (R.ONE_SUCCESS, c(2, skipped=2), T.SKIPPED),
-        (R.ONE_FAILED, c(3, failed=1), T.READY),
-        (R.ONE_FAILED, c(2, succeeded=2), T.SKIPPED),
-        (R.NONE_FAILED, c(2, succeeded=1, skipped=1), T.READY),
-        (R.NONE_FAILED, c(2, failed=1), T.UPSTREAM_FAILED),
-        (R.ALL_FAILED, c(2, failed=2), T.READY),
-        (R.ALL_FAILED, c(2, succeeded=1), T.SKIPPED),
-        (R.ALL_FAILED, c(2, failed=1), None),
-    ],
-)
-def test_trigger_rules(store: Store, rule: TriggerRule, counts: tuple[int, ...], expected: TaskState | None) -> None:
-    """The trigger rules' one implementation, ``orc_decide_v1``, against Airflow's semantics."""
-    with store.engine.connect() as conn:
-        got = conn.execute(
-            sa.text("SELECT orc_decide_v1(:r, :t, :d, :o, :f, :s)"),
-            dict(zip("rtdofs", (rule.value, *counts), strict=True)),
-        ).scalar_one()
-    assert got == (expected.value if expected else None)
-
-
-def test_every_rule_decides_once_every_parent_is_done(store: Store) -> None:
-    """Whatever the parents' outcomes, a rule never leaves a task waiting once all are done."""
-    with store.engine.connect() as conn:
-        for rule in TriggerRule:
-            for total in range(1, 4):
-                for ok, failed, skipped in itertools.product(range(total + 1), repeat=3):
-                    if ok + failed + skipped != total:
-                        continue
-                    got = conn.execute(
-                        sa.text("SELECT orc_decide_v1(:r, :t, :t, :o, :f, :s)"),
-                        {"r": rule.value, "t": total, "o": ok, "f": failed, "s": skipped},
-                    ).scalar_one()
-                    assert got in {"READY", "SKIPPED", "UPSTREAM_FAILED"}, (rule, total, ok, failed, skipped)
 
 
 def test_the_hot_path_survives_a_terminated_session(store: Store) -> None:

@@ -4,6 +4,7 @@ and the calls a worker of the previous release makes still work against the new 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import psycopg
@@ -58,8 +59,8 @@ def test_each_file_defines_its_own_versioned_function() -> None:
         text = source(name)
         if name == "legacy":
             continue
-        assert f"CREATE OR REPLACE FUNCTION orc_{name}_v1(" in text, name
-        assert text.lstrip().startswith(f"-- orc_{name}_v1:"), f"{name}.sql starts with what the function does"
+        assert re.search(rf"CREATE OR REPLACE FUNCTION orc_{name}_v[0-9]+\(", text), name
+        assert re.match(rf"-- orc_{name}_v[0-9]+:", text.lstrip()), f"{name}.sql starts with what the function does"
 
 
 #: the statements the previous release (migration 0008) sent, word for word
@@ -67,6 +68,10 @@ OLD_CLAIM = "SELECT orc_claim(%s::text, %s::text, %s::int, %s::text, %s::float8,
 OLD_SUCCEED = "SELECT orc_succeed(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int, %s::float8)"
 OLD_ADMIT = "SELECT * FROM orc_admit(%s, %s, %s, %s, %s)"
 OLD_SETTLE = "SELECT orc_settle(%s, %s, %s, %s::json, %s, %s)"
+#: and those of the release before 0011 (the versioned _v1 functions)
+V1_CLAIM = "SELECT orc_claim_v1(%s::text, %s::text, %s::int, %s::text, %s::float8, %s::text)"
+V1_SUCCEED = "SELECT orc_succeed_v1(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int, %s::float8)"
+V1_SETTLE = "SELECT orc_settle_v1(%s, %s, %s, %s::json, %s, %s)"
 
 
 @pytest.fixture
@@ -105,3 +110,26 @@ def test_an_old_workers_calls_work_against_the_new_schema(store: Store) -> None:
     assert store.reads.get_task(run_id, "b").state.value == "QUEUED"
     assert store.reads.get_task(run_id, "d").state.value == "UPSTREAM_FAILED"
     assert store.reads.get_task(run_id, "a").result == {"rows": 3}
+
+
+def test_the_previous_releases_v1_calls_work_against_the_new_schema(store: Store) -> None:
+    dag = DAG("rolling-v1")
+    dag.task("a", "t")
+    dag.task("b", "t", upstream=["a"])
+    dag.task("c", "t")
+    dag.task("d", "t", upstream=["c"])
+    queues = {k: route("default", dag.priority) for k in dag.nodes}
+    run_id, _ = store.submission.create_run(dag, queues=queues, wants_upstream=lambda _: True)
+    dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as old:
+        admitted = old.execute(OLD_ADMIT, (10, 30.0, 2, True, 300.0)).fetchall()
+        assert {r[1] for r in admitted} == {"a", "c"}
+        claim = old.execute(V1_CLAIM, (run_id, "a", 1, "old-worker:1", 30.0, "t")).fetchone()
+        assert claim is not None and claim[0]["claimed"] is True
+        done = old.execute(V1_SUCCEED, (run_id, "a", 1, Json([1, 2]), 10, 30.0, 2, 300.0)).fetchone()
+        assert done is not None and done[0]["accepted"] is True
+        assert [d["key"] for d in done[0]["dispatches"]] == ["b"]
+        old.execute("UPDATE orc_tasks SET state = 'FAILED' WHERE run_id = %s AND key = 'c'", (run_id,))
+        assert old.execute(V1_SETTLE, (run_id, "c", "FAILED", '["d"]', "worker", None)).fetchone() == (0,)
+    assert store.reads.get_task(run_id, "d").state.value == "UPSTREAM_FAILED"
+    assert store.reads.get_task(run_id, "a").result == [1, 2]

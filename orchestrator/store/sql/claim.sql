@@ -1,11 +1,14 @@
--- orc_claim_v1: a worker's claim, QUEUED -> RUNNING for p_attempt, with the lease.
+-- orc_claim_v2: a worker's claim, QUEUED -> RUNNING for p_attempt, with the lease.
 --
 -- The attempt is the fencing token and the message's task name must be the node's. Returns
 -- {"claimed": true, "args", "kwargs", "wants_upstream", "upstream"} (upstream: the results of
--- the parents that succeeded, for tasks that want them) or {"claimed": false, "conflict"} with
--- the rejected event written (nothing is written for an unknown task).
+-- the parents that succeeded, for tasks that want them; a mapped parent's is the list of its
+-- children's results in map order, those that succeeded; a child of a map has its map's
+-- parents) or {"claimed": false, "conflict"} with the rejected event written (nothing is
+-- written for an unknown task). A child of a map mapped item by item gets its item, the result
+-- of the same key's child of the map before it, as its mapped keyword.
 
-CREATE OR REPLACE FUNCTION orc_claim_v1(p_run text, p_key text, p_attempt integer, p_worker text,
+CREATE OR REPLACE FUNCTION orc_claim_v2(p_run text, p_key text, p_attempt integer, p_worker text,
     p_lease double precision, p_task text)
  RETURNS json
  LANGUAGE plpgsql
@@ -15,12 +18,15 @@ DECLARE
     row record;
     upstream json;
     conflict text;
+    kwargs json;
+    kwarg text;
+    item json;
 BEGIN
     UPDATE orc_tasks t SET state = 'RUNNING', started_at = now(), heartbeat_at = now(),
                            lease_expires_at = now() + make_interval(secs => p_lease), worker = p_worker
     WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'QUEUED' AND t.attempt = p_attempt
       AND t.task_name = p_task
-    RETURNING t.args, t.kwargs, t.wants_upstream INTO row;
+    RETURNING t.args, t.kwargs, t.wants_upstream, t.map_parent, t.map_item_from INTO row;
     IF NOT FOUND THEN
         conflict := orc_reject_v1(p_run, p_key, p_attempt, 'RUNNING', 'worker',
                                   'claim by ' || p_worker || ' for a message of ' || p_task);
@@ -28,12 +34,24 @@ BEGIN
     END IF;
     INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
     VALUES (p_run, p_key, p_attempt, 'QUEUED', 'RUNNING', 'worker', NULL, 'claim by ' || p_worker, true, now());
-    IF row.wants_upstream THEN
-        SELECT json_object_agg(t.key, t.result) INTO upstream
-        FROM orc_edges e JOIN orc_tasks t ON t.run_id = e.run_id AND t.key = e.parent_key
-        WHERE e.run_id = p_run AND e.child_key = p_key AND t.state = 'SUCCEEDED';
+    kwargs := row.kwargs;
+    IF row.map_item_from IS NOT NULL THEN
+        SELECT h.map_spec->'args'->0->>'kwarg' INTO kwarg FROM orc_tasks h
+        WHERE h.run_id = p_run AND h.key = row.map_parent;
+        SELECT t.result INTO item FROM orc_tasks t WHERE t.run_id = p_run AND t.key = row.map_item_from;
+        kwargs := (kwargs::jsonb || jsonb_build_object(kwarg, item::jsonb))::json;
     END IF;
-    RETURN json_build_object('claimed', true, 'args', row.args, 'kwargs', row.kwargs,
+    IF row.wants_upstream THEN
+        SELECT json_object_agg(t.key, CASE
+                   WHEN t.map_spec IS NULL THEN t.result
+                   WHEN left(row.map_item_from, length(t.key) + 1) = t.key || '[' THEN item
+                   ELSE (SELECT coalesce(json_agg(c.result ORDER BY c.map_index), '[]'::json) FROM orc_tasks c
+                         WHERE c.run_id = p_run AND c.map_parent = t.key AND c.state = 'SUCCEEDED') END) INTO upstream
+        FROM orc_edges e JOIN orc_tasks t ON t.run_id = e.run_id AND t.key = e.parent_key
+        WHERE e.run_id = p_run AND e.child_key = coalesce(row.map_parent, p_key)
+          AND (t.state = 'SUCCEEDED' OR t.map_spec IS NOT NULL AND t.state IN ('MAPPED', 'FAILED'));
+    END IF;
+    RETURN json_build_object('claimed', true, 'args', row.args, 'kwargs', kwargs,
                              'wants_upstream', row.wants_upstream, 'upstream', coalesce(upstream, '{}'::json));
 END
 $$;

@@ -1,7 +1,33 @@
--- The unversioned names of migrations 0004 to 0006, for workers still running the release
--- before the versioned functions (a rolling upgrade): each is a shim over its _v1 function.
--- Only the four that release called from Python are kept; drop them when no such worker is
--- left (a later migration).
+-- The names earlier releases call, for their workers still running during a rolling upgrade:
+-- each is a shim over the function that now does the work. The _v1 functions that 0011 replaced
+-- (orc_claim_v1, orc_succeed_v1, orc_settle_v1; orc_decide_v1 is dropped: only settlement
+-- called it) keep their signatures; the unversioned names of migrations 0004 to 0006 are the
+-- four that the release before the versioned functions called from Python. Drop them when no
+-- such worker is left (a later migration).
+
+CREATE OR REPLACE FUNCTION orc_claim_v1(p_run text, p_key text, p_attempt integer, p_worker text,
+    p_lease double precision, p_task text)
+ RETURNS json
+ LANGUAGE sql
+AS $$
+SELECT orc_claim_v2(p_run, p_key, p_attempt, p_worker, p_lease, p_task)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_succeed_v1(p_run text, p_key text, p_attempt integer, p_result json,
+    p_window integer, p_worker_ttl double precision, p_depth integer, p_aging double precision)
+ RETURNS json
+ LANGUAGE sql
+AS $$
+SELECT orc_succeed_v2(p_run, p_key, p_attempt, p_result, p_window, p_worker_ttl, p_depth, p_aging)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_settle_v1(p_run text, p_key text, p_state text, p_children json, p_actor text,
+    p_by text)
+ RETURNS integer
+ LANGUAGE sql
+AS $$
+SELECT orc_settle_v2(p_run, p_key, p_state, p_children, p_actor, p_by)
+$$;
 
 CREATE OR REPLACE FUNCTION orc_claim(p_run text, p_key text, p_attempt integer, p_worker text,
     p_lease double precision, p_task text)

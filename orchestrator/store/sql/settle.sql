@@ -1,13 +1,19 @@
--- orc_settle_v1: a task became terminal; count it into its children and decide them.
+-- orc_settle_v2: a task became terminal; count it into its children and decide them.
 --
 -- Adds the finished task to each child's counters (one UPDATE ... RETURNING per child, by
--- primary key: never a scan of the run), decides the child's trigger rule (orc_decide_v1),
--- moves decided children PENDING -> READY / SKIPPED / UPSTREAM_FAILED with their ledger rows,
--- cascades the terminal ones the same way, and closes the run (RUNNING -> SUCCEEDED / FAILED)
--- when no task is left open. The actor that caused the first change acts for the cascade.
--- Returns how many tasks it made READY (orc_succeed_v1 passes its slot on when none).
+-- primary key: never a scan of the run), decides the child's trigger rule (orc_decide_v2),
+-- moves decided children PENDING -> READY / SKIPPED / UPSTREAM_FAILED with their ledger rows
+-- (a verdict reached before every parent is done says "early verdict"), expands a mapped child
+-- whose rule says READY (orc_expand_v1) instead, and cascades the terminal ones the same way.
+-- A finished child of a map is also counted into its map's header: a map held by max_active
+-- admits its next waiting child, and the header closes (MAPPED -> SUCCEEDED / FAILED /
+-- SKIPPED, a summary that does not decide the run) after its last child. The run closes
+-- (RUNNING -> SUCCEEDED / FAILED) when no task is left open: FAILED when a task that decides
+-- the run (not a teardown, unless it asked to; not a map header) ended FAILED or
+-- UPSTREAM_FAILED. The actor that caused the first change acts for the cascade.
+-- Returns how many tasks it made READY (orc_succeed_v2 passes its slot on when none).
 
-CREATE OR REPLACE FUNCTION orc_settle_v1(p_run text, p_key text, p_state text, p_children json, p_actor text,
+CREATE OR REPLACE FUNCTION orc_settle_v2(p_run text, p_key text, p_state text, p_children json, p_actor text,
     p_by text)
  RETURNS integer
  LANGUAGE plpgsql
@@ -17,6 +23,8 @@ DECLARE
     q_keys text[] := ARRAY[p_key];
     q_states text[] := ARRAY[p_state];
     q_children json[] := ARRAY[p_children];
+    q_setup boolean[];
+    q_parents text[];
     i int := 1;
     closed int := 1;
     readied int := 0;
@@ -24,11 +32,17 @@ DECLARE
     kid text;
     r record;
     m record;
+    hdr record;
     verdict text;
+    why text;
+    expanded json;
     run_row record;
     failed int;
     outcome text;
 BEGIN
+    SELECT t.role = 'setup' AS setup, t.map_parent INTO r FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
+    q_setup := ARRAY[coalesce(r.setup, false)];
+    q_parents := ARRAY[r.map_parent];
     WHILE i <= array_length(q_keys, 1) LOOP
         IF q_children[i] IS NOT NULL AND json_typeof(q_children[i]) = 'array' THEN
             kids := ARRAY(SELECT json_array_elements_text(q_children[i]));
@@ -36,26 +50,49 @@ BEGIN
                 UPDATE orc_tasks t SET
                     n_done = t.n_done + 1,
                     n_succeeded = t.n_succeeded + (q_states[i] = 'SUCCEEDED')::int,
-                    n_failed = t.n_failed + (q_states[i] IN ('FAILED', 'UPSTREAM_FAILED'))::int,
-                    n_skipped = t.n_skipped + (q_states[i] = 'SKIPPED')::int
+                    n_failed = t.n_failed + (q_states[i] = 'FAILED')::int,
+                    n_upstream_failed = t.n_upstream_failed + (q_states[i] = 'UPSTREAM_FAILED')::int,
+                    n_skipped = t.n_skipped + (q_states[i] = 'SKIPPED')::int,
+                    n_setup_ok = t.n_setup_ok + (q_setup[i] AND q_states[i] = 'SUCCEEDED')::int,
+                    n_setup_skipped = t.n_setup_skipped + (q_setup[i] AND q_states[i] = 'SKIPPED')::int
                 WHERE t.run_id = p_run AND t.key = kid
                 RETURNING t.key, t.state, t.attempt, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded,
-                          t.n_failed, t.n_skipped INTO r;
+                          t.n_failed, t.n_upstream_failed, t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped,
+                          t.min_success_ratio, t.map_spec IS NOT NULL AS mapped INTO r;
                 CONTINUE WHEN NOT FOUND OR r.state <> 'PENDING';
-                verdict := orc_decide_v1(r.trigger_rule, r.n_upstream, r.n_done, r.n_succeeded, r.n_failed,
-                                         r.n_skipped);
+                verdict := orc_decide_v2(r.trigger_rule, r.n_upstream, r.n_done, r.n_succeeded, r.n_failed,
+                                         r.n_upstream_failed, r.n_skipped, r.n_setup, r.n_setup_ok,
+                                         r.n_setup_skipped, r.min_success_ratio);
                 CONTINUE WHEN verdict IS NULL;
+                why := 'upstream ' || q_keys[i] || ' ' || q_states[i]
+                       || CASE WHEN r.n_done < r.n_upstream
+                               THEN '; early verdict (' || r.n_done || ' of ' || r.n_upstream || ' upstream done)'
+                               ELSE '' END;
+                IF verdict = 'READY' AND r.mapped THEN
+                    expanded := orc_expand_v1(p_run, r.key, p_actor, p_by, why);
+                    CONTINUE WHEN expanded IS NULL;
+                    readied := readied + (expanded->>'readied')::int;
+                    IF expanded->>'state' <> 'MAPPED' THEN
+                        closed := closed + 1;
+                        q_keys := q_keys || r.key;
+                        q_states := q_states || (expanded->>'state');
+                        q_children := q_children || (expanded->'children');
+                        q_setup := q_setup || false;
+                        q_parents := q_parents || NULL::text;
+                    END IF;
+                    CONTINUE;
+                END IF;
                 UPDATE orc_tasks t SET
                     state = verdict,
-                    ready_at = CASE WHEN verdict = 'READY' THEN now() ELSE t.ready_at END,
-                    finished_at = CASE WHEN verdict = 'READY' THEN t.finished_at ELSE now() END
+                    ready_at = CASE WHEN verdict = 'READY' THEN coalesce(t.ready_at, now()) ELSE t.ready_at END,
+                    finished_at = CASE WHEN verdict = 'READY' THEN t.finished_at ELSE now() END,
+                    skip_reason = CASE WHEN verdict = 'SKIPPED' THEN 'upstream_skipped' ELSE t.skip_reason END
                 WHERE t.run_id = p_run AND t.key = r.key AND coalesce(t.state, '') = 'PENDING'
-                RETURNING t.key, t.attempt, t.children INTO m;
+                RETURNING t.key, t.attempt, t.children, t.role = 'setup' AS setup, t.map_parent INTO m;
                 IF FOUND THEN
                     INSERT INTO orc_task_events
                         (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
-                    VALUES (p_run, m.key, m.attempt, 'PENDING', verdict, p_actor, p_by,
-                            'upstream ' || q_keys[i] || ' ' || q_states[i], true, now());
+                    VALUES (p_run, m.key, m.attempt, 'PENDING', verdict, p_actor, p_by, why, true, now());
                     IF verdict = 'READY' THEN
                         readied := readied + 1;
                     ELSE
@@ -63,19 +100,61 @@ BEGIN
                         q_keys := q_keys || m.key;
                         q_states := q_states || verdict;
                         q_children := q_children || m.children;
+                        q_setup := q_setup || coalesce(m.setup, false);
+                        q_parents := q_parents || m.map_parent;
                     END IF;
                 ELSE
-                    PERFORM orc_reject_v1(p_run, r.key, r.attempt, verdict, p_actor,
-                                          'upstream ' || q_keys[i] || ' ' || q_states[i]);
+                    PERFORM orc_reject_v1(p_run, r.key, r.attempt, verdict, p_actor, why);
                 END IF;
             END LOOP;
+        END IF;
+        IF q_parents[i] IS NOT NULL THEN
+            -- a child of a map: counted into its header
+            UPDATE orc_tasks t SET
+                map_done = t.map_done + 1,
+                map_ok = t.map_ok + (q_states[i] = 'SUCCEEDED')::int,
+                map_failed = t.map_failed + (q_states[i] IN ('FAILED', 'UPSTREAM_FAILED'))::int,
+                map_skipped = t.map_skipped + (q_states[i] = 'SKIPPED')::int
+            WHERE t.run_id = p_run AND t.key = q_parents[i]
+            RETURNING t.key, t.state, t.attempt, t.map_total, t.map_done, t.map_ok, t.map_failed, t.map_skipped,
+                      t.map_spec INTO hdr;
+            IF FOUND AND hdr.state = 'MAPPED' THEN
+                IF hdr.map_done >= hdr.map_total THEN
+                    outcome := CASE WHEN hdr.map_failed > 0 THEN 'FAILED'
+                                    WHEN hdr.map_skipped >= hdr.map_total THEN 'SKIPPED' ELSE 'SUCCEEDED' END;
+                    UPDATE orc_tasks t SET state = outcome, finished_at = now(),
+                        skip_reason = CASE WHEN outcome = 'SKIPPED' THEN 'upstream_skipped' ELSE t.skip_reason END
+                    WHERE t.run_id = p_run AND t.key = hdr.key AND t.state = 'MAPPED';
+                    INSERT INTO orc_task_events
+                        (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+                    VALUES (p_run, hdr.key, hdr.attempt, 'MAPPED', outcome, p_actor, p_by,
+                            hdr.map_total || ' mapped task(s) done: ' || hdr.map_ok || ' succeeded, '
+                            || hdr.map_failed || ' failed, ' || hdr.map_skipped || ' skipped', true, now());
+                    closed := closed + 1;
+                ELSIF hdr.map_spec->>'max_active' IS NOT NULL THEN
+                    -- the next child held back by max_active
+                    UPDATE orc_tasks t SET state = 'READY', ready_at = coalesce(t.ready_at, now())
+                    WHERE (t.run_id, t.key) = (
+                        SELECT w.run_id, w.key FROM orc_tasks w
+                        WHERE w.run_id = p_run AND w.map_parent = hdr.key AND w.state = 'PENDING' AND w.n_upstream = 0
+                        ORDER BY w.map_index LIMIT 1 FOR UPDATE SKIP LOCKED)
+                    RETURNING t.key, t.attempt INTO m;
+                    IF FOUND THEN
+                        INSERT INTO orc_task_events
+                            (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+                        VALUES (p_run, m.key, m.attempt, 'PENDING', 'READY', p_actor, p_by,
+                                'map ' || hdr.key || ': a slot of max_active freed', true, now());
+                        readied := readied + 1;
+                    END IF;
+                END IF;
+            END IF;
         END IF;
         i := i + 1;
     END LOOP;
     UPDATE orc_runs SET open_tasks = open_tasks - closed WHERE id = p_run RETURNING open_tasks, state INTO run_row;
     IF FOUND AND run_row.open_tasks <= 0 AND run_row.state = 'RUNNING' THEN
         SELECT count(*) INTO failed FROM orc_tasks
-        WHERE run_id = p_run AND state IN ('FAILED', 'UPSTREAM_FAILED');
+        WHERE run_id = p_run AND state IN ('FAILED', 'UPSTREAM_FAILED') AND decides_run;
         outcome := CASE WHEN failed > 0 THEN 'FAILED' ELSE 'SUCCEEDED' END;
         UPDATE orc_runs SET state = outcome, finished_at = now() WHERE id = p_run AND state = 'RUNNING';
         IF FOUND THEN

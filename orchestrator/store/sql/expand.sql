@@ -1,0 +1,231 @@
+-- orc_expand_v1: a mapped node whose trigger rule says READY becomes its children.
+--
+-- The items come from the node's map spec (orc_tasks.map_spec): each mapped argument is a
+-- parent's JSON result (a list: keys are indexes; an object: keys are its keys and items its
+-- values; with "map_key", each item's own field) or a literal list; several arguments are
+-- zipped (equal lengths) or crossed ("product"). The children, "<key>[<map key>]", are
+-- inserted by one INSERT ... SELECT with the node's options and constant kwargs plus the
+-- item as the mapped keyword: READY (the first "max_active" of them when that is set, the
+-- rest PENDING until a sibling finishes), with their ledger rows. A node mapped item by item
+-- over this one (a chained map) is expanded at once with the same keys, each child PENDING on
+-- its item. The mapped node itself moves PENDING -> MAPPED, each downstream node counts one
+-- upstream per child, and the run's task counts grow. No items: the node ends SKIPPED
+-- (on_empty "skip", reason empty_map) or SUCCEEDED with [] ("success"). A parent that did not
+-- succeed: SKIPPED when it was skipped, else UPSTREAM_FAILED. Items that cannot map (not a list
+-- or object, past max_length, zip lengths that differ, a key that is not a valid map key or is
+-- repeated): FAILED with a MapError. Returns {"state", "readied", "children"} (children: the
+-- node's downstream keys, for the caller's cascade when the state is terminal), or NULL when
+-- the node is no longer PENDING.
+
+CREATE OR REPLACE FUNCTION orc_map_items_v1(p_value json, p_key_field text)
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE
+AS $$
+SELECT CASE json_typeof(p_value)
+    WHEN 'array' THEN (
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'k', CASE WHEN p_key_field IS NULL THEN (e.o - 1)::text ELSE e.v::jsonb ->> p_key_field END,
+                   'v', e.v) ORDER BY e.o), '[]'::jsonb)
+        FROM json_array_elements(p_value) WITH ORDINALITY AS e(v, o))
+    WHEN 'object' THEN (
+        SELECT coalesce(jsonb_agg(jsonb_build_object('k', e.k, 'v', e.v) ORDER BY e.o), '[]'::jsonb)
+        FROM json_each(p_value) WITH ORDINALITY AS e(k, v, o))
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orc_expand_v1(p_run text, p_key text, p_actor text, p_by text, p_why text)
+ RETURNS json
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    h record;
+    arg json;
+    src record;
+    list jsonb;
+    acc jsonb;
+    n int;
+    problem text;
+    outcome text;
+    combine text;
+    readied int;
+BEGIN
+    SELECT t.map_spec, t.children, t.state, t.attempt INTO h FROM orc_tasks t
+    WHERE t.run_id = p_run AND t.key = p_key FOR UPDATE;
+    IF NOT FOUND OR h.state <> 'PENDING' THEN
+        RETURN NULL;
+    END IF;
+    combine := coalesce(h.map_spec->>'combine', 'zip');
+    FOR arg IN SELECT a FROM json_array_elements(h.map_spec->'args') AS a LOOP
+        IF arg->>'from' IS NULL THEN
+            list := orc_map_items_v1(arg->'items', h.map_spec->>'map_key');
+        ELSE
+            SELECT t.state, t.result, t.map_spec IS NOT NULL AS mapped INTO src FROM orc_tasks t
+            WHERE t.run_id = p_run AND t.key = arg->>'from';
+            IF src.state IS DISTINCT FROM 'SUCCEEDED' THEN
+                outcome := CASE WHEN src.state = 'SKIPPED' THEN 'SKIPPED' ELSE 'UPSTREAM_FAILED' END;
+                problem := 'the mapped parent ' || (arg->>'from') || ' is ' || coalesce(src.state, 'missing');
+                EXIT;
+            END IF;
+            IF src.mapped THEN
+                -- the parent is a map that ended (on_empty, or after its children): its items are
+                -- its children's results in map order
+                SELECT coalesce(jsonb_agg(jsonb_build_object('k', c.map_key, 'v', c.result) ORDER BY c.map_index),
+                                '[]'::jsonb) INTO list
+                FROM orc_tasks c WHERE c.run_id = p_run AND c.map_parent = arg->>'from' AND c.state = 'SUCCEEDED';
+            ELSE
+                list := orc_map_items_v1(src.result, h.map_spec->>'map_key');
+            END IF;
+        END IF;
+        IF list IS NULL THEN
+            outcome := 'FAILED';
+            problem := 'MapError: ' || coalesce(arg->>'from', 'the literal items') || ' is not a JSON list or object';
+            EXIT;
+        END IF;
+        IF acc IS NULL THEN
+            acc := (SELECT coalesce(jsonb_agg(jsonb_build_object('k', l.x->'k', 'kw',
+                                      jsonb_build_object(arg->>'kwarg', l.x->'v')) ORDER BY l.o), '[]'::jsonb)
+                    FROM jsonb_array_elements(list) WITH ORDINALITY AS l(x, o));
+        ELSIF combine = 'product' THEN
+            acc := (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                      'k', to_jsonb((a.x->>'k') || ',' || (l.x->>'k')),
+                                      'kw', (a.x->'kw') || jsonb_build_object(arg->>'kwarg', l.x->'v'))
+                                  ORDER BY a.o, l.o), '[]'::jsonb)
+                    FROM jsonb_array_elements(acc) WITH ORDINALITY AS a(x, o)
+                    CROSS JOIN jsonb_array_elements(list) WITH ORDINALITY AS l(x, o));
+        ELSE
+            IF jsonb_array_length(acc) <> jsonb_array_length(list) THEN
+                outcome := 'FAILED';
+                problem := 'MapError: zip of ' || jsonb_array_length(acc) || ' and ' || jsonb_array_length(list)
+                           || ' items (' || (arg->>'kwarg') || '): zipped arguments need equal lengths';
+                EXIT;
+            END IF;
+            acc := (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                      'k', a.x->'k',
+                                      'kw', (a.x->'kw') || jsonb_build_object(arg->>'kwarg', l.x->'v'))
+                                  ORDER BY a.o), '[]'::jsonb)
+                    FROM jsonb_array_elements(acc) WITH ORDINALITY AS a(x, o)
+                    JOIN jsonb_array_elements(list) WITH ORDINALITY AS l(x, o) ON l.o = a.o);
+        END IF;
+    END LOOP;
+    IF problem IS NULL THEN
+        n := jsonb_array_length(acc);
+        IF n > (h.map_spec->>'max_length')::int THEN
+            outcome := 'FAILED';
+            problem := 'MapError: ' || n || ' items exceed max_map_length ' || (h.map_spec->>'max_length');
+        ELSE
+            problem := (SELECT 'MapError: map key ' || coalesce(to_jsonb(x->>'k')::text, 'null') || ' of item '
+                               || (o - 1) || ' is not 1-100 letters, digits or _ . , : = -'
+                        FROM jsonb_array_elements(acc) WITH ORDINALITY AS a(x, o)
+                        WHERE (x->>'k') IS NULL OR (x->>'k') !~ '^[A-Za-z0-9_.,:=-]{1,100}$'
+                              OR length(p_key) + length(x->>'k') > 198
+                        ORDER BY o LIMIT 1);
+            IF problem IS NULL AND (SELECT count(DISTINCT x->>'k') FROM jsonb_array_elements(acc) AS a(x)) < n THEN
+                problem := 'MapError: the items repeat a map key (' || (
+                    SELECT x->>'k' FROM jsonb_array_elements(acc) AS a(x) GROUP BY 1 HAVING count(*) > 1 LIMIT 1)
+                    || '); name unique keys with map_key';
+            END IF;
+            IF problem IS NOT NULL THEN
+                outcome := 'FAILED';
+            END IF;
+        END IF;
+    END IF;
+    IF problem IS NULL AND n = 0 THEN
+        outcome := CASE WHEN h.map_spec->>'on_empty' = 'success' THEN 'SUCCEEDED' ELSE 'SKIPPED' END;
+        problem := 'no items to map (on_empty ' || coalesce(h.map_spec->>'on_empty', 'skip') || ')';
+    END IF;
+    IF problem IS NOT NULL THEN
+        UPDATE orc_tasks t SET state = outcome, finished_at = now(),
+            result = CASE WHEN outcome = 'SUCCEEDED' THEN '[]'::json ELSE t.result END,
+            error = CASE WHEN outcome = 'FAILED' THEN problem ELSE t.error END,
+            skip_reason = CASE WHEN outcome <> 'SKIPPED' THEN NULL
+                               WHEN left(problem, 8) = 'no items' THEN 'empty_map' ELSE 'upstream_skipped' END
+        WHERE t.run_id = p_run AND t.key = p_key;
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+        VALUES (p_run, p_key, h.attempt, 'PENDING', outcome, p_actor, p_by, p_why || '; ' || problem, true, now());
+        RETURN json_build_object('state', outcome, 'readied', 0, 'children', h.children);
+    END IF;
+    readied := orc_map_insert_v1(p_run, p_key, acc, NULL, p_actor, p_by, p_why);
+    RETURN json_build_object('state', 'MAPPED', 'readied', readied, 'children', h.children);
+END
+$$;
+
+-- orc_map_insert_v1: the rows of one expansion (orc_expand_v1's): p_items is [{"k", "kw"}];
+-- p_item_of, for a node mapped item by item, is the map whose child of the same key holds each
+-- item (its result is passed at claim time). Recurses into the nodes mapped item by item over
+-- this one. Returns how many children it made READY.
+
+CREATE OR REPLACE FUNCTION orc_map_insert_v1(p_run text, p_key text, p_items jsonb, p_item_of text, p_actor text,
+    p_by text, p_why text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    h record;
+    n int := jsonb_array_length(p_items);
+    chained text[];
+    plain json;
+    cap int;
+    readied int;
+    c text;
+BEGIN
+    SELECT t.* INTO h FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
+    -- the downstream nodes mapped item by item over this node, and the others
+    chained := ARRAY(SELECT d.key FROM orc_tasks d
+                     WHERE d.run_id = p_run AND d.key IN (SELECT json_array_elements_text(h.children))
+                       AND d.map_spec->>'per_item' = p_key ORDER BY d.key);
+    plain := (SELECT coalesce(json_agg(k), '[]'::json) FROM json_array_elements_text(h.children) AS k
+              WHERE NOT (k = ANY (chained)));
+    cap := CASE WHEN p_item_of IS NULL THEN coalesce((h.map_spec->>'max_active')::int, n) ELSE 0 END;
+    INSERT INTO orc_tasks (run_id, key, task_name, args, kwargs, state, attempt, max_attempts, backoff, trigger_rule,
+        n_upstream, n_done, n_succeeded, n_failed, n_upstream_failed, n_skipped, n_setup, n_setup_ok, n_setup_skipped,
+        wants_upstream, queue, priority, priority_rank, tenant, soft_time_limit, time_limit, ready_at, children,
+        retry_on, no_retry_on, fingerprint_streak, lease_losses, pool, pool_slots, rate_limit, deadline_seconds,
+        deadline_at, decides_run, map_parent, map_index, map_key, map_item_from, map_total, map_done, map_ok,
+        map_failed, map_skipped)
+    SELECT p_run, p_key || '[' || (x->>'k') || ']', h.task_name, h.args,
+           CASE WHEN p_item_of IS NULL THEN (h.kwargs::jsonb || (x->'kw'))::json ELSE h.kwargs END,
+           CASE WHEN o <= cap THEN 'READY' ELSE 'PENDING' END, 1, h.max_attempts, h.backoff, 'all_success',
+           CASE WHEN p_item_of IS NULL THEN 0 ELSE 1 END, 0, 0, 0, 0, 0, 0, 0, 0,
+           h.wants_upstream, h.queue, h.priority, h.priority_rank, h.tenant, h.soft_time_limit, h.time_limit,
+           -- in map order, and an item's later stages as old as its first: a chained map runs
+           -- item by item (admission takes the oldest READY first)
+           now() + (o - 1) * interval '1 microsecond',
+           CASE WHEN cardinality(chained) = 0 THEN plain
+                ELSE (SELECT json_agg(v) FROM (
+                          SELECT json_array_elements(plain) AS v
+                          UNION ALL SELECT to_json(cc || '[' || (x->>'k') || ']') FROM unnest(chained) AS cc) AS kk)
+           END,
+           h.retry_on, h.no_retry_on, 0, 0, h.pool, h.pool_slots, h.rate_limit, h.deadline_seconds, h.deadline_at,
+           true, p_key, (o - 1)::int, x->>'k',
+           CASE WHEN p_item_of IS NULL THEN NULL ELSE p_item_of || '[' || (x->>'k') || ']' END, 0, 0, 0, 0, 0
+    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o);
+    readied := LEAST(cap, n);
+    IF readied > 0 THEN
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+        SELECT p_run, p_key || '[' || (x->>'k') || ']', 1, 'PENDING', 'READY', p_actor, p_by,
+               'mapped from ' || p_key || ' (item ' || (o - 1) || ')', true, now()
+        FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o) WHERE o <= cap;
+    END IF;
+    -- each downstream node counts the children instead of the node
+    IF n <> 1 AND json_array_length(plain) > 0 THEN
+        UPDATE orc_tasks d SET n_upstream = d.n_upstream + n - 1
+        WHERE d.run_id = p_run AND d.key IN (SELECT json_array_elements_text(plain));
+    END IF;
+    UPDATE orc_tasks t SET state = 'MAPPED', map_total = n, map_done = 0, map_ok = 0, map_failed = 0, map_skipped = 0
+    WHERE t.run_id = p_run AND t.key = p_key;
+    INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+    VALUES (p_run, p_key, h.attempt, 'PENDING', 'MAPPED', p_actor, p_by,
+            coalesce(p_why || '; ', '') || 'mapped into ' || n || ' task(s)'
+            || CASE WHEN p_item_of IS NULL THEN '' ELSE ' item by item over ' || p_item_of END, true, now());
+    UPDATE orc_runs SET task_count = task_count + n, open_tasks = open_tasks + n WHERE id = p_run;
+    FOREACH c IN ARRAY chained LOOP
+        readied := readied + orc_map_insert_v1(p_run, c, (
+            SELECT jsonb_agg(jsonb_build_object('k', x->'k', 'kw', '{}'::jsonb) ORDER BY o)
+            FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o)), p_key, p_actor, p_by, NULL);
+    END LOOP;
+    RETURN readied;
+END
+$$;
