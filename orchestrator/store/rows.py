@@ -79,8 +79,13 @@ def task_view(r: Any) -> TaskView:
         map_index=r.map_index,
         map_key=r.map_key,
         map_counts=(
-            {"total": r.map_total, "done": r.map_done, "succeeded": r.map_ok, "failed": r.map_failed,
-             "skipped": r.map_skipped}
+            {
+                "total": r.map_total,
+                "done": r.map_done,
+                "succeeded": r.map_ok,
+                "failed": r.map_failed,
+                "skipped": r.map_skipped,
+            }
             if r.map_spec is not None and r.state in ("MAPPED", "SUCCEEDED", "FAILED", "SKIPPED")
             else None
         ),
