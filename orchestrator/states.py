@@ -70,7 +70,8 @@ TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     (T.MAPPED, T.SUCCEEDED): frozenset({"worker", "reconciler", "operator"}),
     (T.MAPPED, T.FAILED): frozenset({"worker", "reconciler", "operator"}),
     (T.MAPPED, T.SKIPPED): frozenset({"worker", "reconciler", "operator"}),
-    (T.MAPPED, T.MAPPED): frozenset({"operator"}),
+    # an operator's retry of a map's FAILED child reopens the map
+    (T.FAILED, T.MAPPED): frozenset({"operator"}),
     (T.READY, T.QUEUED): frozenset({"dispatcher"}),
     (T.QUEUED, T.QUEUED): frozenset({"reconciler"}),
     (T.QUEUED, T.RUNNING): frozenset({"worker"}),

@@ -31,7 +31,7 @@ from .ledger import Ledger
 from .settlement import Settlement
 
 T = TaskState
-t_tasks, t_runs, t_edges = s.tasks, s.runs, s.edges
+t_tasks, t_runs = s.tasks, s.runs
 
 
 class OperatorActions:
@@ -68,66 +68,117 @@ class OperatorActions:
 
         A FAILED task can be retried only while none of its children has been decided and
         its run is FAILED or RUNNING (a CANCELLED run stays cancelled): its children's
-        counters are rolled back and a FAILED run is reopened. Raises :class:`OperatorError`.
+        counters are rolled back and a FAILED run is reopened. A child of a map is rolled back
+        out of its map's counts too (a map closed FAILED reopens, MAPPED). A mapped node's key
+        retries every FAILED or DEAD_LETTER child of it (the whole map). Raises
+        :class:`OperatorError`.
         """
 
         def tx(conn: Connection) -> Outcome:
             self._gate(conn, run_id)
             task = self._task_row(conn, run_id, key)
-            src = TaskState(task.state)
-            if src not in (T.DEAD_LETTER, T.FAILED):
-                return self._refuse(
-                    conn, run_id, key, task.attempt, T.READY, actor,
-                    f"task {key!r} is {src.value}: only DEAD_LETTER or FAILED tasks can be retried",
-                )  # fmt: skip
-            values = {
-                "attempt": task.attempt + 1, "ready_at": db_now(), "finished_at": None, "not_before": None,
-                "fingerprint_streak": 0, "lease_losses": 0,
-            }  # fmt: skip
-            run_state: RunState | None = None
-            children: list[str] = []
-            if src is T.FAILED:
-                # locked: the run cannot close or be cancelled under this retry
-                run_state = RunState(
-                    conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id).with_for_update()).scalar_one()
-                )
-                if run_state not in (RunState.RUNNING, RunState.FAILED):
-                    return self._refuse(
-                        conn, run_id, key, task.attempt, T.READY, actor,
-                        f"run {run_id} is {run_state.value}: its tasks cannot be retried",
-                    )  # fmt: skip
-                children = self._undecided_children(conn, run_id, key)
-            moved = self.ledger.move(
-                conn, run_id, key, task.attempt, src, T.READY, actor, reason="manual retry", values=values
-            )
-            if not moved:
-                return Outcome(False, None, [], moved.conflict)
-            if src is T.FAILED:
-                if children:
-                    conn.execute(
-                        t_tasks.update()
-                        .where(t_tasks.c.run_id == run_id, t_tasks.c.key.in_(children))
-                        .values(n_done=t_tasks.c.n_done - 1, n_failed=t_tasks.c.n_failed - 1)
-                    )
-                conn.execute(t_runs.update().where(t_runs.c.id == run_id).values(open_tasks=t_runs.c.open_tasks + 1))
-                if run_state is RunState.FAILED:
-                    self.ledger.move_run(
-                        conn, run_id, RunState.FAILED, RunState.RUNNING, actor,
-                        reason=f"task {key} retried", values={"finished_at": None},
-                    )  # fmt: skip
-            return Outcome(True, T.READY, self.admission.admit(conn, window))
+            if task.map_spec is not None:
+                return self._retry_map(conn, run_id, key, task, window, actor)
+            return self._retry_one(conn, run_id, key, task, actor, window)
 
         return self.db.transaction(tx)
 
-    def _undecided_children(self, conn: Connection, run_id: str, key: str) -> list[str]:
-        """The task's children, all still PENDING; raise :class:`OperatorError` otherwise."""
-        children = conn.execute(
-            sa.select(t_tasks.c.key, t_tasks.c.state).where(
+    def _retry_map(self, conn: Connection, run_id: str, key: str, task: Any, window: int, actor: Actor) -> Outcome:
+        """Retry every FAILED or DEAD_LETTER child of the map ``key``."""
+        failed = conn.execute(
+            sa.select(t_tasks.c.key)
+            .where(
                 t_tasks.c.run_id == run_id,
-                t_tasks.c.key.in_(
-                    sa.select(t_edges.c.child_key).where(t_edges.c.run_id == run_id, t_edges.c.parent_key == key)
-                ),
+                t_tasks.c.map_parent == key,
+                t_tasks.c.state.in_([T.FAILED.value, T.DEAD_LETTER.value]),
             )
+            .order_by(t_tasks.c.map_index)
+        ).all()
+        if not failed:
+            why = (
+                f"map {key!r} has no FAILED or DEAD_LETTER child to retry"
+                if task.map_total
+                else f"map {key!r} is {task.state} and has no children: it never expanded (see its error)"
+            )
+            return self._refuse(conn, run_id, key, task.attempt, T.READY, actor, why)
+        dispatches: list[Any] = []
+        for row in failed:
+            out = self._retry_one(conn, run_id, row.key, self._task_row(conn, run_id, row.key), actor, 0)
+            if not out.accepted:
+                raise OperatorError(f"map {key!r}: child {row.key!r} could not be retried ({out.conflict})")
+        dispatches = self.admission.admit(conn, window)
+        return Outcome(True, T.READY, dispatches)
+
+    def _retry_one(self, conn: Connection, run_id: str, key: str, task: Any, actor: Actor, window: int) -> Outcome:
+        """One task's retry (``retry_task``); ``window`` 0: the caller admits."""
+        src = TaskState(task.state)
+        if src not in (T.DEAD_LETTER, T.FAILED):
+            return self._refuse(
+                conn, run_id, key, task.attempt, T.READY, actor,
+                f"task {key!r} is {src.value}: only DEAD_LETTER or FAILED tasks can be retried",
+            )  # fmt: skip
+        values = {
+            "attempt": task.attempt + 1, "ready_at": db_now(), "finished_at": None, "not_before": None,
+            "fingerprint_streak": 0, "lease_losses": 0,
+        }  # fmt: skip
+        run_state: RunState | None = None
+        children: list[str] = []
+        if src is T.FAILED:
+            # locked: the run cannot close or be cancelled under this retry
+            run_state = RunState(
+                conn.execute(sa.select(t_runs.c.state).where(t_runs.c.id == run_id).with_for_update()).scalar_one()
+            )
+            if run_state not in (RunState.RUNNING, RunState.FAILED):
+                return self._refuse(
+                    conn, run_id, key, task.attempt, T.READY, actor,
+                    f"run {run_id} is {run_state.value}: its tasks cannot be retried",
+                )  # fmt: skip
+            children = self._undecided_children(conn, run_id, key, task.children or [])
+        moved = self.ledger.move(
+            conn, run_id, key, task.attempt, src, T.READY, actor, reason="manual retry", values=values
+        )
+        if not moved:
+            return Outcome(False, None, [], moved.conflict)
+        if src is T.FAILED:
+            if children:
+                conn.execute(
+                    t_tasks.update()
+                    .where(t_tasks.c.run_id == run_id, t_tasks.c.key.in_(children))
+                    .values(n_done=t_tasks.c.n_done - 1, n_failed=t_tasks.c.n_failed - 1)
+                )
+            reopened = 1 + self._uncount_from_map(conn, run_id, task, actor)
+            conn.execute(t_runs.update().where(t_runs.c.id == run_id).values(open_tasks=t_runs.c.open_tasks + reopened))
+            if run_state is RunState.FAILED:
+                self.ledger.move_run(
+                    conn, run_id, RunState.FAILED, RunState.RUNNING, actor,
+                    reason=f"task {key} retried", values={"finished_at": None},
+                )  # fmt: skip
+        return Outcome(True, T.READY, self.admission.admit(conn, window) if window else [])
+
+    def _uncount_from_map(self, conn: Connection, run_id: str, task: Any, actor: Actor) -> int:
+        """A FAILED child of a map goes back to be run: out of its header's counts, and a
+        header that had closed (FAILED) reopens (MAPPED). Returns how many tasks reopened (0 or 1)."""
+        if task.map_parent is None:
+            return 0
+        header = conn.execute(
+            t_tasks.update()
+            .where(t_tasks.c.run_id == run_id, t_tasks.c.key == task.map_parent)
+            .values(map_done=t_tasks.c.map_done - 1, map_failed=t_tasks.c.map_failed - 1)
+            .returning(t_tasks.c.state, t_tasks.c.attempt)
+        ).first()
+        if header is None or header.state != T.FAILED.value:
+            return 0
+        moved = self.ledger.move(
+            conn, run_id, task.map_parent, header.attempt, T.FAILED, T.MAPPED, actor,
+            reason=f"child {task.key} retried", values={"finished_at": None},
+        )  # fmt: skip
+        return 1 if moved else 0
+
+    def _undecided_children(self, conn: Connection, run_id: str, key: str, keys: list[str]) -> list[str]:
+        """The task's children (``keys``: its row's ``children``, which a map's children have
+        without edges), all still PENDING; raise :class:`OperatorError` otherwise."""
+        children = conn.execute(
+            sa.select(t_tasks.c.key, t_tasks.c.state).where(t_tasks.c.run_id == run_id, t_tasks.c.key.in_(keys))
         ).all()
         decided = [c.key for c in children if c.state != T.PENDING.value]
         if decided:
@@ -215,7 +266,15 @@ class OperatorActions:
 
     def _task_row(self, conn: Connection, run_id: str, key: str) -> Any:
         row = conn.execute(
-            sa.select(t_tasks.c.state, t_tasks.c.attempt)
+            sa.select(
+                t_tasks.c.key,
+                t_tasks.c.state,
+                t_tasks.c.attempt,
+                t_tasks.c.children,
+                t_tasks.c.map_spec,
+                t_tasks.c.map_parent,
+                t_tasks.c.map_total,
+            )
             .where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
             .with_for_update()
         ).first()

@@ -8,11 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
+
 from orchestrator import DAG, Orchestrator, Settings, Skip
 from orchestrator.models import Claim
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.registry import StaticRegistry
 from orchestrator.routing import default_queues
+from orchestrator.schema import tasks as t
 from orchestrator.store import Store
 
 TASKS = ["t", "up"]
@@ -69,12 +72,16 @@ def drive(
         if until is not None and until(driven):
             break
         store.admission.admit_ready(10_000)
-        queued = [t for t in orc.tasks(run_id) if t.state.value == "QUEUED"]
-        if not queued:
+        with store.engine.connect() as conn:
+            task = conn.execute(
+                sa.select(t.c.key, t.c.attempt, t.c.task_name)
+                .where(t.c.run_id == run_id, t.c.state == "QUEUED")
+                .order_by(t.c.ready_at, t.c.key)
+                .limit(1)
+            ).first()
+        if task is None:
             break
-        queued.sort(key=lambda t: (t.ready_at or 0, t.key))
-        task = queued[0]
-        claim = store.attempts.claim(run_id, task.key, task.attempt, "w:1", 60.0, task.task)
+        claim = store.attempts.claim(run_id, task.key, task.attempt, "w:1", 60.0, task.task_name)
         assert isinstance(claim, Claim), task.key
         driven.ran.append((task.key, claim.kwargs, claim.upstream_results))
         try:

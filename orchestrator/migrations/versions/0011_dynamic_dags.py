@@ -536,9 +536,9 @@ $$;
 -- (on_empty "skip", reason empty_map) or SUCCEEDED with [] ("success"). A parent that did not
 -- succeed: SKIPPED when it was skipped, else UPSTREAM_FAILED. Items that cannot map (not a list
 -- or object, past max_length, zip lengths that differ, a key that is not a valid map key or is
--- repeated): FAILED with a MapError. Returns {"state", "readied", "children"} (children: the
--- node's downstream keys, for the caller's cascade when the state is terminal), or NULL when
--- the node is no longer PENDING.
+-- repeated): FAILED with a MapError, and the run fails with it. Returns {"state", "readied",
+-- "children"} (children: the node's downstream keys, for the caller's cascade when the state
+-- is terminal), or NULL when the node is no longer PENDING.
 
 CREATE OR REPLACE FUNCTION orc_map_items_v1(p_value json, p_key_field text)
  RETURNS jsonb
@@ -662,6 +662,8 @@ BEGIN
         UPDATE orc_tasks t SET state = outcome, finished_at = now(),
             result = CASE WHEN outcome = 'SUCCEEDED' THEN '[]'::json ELSE t.result END,
             error = CASE WHEN outcome = 'FAILED' THEN problem ELSE t.error END,
+            -- a map that could not expand fails its run (a header otherwise leaves that to its children)
+            decides_run = (outcome = 'FAILED'),
             skip_reason = CASE WHEN outcome <> 'SKIPPED' THEN NULL
                                WHEN left(problem, 8) = 'no items' THEN 'empty_map' ELSE 'upstream_skipped' END
         WHERE t.run_id = p_run AND t.key = p_key;
