@@ -94,6 +94,9 @@ MAP_REFUSED_RULES = frozenset(
     {TriggerRule.ALWAYS, TriggerRule.ONE_FAILED, TriggerRule.ALL_FAILED, TriggerRule.ALL_SKIPPED}
 )
 MAP_KEY_FIELD_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: a map wider than this inserts its children this many at a time (the next window once half of
+#: the inserted ones are done): a 100,000-wide map starts its first child without inserting all
+MAP_WINDOW = 10_000
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ class MapSpec:
             "combine": self.combine or "zip",
             "on_empty": self.on_empty,
             "max_length": self.max_length,
+            "window": MAP_WINDOW,
         }  # fmt: skip
         if self.map_key is not None:
             row["map_key"] = self.map_key

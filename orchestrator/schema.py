@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 metadata = sa.MetaData()
 
@@ -156,6 +157,10 @@ tasks = sa.Table(
     sa.Column("map_ok", sa.Integer, nullable=False, server_default="0"),
     sa.Column("map_failed", sa.Integer, nullable=False, server_default="0"),
     sa.Column("map_skipped", sa.Integer, nullable=False, server_default="0"),
+    #: a map wider than its window: the items not inserted yet (all of them, by map index) and
+    #: how many are inserted so far (``orc_map_window_v1``)
+    sa.Column("map_items", postgresql.JSONB, nullable=True),
+    sa.Column("map_next", sa.Integer, nullable=True),
 )
 #: a map's children in map order (the join's results, max_active's next child); partial: the
 #: tasks of no map are not in it

@@ -471,3 +471,35 @@ def test_the_spec_format_describes_maps_and_branches(orc: Orchestrator) -> None:
     assert dag_from_spec(dag.to_spec()).to_spec() == dag.to_spec()
     d = drive(orc, dag, lambda k, kw, up: [1, 2] if k == "ls" else "a" if k == "pick" else up)
     assert d.states()["b"] == "SKIPPED" and d.ran[-1] == ("a", {}, {"pick": "a"})
+
+
+def test_a_map_wider_than_its_window_inserts_its_children_window_by_window(
+    orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orchestrator.dag
+
+    monkeypatch.setattr(orchestrator.dag, "MAP_WINDOW", 4)
+    dag = DAG("windows")
+    dag.task("ls", "t")
+    dag.map("m", "t", over="ls", kwarg="x")
+    dag.map("m2", "t", over="m", kwarg="y")
+    dag.task("join", "up", upstream=["m2"])
+    inserted: list[int] = []
+
+    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
+        if key == "ls":
+            return list(range(10))
+        if key.startswith("m["):
+            inserted.append(sum(1 for t in orc.tasks(d_run[0]) if t.map_parent == "m"))
+            return kw["x"]
+        return kw["y"] * 2 if key.startswith("m2[") else up
+
+    d_run = [orc.submit(dag).id]
+    d = drive(orc, dag, body, run_id=d_run[0])
+    assert d.run_state() == "SUCCEEDED"
+    assert d.ran[-1] == ("join", {}, {"m2": [2 * i for i in range(10)]})
+    assert inserted[0] == 4 and max(inserted) == 10 and inserted != sorted(set(inserted))  # windows, not all at once
+    header = orc.task(d.run_id, "m")
+    assert header.map_counts == {"total": 10, "done": 10, "succeeded": 10, "failed": 0, "skipped": 0}
+    assert orc.run(d.run_id).status().task_count == 4 + 20
+    assert check_runs(orc.store, [d.run_id]) == []

@@ -1,14 +1,15 @@
 """Dynamic DAGs: maps, branches and skips, Airflow's 13 trigger rules, setup and teardown.
 
-``orc_tasks`` gains the columns of mapping (a mapped node's ``map_spec`` and its children's
-``map_parent`` / ``map_index`` / ``map_key`` / ``map_item_from``, the header's counts), of branches
+``orc_tasks`` gains the columns of mapping (a mapped node's ``map_spec``, a wide map's
+``map_items`` / ``map_next``, its children's ``map_parent`` / ``map_index`` / ``map_key`` /
+``map_item_from``, the header's counts), of branches
 and skips (``flow``, ``feeds_map``, ``skip_reason``), of the new rules' counters
 (``n_upstream_failed`` apart from ``n_failed``; ``n_setup`` .. ``n_setup_skipped``;
 ``min_success_ratio``), of setup and teardown (``role``, ``decides_run``), a wider
 ``trigger_rule`` and a partial index of the maps' children. The server functions of this
 release are installed from a frozen copy of ``store/sql/``: ``orc_decide_v2``, ``orc_settle_v2``,
 ``orc_claim_v2``, ``orc_succeed_v2`` and the new ``orc_expand_v1``, ``orc_map_items_v1``,
-``orc_map_insert_v1``, ``orc_result_problem_v1``, ``orc_follow_v1``, ``orc_dispatch_v1``,
+``orc_map_insert_v1``, ``orc_map_window_v1``, ``orc_result_problem_v1``, ``orc_follow_v1``, ``orc_dispatch_v1``,
 ``orc_skip_v1``; ``orc_claim_v1``, ``orc_succeed_v1`` and ``orc_settle_v1`` become shims over
 their ``_v2`` (a worker of the previous release keeps working during a rolling upgrade) and
 ``orc_decide_v1`` goes. The open tasks' ``n_failed`` is split: their UPSTREAM_FAILED parents move
@@ -22,6 +23,7 @@ import importlib
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision = "0011"
 down_revision = "0010"
@@ -35,7 +37,8 @@ NEW_SIGNATURES = (
     " double precision)",
     "orc_map_items_v1(json, text)",
     "orc_expand_v1(text, text, text, text, text)",
-    "orc_map_insert_v1(text, text, jsonb, text, text, text, text)",
+    "orc_map_insert_v1(text, text, jsonb, integer, integer, text, text, text, text)",
+    "orc_map_window_v1(text, text, text, text)",
     "orc_settle_v2(text, text, text, json, text, text)",
     "orc_claim_v2(text, text, integer, text, double precision, text)",
     "orc_succeed_v2(text, text, integer, json, integer, double precision, integer, double precision)",
@@ -69,6 +72,8 @@ def upgrade() -> None:
     op.add_column("orc_tasks", sa.Column("map_index", sa.Integer, nullable=True))
     op.add_column("orc_tasks", sa.Column("map_key", sa.String(100), nullable=True))
     op.add_column("orc_tasks", sa.Column("map_item_from", sa.String(200), nullable=True))
+    op.add_column("orc_tasks", sa.Column("map_items", postgresql.JSONB, nullable=True))
+    op.add_column("orc_tasks", sa.Column("map_next", sa.Integer, nullable=True))
     op.create_index(
         "ix_orc_tasks_map_children",
         "orc_tasks",
@@ -102,7 +107,8 @@ def downgrade() -> None:
     )
     op.drop_index("ix_orc_tasks_map_children", table_name="orc_tasks")
     for name in ("role", "decides_run", "flow", "feeds_map", "skip_reason", "min_success_ratio", "map_spec",
-                 "map_parent", "map_index", "map_key", "map_item_from", *COUNTS):  # fmt: skip
+                 "map_parent", "map_index", "map_key", "map_item_from", "map_items", "map_next",
+                 *COUNTS):  # fmt: skip
         op.drop_column("orc_tasks", name)
     op.alter_column("orc_tasks", "trigger_rule", existing_type=sa.String(32), type_=sa.String(16))
 
@@ -528,7 +534,8 @@ $$;
 -- values; with "map_key", each item's own field) or a literal list; several arguments are
 -- zipped (equal lengths) or crossed ("product"). The children, "<key>[<map key>]", are
 -- inserted by one INSERT ... SELECT with the node's options and constant kwargs plus the
--- item as the mapped keyword: READY (the first "max_active" of them when that is set, the
+-- item as the mapped keyword (a map wider than its window, map_spec "window": the first window,
+-- the rest later by orc_map_window_v1): READY (the first "max_active" of them when that is set, the
 -- rest PENDING until a sibling finishes), with their ledger rows. A node mapped item by item
 -- over this one (a chained map) is expanded at once with the same keys, each child PENDING on
 -- its item. The mapped node itself moves PENDING -> MAPPED, each downstream node counts one
@@ -573,6 +580,7 @@ DECLARE
     outcome text;
     combine text;
     readied int;
+    win int;
 BEGIN
     SELECT t.map_spec, t.children, t.state, t.attempt INTO h FROM orc_tasks t
     WHERE t.run_id = p_run AND t.key = p_key FOR UPDATE;
@@ -671,18 +679,27 @@ BEGIN
         VALUES (p_run, p_key, h.attempt, 'PENDING', outcome, p_actor, p_by, p_why || '; ' || problem, true, now());
         RETURN json_build_object('state', outcome, 'readied', 0, 'children', h.children);
     END IF;
-    readied := orc_map_insert_v1(p_run, p_key, acc, NULL, p_actor, p_by, p_why);
+    win := coalesce((h.map_spec->>'window')::int, n);
+    IF n > win THEN
+        -- a wide map: the first window now, the rest by orc_map_window_v1 as children finish
+        UPDATE orc_tasks t SET map_items = acc, map_next = win WHERE t.run_id = p_run AND t.key = p_key;
+        acc := (SELECT jsonb_agg(acc -> i ORDER BY i) FROM generate_series(0, win - 1) AS i);
+    END IF;
+    readied := orc_map_insert_v1(p_run, p_key, acc, 0, n, NULL, p_actor, p_by, p_why);
     RETURN json_build_object('state', 'MAPPED', 'readied', readied, 'children', h.children);
 END
 $$;
 
--- orc_map_insert_v1: the rows of one expansion (orc_expand_v1's): p_items is [{"k", "kw"}];
--- p_item_of, for a node mapped item by item, is the map whose child of the same key holds each
--- item (its result is passed at claim time). Recurses into the nodes mapped item by item over
--- this one. Returns how many children it made READY.
+-- orc_map_insert_v1: the rows of one expansion (orc_expand_v1's) or of one more window of it
+-- (orc_map_window_v1's). p_items is the slice [{"k", "kw"}] that starts at map index p_offset of
+-- p_total items; p_item_of, for a node mapped item by item, is the map whose child of the same
+-- key holds each item (its result is passed at claim time). The first slice (p_offset 0) also
+-- moves the node PENDING -> MAPPED with its total, widens its downstream's counters and grows
+-- the run's task counts by p_total. Recurses into the nodes mapped item by item over this one,
+-- with the same slice. Returns how many children it made READY.
 
-CREATE OR REPLACE FUNCTION orc_map_insert_v1(p_run text, p_key text, p_items jsonb, p_item_of text, p_actor text,
-    p_by text, p_why text)
+CREATE OR REPLACE FUNCTION orc_map_insert_v1(p_run text, p_key text, p_items jsonb, p_offset integer,
+    p_total integer, p_item_of text, p_actor text, p_by text, p_why text)
  RETURNS integer
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -703,7 +720,11 @@ BEGIN
                        AND d.map_spec->>'per_item' = p_key ORDER BY d.key);
     plain := (SELECT coalesce(json_agg(k), '[]'::json) FROM json_array_elements_text(h.children) AS k
               WHERE NOT (k = ANY (chained)));
-    cap := CASE WHEN p_item_of IS NULL THEN coalesce((h.map_spec->>'max_active')::int, n) ELSE 0 END;
+    -- READY: the first max_active of the map (later ones wait PENDING for a sibling to finish),
+    -- every child of a map without it; a child mapped item by item waits for its item
+    cap := CASE WHEN p_item_of IS NOT NULL THEN 0
+                WHEN h.map_spec->>'max_active' IS NULL THEN n
+                ELSE greatest(0, (h.map_spec->>'max_active')::int - p_offset) END;
     INSERT INTO orc_tasks (run_id, key, task_name, args, kwargs, state, attempt, max_attempts, backoff, trigger_rule,
         n_upstream, n_done, n_succeeded, n_failed, n_upstream_failed, n_skipped, n_setup, n_setup_ok, n_setup_skipped,
         wants_upstream, queue, priority, priority_rank, tenant, soft_time_limit, time_limit, ready_at, children,
@@ -717,40 +738,78 @@ BEGIN
            h.wants_upstream, h.queue, h.priority, h.priority_rank, h.tenant, h.soft_time_limit, h.time_limit,
            -- in map order, and an item's later stages as old as its first: a chained map runs
            -- item by item (admission takes the oldest READY first)
-           now() + (o - 1) * interval '1 microsecond',
+           now() + (p_offset + o - 1) * interval '1 microsecond',
            CASE WHEN cardinality(chained) = 0 THEN plain
                 ELSE (SELECT json_agg(v) FROM (
                           SELECT json_array_elements(plain) AS v
                           UNION ALL SELECT to_json(cc || '[' || (x->>'k') || ']') FROM unnest(chained) AS cc) AS kk)
            END,
            h.retry_on, h.no_retry_on, 0, 0, h.pool, h.pool_slots, h.rate_limit, h.deadline_seconds, h.deadline_at,
-           true, p_key, (o - 1)::int, x->>'k',
+           true, p_key, (p_offset + o - 1)::int, x->>'k',
            CASE WHEN p_item_of IS NULL THEN NULL ELSE p_item_of || '[' || (x->>'k') || ']' END, 0, 0, 0, 0, 0
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o);
     readied := LEAST(cap, n);
     IF readied > 0 THEN
         INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
         SELECT p_run, p_key || '[' || (x->>'k') || ']', 1, 'PENDING', 'READY', p_actor, p_by,
-               'mapped from ' || p_key || ' (item ' || (o - 1) || ')', true, now()
+               'mapped from ' || p_key || ' (item ' || (p_offset + o - 1) || ')', true, now()
         FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o) WHERE o <= cap;
     END IF;
-    -- each downstream node counts the children instead of the node
-    IF n <> 1 AND json_array_length(plain) > 0 THEN
-        UPDATE orc_tasks d SET n_upstream = d.n_upstream + n - 1
-        WHERE d.run_id = p_run AND d.key IN (SELECT json_array_elements_text(plain));
+    IF p_offset = 0 THEN
+        -- each downstream node counts the children instead of the node
+        IF p_total <> 1 AND json_array_length(plain) > 0 THEN
+            UPDATE orc_tasks d SET n_upstream = d.n_upstream + p_total - 1
+            WHERE d.run_id = p_run AND d.key IN (SELECT json_array_elements_text(plain));
+        END IF;
+        UPDATE orc_tasks t SET state = 'MAPPED', map_total = p_total, map_done = 0, map_ok = 0, map_failed = 0,
+                               map_skipped = 0
+        WHERE t.run_id = p_run AND t.key = p_key;
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+        VALUES (p_run, p_key, h.attempt, 'PENDING', 'MAPPED', p_actor, p_by,
+                coalesce(p_why || '; ', '') || 'mapped into ' || p_total || ' task(s)'
+                || CASE WHEN p_item_of IS NULL THEN '' ELSE ' item by item over ' || p_item_of END
+                || CASE WHEN n < p_total THEN ', the first ' || n || ' now, the rest in windows' ELSE '' END,
+                true, now());
+        UPDATE orc_runs SET task_count = task_count + p_total, open_tasks = open_tasks + p_total WHERE id = p_run;
     END IF;
-    UPDATE orc_tasks t SET state = 'MAPPED', map_total = n, map_done = 0, map_ok = 0, map_failed = 0, map_skipped = 0
-    WHERE t.run_id = p_run AND t.key = p_key;
-    INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
-    VALUES (p_run, p_key, h.attempt, 'PENDING', 'MAPPED', p_actor, p_by,
-            coalesce(p_why || '; ', '') || 'mapped into ' || n || ' task(s)'
-            || CASE WHEN p_item_of IS NULL THEN '' ELSE ' item by item over ' || p_item_of END, true, now());
-    UPDATE orc_runs SET task_count = task_count + n, open_tasks = open_tasks + n WHERE id = p_run;
     FOREACH c IN ARRAY chained LOOP
         readied := readied + orc_map_insert_v1(p_run, c, (
             SELECT jsonb_agg(jsonb_build_object('k', x->'k', 'kw', '{}'::jsonb) ORDER BY o)
-            FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o)), p_key, p_actor, p_by, NULL);
+            FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o)), p_offset, p_total, p_key, p_actor, p_by,
+            NULL);
     END LOOP;
+    RETURN readied;
+END
+$$;
+
+-- orc_map_window_v1: the next window of a wide map's children. A map of more items than its
+-- window (map_spec "window") inserts the first window at expansion and keeps the rest in
+-- map_items; when its unfinished materialised children fall to half a window (orc_settle_v2
+-- checks on each child that finishes), the next window is inserted the same way (items by
+-- index from map_items: no walk of the whole list). Returns how many children it made READY.
+
+CREATE OR REPLACE FUNCTION orc_map_window_v1(p_run text, p_key text, p_actor text, p_by text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    h record;
+    w int;
+    slice jsonb;
+    readied int;
+BEGIN
+    SELECT t.map_items, t.map_next, t.map_total, t.map_spec INTO h FROM orc_tasks t
+    WHERE t.run_id = p_run AND t.key = p_key AND t.state = 'MAPPED' FOR UPDATE;
+    IF NOT FOUND OR h.map_items IS NULL OR h.map_next >= h.map_total THEN
+        RETURN 0;
+    END IF;
+    w := LEAST((h.map_spec->>'window')::int, h.map_total - h.map_next);
+    slice := (SELECT jsonb_agg(h.map_items -> i ORDER BY i) FROM generate_series(h.map_next, h.map_next + w - 1) AS i);
+    UPDATE orc_tasks t SET map_next = h.map_next + w,
+                           map_items = CASE WHEN h.map_next + w >= h.map_total THEN NULL ELSE t.map_items END
+    WHERE t.run_id = p_run AND t.key = p_key;
+    readied := orc_map_insert_v1(p_run, p_key, slice, h.map_next, h.map_total, NULL, p_actor, p_by, NULL);
     RETURN readied;
 END
 $$;
@@ -762,8 +821,9 @@ $$;
 -- moves decided children PENDING -> READY / SKIPPED / UPSTREAM_FAILED with their ledger rows
 -- (a verdict reached before every parent is done says "early verdict"), expands a mapped child
 -- whose rule says READY (orc_expand_v1) instead, and cascades the terminal ones the same way.
--- A finished child of a map is also counted into its map's header: a map held by max_active
--- admits its next waiting child, and the header closes (MAPPED -> SUCCEEDED / FAILED /
+-- A finished child of a map is also counted into its map's header: a wide map inserts its next
+-- window of children (orc_map_window_v1), a map held by max_active admits its next waiting
+-- child, and the header closes (MAPPED -> SUCCEEDED / FAILED /
 -- SKIPPED, a summary that does not decide the run) after its last child. The run closes
 -- (RUNNING -> SUCCEEDED / FAILED) when no task is left open: FAILED when a task that decides
 -- the run (not a teardown, unless it asked to; not a map header) ended FAILED or
@@ -874,7 +934,12 @@ BEGIN
                 map_skipped = t.map_skipped + (q_states[i] = 'SKIPPED')::int
             WHERE t.run_id = p_run AND t.key = q_parents[i]
             RETURNING t.key, t.state, t.attempt, t.map_total, t.map_done, t.map_ok, t.map_failed, t.map_skipped,
-                      t.map_spec INTO hdr;
+                      t.map_spec, t.map_next INTO hdr;
+            IF FOUND AND hdr.state = 'MAPPED' AND hdr.map_next IS NOT NULL AND hdr.map_next < hdr.map_total
+               AND hdr.map_next - hdr.map_done <= (hdr.map_spec->>'window')::int / 2 THEN
+                -- a wide map's next window of children
+                readied := readied + orc_map_window_v1(p_run, hdr.key, p_actor, p_by);
+            END IF;
             IF FOUND AND hdr.state = 'MAPPED' THEN
                 IF hdr.map_done >= hdr.map_total THEN
                     outcome := CASE WHEN hdr.map_failed > 0 THEN 'FAILED'

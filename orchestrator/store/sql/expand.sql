@@ -5,7 +5,8 @@
 -- values; with "map_key", each item's own field) or a literal list; several arguments are
 -- zipped (equal lengths) or crossed ("product"). The children, "<key>[<map key>]", are
 -- inserted by one INSERT ... SELECT with the node's options and constant kwargs plus the
--- item as the mapped keyword: READY (the first "max_active" of them when that is set, the
+-- item as the mapped keyword (a map wider than its window, map_spec "window": the first window,
+-- the rest later by orc_map_window_v1): READY (the first "max_active" of them when that is set, the
 -- rest PENDING until a sibling finishes), with their ledger rows. A node mapped item by item
 -- over this one (a chained map) is expanded at once with the same keys, each child PENDING on
 -- its item. The mapped node itself moves PENDING -> MAPPED, each downstream node counts one
@@ -50,6 +51,7 @@ DECLARE
     outcome text;
     combine text;
     readied int;
+    win int;
 BEGIN
     SELECT t.map_spec, t.children, t.state, t.attempt INTO h FROM orc_tasks t
     WHERE t.run_id = p_run AND t.key = p_key FOR UPDATE;
@@ -148,18 +150,27 @@ BEGIN
         VALUES (p_run, p_key, h.attempt, 'PENDING', outcome, p_actor, p_by, p_why || '; ' || problem, true, now());
         RETURN json_build_object('state', outcome, 'readied', 0, 'children', h.children);
     END IF;
-    readied := orc_map_insert_v1(p_run, p_key, acc, NULL, p_actor, p_by, p_why);
+    win := coalesce((h.map_spec->>'window')::int, n);
+    IF n > win THEN
+        -- a wide map: the first window now, the rest by orc_map_window_v1 as children finish
+        UPDATE orc_tasks t SET map_items = acc, map_next = win WHERE t.run_id = p_run AND t.key = p_key;
+        acc := (SELECT jsonb_agg(acc -> i ORDER BY i) FROM generate_series(0, win - 1) AS i);
+    END IF;
+    readied := orc_map_insert_v1(p_run, p_key, acc, 0, n, NULL, p_actor, p_by, p_why);
     RETURN json_build_object('state', 'MAPPED', 'readied', readied, 'children', h.children);
 END
 $$;
 
--- orc_map_insert_v1: the rows of one expansion (orc_expand_v1's): p_items is [{"k", "kw"}];
--- p_item_of, for a node mapped item by item, is the map whose child of the same key holds each
--- item (its result is passed at claim time). Recurses into the nodes mapped item by item over
--- this one. Returns how many children it made READY.
+-- orc_map_insert_v1: the rows of one expansion (orc_expand_v1's) or of one more window of it
+-- (orc_map_window_v1's). p_items is the slice [{"k", "kw"}] that starts at map index p_offset of
+-- p_total items; p_item_of, for a node mapped item by item, is the map whose child of the same
+-- key holds each item (its result is passed at claim time). The first slice (p_offset 0) also
+-- moves the node PENDING -> MAPPED with its total, widens its downstream's counters and grows
+-- the run's task counts by p_total. Recurses into the nodes mapped item by item over this one,
+-- with the same slice. Returns how many children it made READY.
 
-CREATE OR REPLACE FUNCTION orc_map_insert_v1(p_run text, p_key text, p_items jsonb, p_item_of text, p_actor text,
-    p_by text, p_why text)
+CREATE OR REPLACE FUNCTION orc_map_insert_v1(p_run text, p_key text, p_items jsonb, p_offset integer,
+    p_total integer, p_item_of text, p_actor text, p_by text, p_why text)
  RETURNS integer
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -180,7 +191,11 @@ BEGIN
                        AND d.map_spec->>'per_item' = p_key ORDER BY d.key);
     plain := (SELECT coalesce(json_agg(k), '[]'::json) FROM json_array_elements_text(h.children) AS k
               WHERE NOT (k = ANY (chained)));
-    cap := CASE WHEN p_item_of IS NULL THEN coalesce((h.map_spec->>'max_active')::int, n) ELSE 0 END;
+    -- READY: the first max_active of the map (later ones wait PENDING for a sibling to finish),
+    -- every child of a map without it; a child mapped item by item waits for its item
+    cap := CASE WHEN p_item_of IS NOT NULL THEN 0
+                WHEN h.map_spec->>'max_active' IS NULL THEN n
+                ELSE greatest(0, (h.map_spec->>'max_active')::int - p_offset) END;
     INSERT INTO orc_tasks (run_id, key, task_name, args, kwargs, state, attempt, max_attempts, backoff, trigger_rule,
         n_upstream, n_done, n_succeeded, n_failed, n_upstream_failed, n_skipped, n_setup, n_setup_ok, n_setup_skipped,
         wants_upstream, queue, priority, priority_rank, tenant, soft_time_limit, time_limit, ready_at, children,
@@ -194,40 +209,78 @@ BEGIN
            h.wants_upstream, h.queue, h.priority, h.priority_rank, h.tenant, h.soft_time_limit, h.time_limit,
            -- in map order, and an item's later stages as old as its first: a chained map runs
            -- item by item (admission takes the oldest READY first)
-           now() + (o - 1) * interval '1 microsecond',
+           now() + (p_offset + o - 1) * interval '1 microsecond',
            CASE WHEN cardinality(chained) = 0 THEN plain
                 ELSE (SELECT json_agg(v) FROM (
                           SELECT json_array_elements(plain) AS v
                           UNION ALL SELECT to_json(cc || '[' || (x->>'k') || ']') FROM unnest(chained) AS cc) AS kk)
            END,
            h.retry_on, h.no_retry_on, 0, 0, h.pool, h.pool_slots, h.rate_limit, h.deadline_seconds, h.deadline_at,
-           true, p_key, (o - 1)::int, x->>'k',
+           true, p_key, (p_offset + o - 1)::int, x->>'k',
            CASE WHEN p_item_of IS NULL THEN NULL ELSE p_item_of || '[' || (x->>'k') || ']' END, 0, 0, 0, 0, 0
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o);
     readied := LEAST(cap, n);
     IF readied > 0 THEN
         INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
         SELECT p_run, p_key || '[' || (x->>'k') || ']', 1, 'PENDING', 'READY', p_actor, p_by,
-               'mapped from ' || p_key || ' (item ' || (o - 1) || ')', true, now()
+               'mapped from ' || p_key || ' (item ' || (p_offset + o - 1) || ')', true, now()
         FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o) WHERE o <= cap;
     END IF;
-    -- each downstream node counts the children instead of the node
-    IF n <> 1 AND json_array_length(plain) > 0 THEN
-        UPDATE orc_tasks d SET n_upstream = d.n_upstream + n - 1
-        WHERE d.run_id = p_run AND d.key IN (SELECT json_array_elements_text(plain));
+    IF p_offset = 0 THEN
+        -- each downstream node counts the children instead of the node
+        IF p_total <> 1 AND json_array_length(plain) > 0 THEN
+            UPDATE orc_tasks d SET n_upstream = d.n_upstream + p_total - 1
+            WHERE d.run_id = p_run AND d.key IN (SELECT json_array_elements_text(plain));
+        END IF;
+        UPDATE orc_tasks t SET state = 'MAPPED', map_total = p_total, map_done = 0, map_ok = 0, map_failed = 0,
+                               map_skipped = 0
+        WHERE t.run_id = p_run AND t.key = p_key;
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+        VALUES (p_run, p_key, h.attempt, 'PENDING', 'MAPPED', p_actor, p_by,
+                coalesce(p_why || '; ', '') || 'mapped into ' || p_total || ' task(s)'
+                || CASE WHEN p_item_of IS NULL THEN '' ELSE ' item by item over ' || p_item_of END
+                || CASE WHEN n < p_total THEN ', the first ' || n || ' now, the rest in windows' ELSE '' END,
+                true, now());
+        UPDATE orc_runs SET task_count = task_count + p_total, open_tasks = open_tasks + p_total WHERE id = p_run;
     END IF;
-    UPDATE orc_tasks t SET state = 'MAPPED', map_total = n, map_done = 0, map_ok = 0, map_failed = 0, map_skipped = 0
-    WHERE t.run_id = p_run AND t.key = p_key;
-    INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
-    VALUES (p_run, p_key, h.attempt, 'PENDING', 'MAPPED', p_actor, p_by,
-            coalesce(p_why || '; ', '') || 'mapped into ' || n || ' task(s)'
-            || CASE WHEN p_item_of IS NULL THEN '' ELSE ' item by item over ' || p_item_of END, true, now());
-    UPDATE orc_runs SET task_count = task_count + n, open_tasks = open_tasks + n WHERE id = p_run;
     FOREACH c IN ARRAY chained LOOP
         readied := readied + orc_map_insert_v1(p_run, c, (
             SELECT jsonb_agg(jsonb_build_object('k', x->'k', 'kw', '{}'::jsonb) ORDER BY o)
-            FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o)), p_key, p_actor, p_by, NULL);
+            FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o)), p_offset, p_total, p_key, p_actor, p_by,
+            NULL);
     END LOOP;
+    RETURN readied;
+END
+$$;
+
+-- orc_map_window_v1: the next window of a wide map's children. A map of more items than its
+-- window (map_spec "window") inserts the first window at expansion and keeps the rest in
+-- map_items; when its unfinished materialised children fall to half a window (orc_settle_v2
+-- checks on each child that finishes), the next window is inserted the same way (items by
+-- index from map_items: no walk of the whole list). Returns how many children it made READY.
+
+CREATE OR REPLACE FUNCTION orc_map_window_v1(p_run text, p_key text, p_actor text, p_by text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    h record;
+    w int;
+    slice jsonb;
+    readied int;
+BEGIN
+    SELECT t.map_items, t.map_next, t.map_total, t.map_spec INTO h FROM orc_tasks t
+    WHERE t.run_id = p_run AND t.key = p_key AND t.state = 'MAPPED' FOR UPDATE;
+    IF NOT FOUND OR h.map_items IS NULL OR h.map_next >= h.map_total THEN
+        RETURN 0;
+    END IF;
+    w := LEAST((h.map_spec->>'window')::int, h.map_total - h.map_next);
+    slice := (SELECT jsonb_agg(h.map_items -> i ORDER BY i) FROM generate_series(h.map_next, h.map_next + w - 1) AS i);
+    UPDATE orc_tasks t SET map_next = h.map_next + w,
+                           map_items = CASE WHEN h.map_next + w >= h.map_total THEN NULL ELSE t.map_items END
+    WHERE t.run_id = p_run AND t.key = p_key;
+    readied := orc_map_insert_v1(p_run, p_key, slice, h.map_next, h.map_total, NULL, p_actor, p_by, NULL);
     RETURN readied;
 END
 $$;

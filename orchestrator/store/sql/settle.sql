@@ -5,8 +5,9 @@
 -- moves decided children PENDING -> READY / SKIPPED / UPSTREAM_FAILED with their ledger rows
 -- (a verdict reached before every parent is done says "early verdict"), expands a mapped child
 -- whose rule says READY (orc_expand_v1) instead, and cascades the terminal ones the same way.
--- A finished child of a map is also counted into its map's header: a map held by max_active
--- admits its next waiting child, and the header closes (MAPPED -> SUCCEEDED / FAILED /
+-- A finished child of a map is also counted into its map's header: a wide map inserts its next
+-- window of children (orc_map_window_v1), a map held by max_active admits its next waiting
+-- child, and the header closes (MAPPED -> SUCCEEDED / FAILED /
 -- SKIPPED, a summary that does not decide the run) after its last child. The run closes
 -- (RUNNING -> SUCCEEDED / FAILED) when no task is left open: FAILED when a task that decides
 -- the run (not a teardown, unless it asked to; not a map header) ended FAILED or
@@ -117,7 +118,12 @@ BEGIN
                 map_skipped = t.map_skipped + (q_states[i] = 'SKIPPED')::int
             WHERE t.run_id = p_run AND t.key = q_parents[i]
             RETURNING t.key, t.state, t.attempt, t.map_total, t.map_done, t.map_ok, t.map_failed, t.map_skipped,
-                      t.map_spec INTO hdr;
+                      t.map_spec, t.map_next INTO hdr;
+            IF FOUND AND hdr.state = 'MAPPED' AND hdr.map_next IS NOT NULL AND hdr.map_next < hdr.map_total
+               AND hdr.map_next - hdr.map_done <= (hdr.map_spec->>'window')::int / 2 THEN
+                -- a wide map's next window of children
+                readied := readied + orc_map_window_v1(p_run, hdr.key, p_actor, p_by);
+            END IF;
             IF FOUND AND hdr.state = 'MAPPED' THEN
                 IF hdr.map_done >= hdr.map_total THEN
                     outcome := CASE WHEN hdr.map_failed > 0 THEN 'FAILED'
