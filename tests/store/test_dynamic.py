@@ -503,3 +503,28 @@ def test_a_map_wider_than_its_window_inserts_its_children_window_by_window(
     assert header.map_counts == {"total": 10, "done": 10, "succeeded": 10, "failed": 0, "skipped": 0}
     assert orc.run(d.run_id).status().task_count == 4 + 20
     assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_a_dead_lettered_child_holds_its_map_open_until_an_operator_resolves_it(orc: Orchestrator) -> None:
+    dag = DAG("dead")
+    dag.task("ls", "t")
+    dag.map("m", "t", over="ls", kwarg="x", max_attempts=5)
+    dag.task("join", "up", upstream=["m"], trigger_rule="all_done")
+    d = drive(orc, dag, listing([1, 2]), until=lambda dr: dr.states().get("m[1]") == "QUEUED")
+    store = orc.store
+    for attempt in (1, 2):  # the same failure twice in a row: poison (ORCHESTRATOR_POISON_THRESHOLD=2)
+        task = orc.task(d.run_id, "m[1]")
+        if task.state.value == "RETRYING":
+            store.recovery.release_due_retries()
+            with store.engine.begin() as conn:  # its backoff is not the point here
+                conn.exec_driver_sql("UPDATE orc_tasks SET not_before = now() WHERE key = 'm[1]'")
+            store.recovery.release_due_retries()
+        store.admission.admit_ready(100)
+        assert store.attempts.claim(d.run_id, "m[1]", attempt, "w:1", 60.0, "t") is not None
+        store.attempts.fail(d.run_id, "m[1]", attempt, error="boom", window=100, fingerprint="same")
+    d = drive(orc, dag, listing([1, 2]), run_id=d.run_id)
+    assert d.states()["m[1]"] == "DEAD_LETTER" and d.states()["m"] == "MAPPED" and d.states()["join"] == "PENDING"
+    orc.skip_task(d.run_id, "m[1]", by="tester")
+    d = drive(orc, dag, listing([1, 2]), run_id=d.run_id)
+    assert d.states()["m"] == "SUCCEEDED" and d.states()["join"] == "SUCCEEDED" and d.run_state() == "SUCCEEDED"
+    assert d.ran[-1] == ("join", {}, {"m": [2]})
