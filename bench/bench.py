@@ -22,7 +22,11 @@ In one run, against the same Redis database and the same ``celery worker`` subpr
 7. limits: the most tasks of a 2-slot pool running at once under 50 tasks (from the ledger);
    with two fresh workers whose leases are ``--lease`` seconds, how soon a pool's slots are
    used again after the worker holding them is killed with -9, and after a run holding one is
-   cancelled.
+   cancelled;
+8. dynamic DAGs (issue 19): the commit time of a map's expansion (a probe with no worker, in
+   every run), and with ``--maps`` on the worker: a map of ``--map-n`` items against the same
+   fan-out written out statically, a 3-stage chained map (depth first?), and a map of
+   ``--map-big-n`` items to the end with the worker's memory sampled (``--no-map-big`` skips it).
 
 The bench databases (their name must contain "bench") are dropped and re-created, and
 the bench Redis database is flushed, at the start of every run. See bench/README.md.
@@ -76,6 +80,18 @@ TARGET_SUBMIT_S = 0.3
 TARGET_P99_MS = 15.0
 TARGET_CHAIN_STEP_MS = 6.0
 TARGET_TRANSACTIONS = 2.0
+#: dynamic DAGs (issue 19): a map must run its children at least as fast as the static fan-out
+TARGET_MAP_RATIO = 1.0
+#: the source's success that expands a map of --map-n items, committed within
+TARGET_EXPAND_S = 0.5
+#: a --map-big-n map: the largest worker process's peak RSS, and source success -> first child started
+TARGET_MAP_RSS_MB = 300.0
+TARGET_FIRST_CHILD_S = 2.0
+#: stages of the chained map
+CHAINED_DEPTH = 3
+#: bench-only orchestrated tasks (bench/raw_tasks.py): the map's source, and a no-op taking the item
+LISTING = "bench.listing"
+MAP_ITEM = "bench.map_item"
 
 
 def fanout_dag(n: int, name: str, *, queue: str | None = None) -> Any:
@@ -86,6 +102,43 @@ def fanout_dag(n: int, name: str, *, queue: str | None = None) -> Any:
     root = dag.task("root", NOOP, queue=queue)
     mids = [dag.task(f"m{i:05d}", NOOP, upstream=[root], queue=queue) for i in range(n)]
     dag.task("sink", NOOP, upstream=mids, queue=queue)
+    return dag
+
+
+def map_dag(n: int, name: str, *, queue: str | None = None) -> Any:
+    """1 source (``bench.listing``: ``n`` items) -> ``dag.map`` of ``bench.map_item`` over its
+    result (``n`` children) -> 1 sink."""
+    from orchestrator.dag import DAG
+
+    dag = DAG(name)
+    source = dag.task("source", LISTING, kwargs={"n": n}, queue=queue)
+    mapped = dag.map("m", MAP_ITEM, over=source, kwarg="item", max_map_length=max(n, 1), queue=queue)
+    dag.task("sink", NOOP, upstream=[mapped], queue=queue)
+    return dag
+
+
+def static_map_dag(n: int, name: str) -> Any:
+    """:func:`map_dag`'s shape written out statically: the same source, ``n`` ``bench.map_item``
+    nodes each given its item as a constant kwarg, 1 sink (the map's reference)."""
+    from orchestrator.dag import DAG
+
+    dag = DAG(name)
+    source = dag.task("source", LISTING, kwargs={"n": n})
+    mids = [dag.task(f"m{i:06d}", MAP_ITEM, kwargs={"item": i}, upstream=[source]) for i in range(n)]
+    dag.task("sink", NOOP, upstream=mids)
+    return dag
+
+
+def chained_map_dag(n: int, name: str, depth: int = CHAINED_DEPTH) -> Any:
+    """1 source (``n`` items) -> map ``s1`` -> map ``s2`` over ``s1`` ... -> map ``s<depth>`` -> 1
+    sink: a chained map, item by item (child k of a stage waits for child k of the stage before)."""
+    from orchestrator.dag import DAG
+
+    dag = DAG(name)
+    prev = dag.task("source", LISTING, kwargs={"n": n})
+    for stage in range(1, depth + 1):
+        prev = dag.map(f"s{stage}", MAP_ITEM, over=prev, kwarg="item", max_map_length=max(n, 1))
+    dag.task("sink", NOOP, upstream=[prev])
     return dag
 
 
@@ -176,6 +229,88 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child b
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+class TreeMemory:
+    """Samples, from ``/proc`` (Linux), the memory of every process of a process group (the
+    worker: its main process and its pool children) every ``interval`` seconds in a thread:
+    the peak RSS of the largest process, and the peaks of the group's RSS sum and PSS sum
+    (PSS shares the pages the children inherited from the main process among them)."""
+
+    def __init__(self, pgid: int, interval: float = 0.2) -> None:
+        import threading
+
+        self.pgid = pgid
+        self.interval = interval
+        self.peak_process_kb = 0
+        self.peak_process_main = False
+        self.peak_rss_sum_kb = 0
+        self.peak_pss_sum_kb = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="orc-bench-rss", daemon=True)
+
+    def pids(self) -> list[int]:
+        found = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.getpgid(int(entry.name)) == self.pgid:
+                        found.append(int(entry.name))
+        return found
+
+    @staticmethod
+    def field_kb(path: str, name: str) -> int:
+        """A ``name: <n> kB`` line of a /proc file (0 when the process is gone)."""
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith(name + ":"):
+                        return int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+        return 0
+
+    def sample(self) -> dict[int, int]:
+        rss = {pid: self.field_kb(f"/proc/{pid}/status", "VmRSS") for pid in self.pids()}
+        pss = sum(self.field_kb(f"/proc/{pid}/smaps_rollup", "Pss") for pid in rss)
+        if rss:
+            pid, top = max(rss.items(), key=lambda kv: kv[1])
+            if top > self.peak_process_kb:
+                self.peak_process_kb, self.peak_process_main = top, pid == self.pgid
+            self.peak_rss_sum_kb = max(self.peak_rss_sum_kb, sum(rss.values()))
+            self.peak_pss_sum_kb = max(self.peak_pss_sum_kb, pss)
+            self.samples += 1
+        return rss
+
+    def high_water_kb(self) -> dict[int, int]:
+        """Each live process's VmHWM (its peak RSS over its whole life, earlier phases included)."""
+        return {pid: self.field_kb(f"/proc/{pid}/status", "VmHWM") for pid in self.pids()}
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> TreeMemory:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        self.sample()
+
+    def figures(self) -> dict[str, Any]:
+        mb = 1024.0
+        return {
+            "peak_process_mb": self.peak_process_kb / mb,
+            "peak_process_is_main": self.peak_process_main,
+            "peak_rss_sum_mb": self.peak_rss_sum_kb / mb,
+            "peak_pss_sum_mb": self.peak_pss_sum_kb / mb,
+            "samples": self.samples,
+            "interval_s": self.interval,
+        }
 
 
 # ---------------------------------------------------------------------------- worker
@@ -351,9 +486,10 @@ class Bench:
             self._orc = Orchestrator(app=self.app)
         return self._orc
 
-    def run_dag(self, dag: Any, *, analyze: bool | None = None) -> tuple[Any, float]:
-        """Submit ``dag`` and wait for its run; with ``analyze`` (default: ``--planner-stats
-        run``) ANALYZE the tables right after the submit, inside the timed span."""
+    def run_dag(self, dag: Any, *, analyze: bool | None = None, timeout: float | None = None) -> tuple[Any, float]:
+        """Submit ``dag`` and wait for its run (``timeout``: default ``--timeout``); with
+        ``analyze`` (default: ``--planner-stats run``) ANALYZE the tables right after the
+        submit, inside the timed span."""
         orc = self.orchestrator()
         if analyze is None:
             analyze = self.args.planner_stats == "run"
@@ -361,7 +497,7 @@ class Bench:
         run = orc.submit(dag)
         if analyze:
             self.analyze()
-        view = run.wait(self.args.timeout, poll=0.01)
+        view = run.wait(self.args.timeout if timeout is None else timeout, poll=0.01)
         elapsed = time.perf_counter() - t0
         if view.state.value != "SUCCEEDED":
             raise BenchError(f"run {run.id} of {dag.name} ended {view.state.value}: {view.counts}")
@@ -465,6 +601,257 @@ class Bench:
             **figures,
         }
         log(f"chain {n}: {elapsed:.3f}s = {n / elapsed:.1f} tasks/s ({elapsed / n * 1000:.2f} ms per step)")
+
+    # -------------------------------------------------------------- dynamic DAGs (maps)
+
+    def map_timeout(self, tasks: int) -> float:
+        """A phase of ``tasks`` tasks may take ``--timeout`` or 10 ms per task, the longer."""
+        return max(self.args.timeout, tasks / 100.0)
+
+    def map_figures(self, run_id: str, header: str) -> dict[str, Any]:
+        """DB-clock figures of a map: its children, the source's ``finished_at`` (``now()`` of its
+        succeed transaction, which expanded the map), the earliest child's ``started_at``."""
+        import sqlalchemy as sa
+
+        with self.orchestrator().store.engine.connect() as conn:
+            row = conn.execute(
+                sa.text(
+                    "select s.finished_at, h.state, h.map_total,"
+                    " (select count(*) from orc_tasks c where c.run_id = :r and c.map_parent = :h),"
+                    " (select count(*) from orc_tasks c where c.run_id = :r and c.map_parent = :h"
+                    "   and c.state = 'SUCCEEDED'),"
+                    " (select min(c.started_at) from orc_tasks c where c.run_id = :r and c.map_parent = :h),"
+                    " (select max(c.finished_at) from orc_tasks c where c.run_id = :r and c.map_parent = :h),"
+                    " (select extract(epoch from finished_at - created_at) from orc_runs where id = :r)"
+                    " from orc_tasks s join orc_tasks h on h.run_id = s.run_id and h.key = :h"
+                    " where s.run_id = :r and s.key = 'source'"
+                ),
+                {"r": run_id, "h": header},
+            ).one()
+        source_done, state, total, children, succeeded, first_start, last_done, span = row
+        if children == 0 or first_start is None:
+            raise BenchError(f"the map {header} of run {run_id} has no started children")
+        return {
+            "header_state": state,
+            "map_total": total,
+            "children": int(children),
+            "children_succeeded": int(succeeded),
+            "source_finished_at": source_done.isoformat(),
+            "first_child_started_at": first_start.isoformat(),
+            "first_child_after_source_s": (first_start - source_done).total_seconds(),
+            "source_to_last_child_s": (last_done - source_done).total_seconds(),
+            "db_span_s": float(span),
+        }
+
+    def bench_maps(self) -> None:
+        """The map scenarios on the bench worker (``--maps``): map N against the static fan-out
+        of the same shape, the chained map, and the big map with the worker's memory sampled."""
+        if self.args.map_n > 0:
+            self.bench_map()
+        if self.args.chained_n > 0:
+            self.bench_chained_map()
+        if not self.args.no_map_big:
+            self.bench_map_big()
+
+    def bench_map(self) -> None:
+        """1 -> N -> 1 through ``dag.map`` over the source's result against the same DAG written
+        out statically (the same source, N ``bench.map_item`` nodes, the same sink), in this run;
+        middle tasks/s over submit -> run final, as the fan-out."""
+        n = self.args.map_n
+        timeout = self.map_timeout(n)
+        _, static_s = self.run_dag(static_map_dag(n, "bench_map_static"), timeout=timeout)
+        log(f"static fan-out 1->{n}->1 (bench.map_item): {static_s:.3f}s = {n / static_s:.1f} middle tasks/s")
+        run, map_s = self.run_dag(map_dag(n, "bench_map"), timeout=timeout)
+        figures = self.map_figures(run.id, "m")
+        if figures["children_succeeded"] != n:
+            raise BenchError(f"the map of {n} ran {figures['children_succeeded']} children")
+        raw = self.results["raw"]["tasks_per_s"]
+        self.results["map"] = {
+            "run_id": run.id,
+            "items": n,
+            "elapsed_s": map_s,
+            "tasks_per_s": n / map_s,
+            "static_elapsed_s": static_s,
+            "static_tasks_per_s": n / static_s,
+            "ratio_to_static": static_s / map_s,
+            "ratio_to_raw": n / map_s / raw,
+            **figures,
+        }
+        log(
+            f"map 1->{n}->1: {map_s:.3f}s = {n / map_s:.1f} middle tasks/s ({static_s / map_s:.2f}x static);"
+            f" first child started {figures['first_child_after_source_s'] * 1000:.0f} ms after the source"
+        )
+
+    def bench_map_big(self) -> None:
+        """1 -> --map-big-n -> 1 through ``dag.map`` to the end, the worker's process group's
+        memory sampled from /proc all along."""
+        n = self.args.map_big_n
+        proc = self.worker.proc
+        if proc is None:
+            raise BenchError("no worker for the big map")
+        sampler = TreeMemory(proc.pid)
+        before = sampler.sample()
+        with sampler:
+            run, elapsed = self.run_dag(map_dag(n, "bench_map_big"), timeout=self.map_timeout(n))
+        figures = self.map_figures(run.id, "m")
+        if figures["children_succeeded"] != n:
+            raise BenchError(f"the map of {n} ran {figures['children_succeeded']} children")
+        hwm = sampler.high_water_kb()
+        self.results["map_big"] = {
+            "run_id": run.id,
+            "items": n,
+            "elapsed_s": elapsed,
+            "tasks_per_s": n / elapsed,
+            "worker_main_pid": proc.pid,
+            "worker_processes": len(before),
+            "rss_before_mb": {str(pid): kb / 1024.0 for pid, kb in before.items()},
+            "memory": sampler.figures(),
+            "lifetime_peak_rss_mb": {str(pid): kb / 1024.0 for pid, kb in hwm.items()},
+            **figures,
+        }
+        mem = sampler.figures()
+        log(
+            f"map 1->{n}->1: {elapsed:.3f}s = {n / elapsed:.1f} middle tasks/s; worker peak RSS"
+            f" {mem['peak_process_mb']:.0f} MB (largest process; group RSS {mem['peak_rss_sum_mb']:.0f} MB,"
+            f" PSS {mem['peak_pss_sum_mb']:.0f} MB); first child started"
+            f" {figures['first_child_after_source_s'] * 1000:.0f} ms after the source"
+        )
+
+    def bench_chained_map(self) -> None:
+        """source -> s1 -> s2 -> s3 (each a map over the one before, item by item) -> sink over
+        --chained-n items: depth first when item 0's last stage starts before item N-1's first
+        stage has finished."""
+        import sqlalchemy as sa
+
+        n, depth = self.args.chained_n, CHAINED_DEPTH
+        last = f"s{depth}"
+        run, elapsed = self.run_dag(chained_map_dag(n, "bench_chained_map"), timeout=self.map_timeout(n * depth))
+        with self.orchestrator().store.engine.connect() as conn:
+            first_last, last_first, source_done = conn.execute(
+                sa.text(
+                    "select (select started_at from orc_tasks where run_id = :r and map_parent = :z and map_index = 0),"
+                    " (select finished_at from orc_tasks where run_id = :r and map_parent = 's1'"
+                    "   and map_index = :n - 1),"
+                    " (select finished_at from orc_tasks where run_id = :r and key = 'source')"
+                ),
+                {"r": run.id, "z": last, "n": n},
+            ).one()
+            if first_last is None or last_first is None:
+                raise BenchError(f"chained map run {run.id}: the stage tasks are missing")
+            # how much of the first stage was still to finish when item 0's last stage started
+            pending = conn.execute(
+                sa.text(
+                    "select count(*) from orc_tasks where run_id = :r and map_parent = 's1'"
+                    " and (finished_at is null or finished_at > :t)"
+                ),
+                {"r": run.id, "t": first_last},
+            ).scalar_one()
+        depth_first = first_last < last_first
+        self.results["chained_map"] = {
+            "run_id": run.id,
+            "items": n,
+            "depth": depth,
+            "tasks": n * depth + 2,
+            "elapsed_s": elapsed,
+            "tasks_per_s": n * depth / elapsed,
+            "first_item_last_stage_started_at": first_last.isoformat(),
+            "last_item_first_stage_finished_at": last_first.isoformat(),
+            "first_item_last_stage_started_after_source_s": (first_last - source_done).total_seconds(),
+            "last_item_first_stage_finished_after_source_s": (last_first - source_done).total_seconds(),
+            "first_stage_unfinished_then": int(pending),
+            "depth_first": depth_first,
+        }
+        log(
+            f"chained map {depth} x {n}: {elapsed:.3f}s; {last}[0] started"
+            f" {(first_last - source_done).total_seconds():.3f}s and s1[{n - 1}] finished"
+            f" {(last_first - source_done).total_seconds():.3f}s after the source: depth first {depth_first}"
+        )
+
+    def map_expand_probe(self, url: str, sizes: list[int], repeat: int = 3) -> None:
+        """The commit time of a map's expansion, measured directly: in its own database with no
+        worker, a fake worker registered on the unconsumed queue (so admission runs as on the
+        bench worker), a new ``map_dag`` run per measurement; this process claims its source and
+        times the source's success (``orc_succeed_v2``: one autocommit statement that records the
+        success, expands the map into its N children with their ledger rows, settles, admits, and
+        commits), client side, with ``bench.listing``'s N items as the result; each run is then
+        cancelled. ``repeat`` timed runs per size, then one more with ``track_functions = 'pl'``
+        (superuser only) for the server's split: ``orc_expand_v1`` and ``orc_map_insert_v1``."""
+        import sqlalchemy as sa
+
+        from orchestrator.config import Settings
+        from orchestrator.engine import Orchestrator
+        from orchestrator.publisher import RecordingPublisher
+
+        name = sa.engine.make_url(url).database
+        orc = Orchestrator(Settings.from_env(database_url=url), app=self.app, publisher=RecordingPublisher())
+        store = orc.store
+        worker = "orc-bench-map-probe"
+        window = orc.settings.dispatch_window
+
+        def track(on: bool) -> bool:
+            """Function statistics for the sessions opened from now on (the hot path's is closed)."""
+            store.attempts.hot.close()
+            value = "'pl'" if on else "DEFAULT"
+            try:
+                with store.engine.connect() as conn:
+                    conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET track_functions = {value}')
+                    if on:
+                        conn.execute(sa.text("select pg_stat_reset()"))
+                    conn.commit()
+            except sa.exc.DBAPIError:
+                return False  # not a superuser: no server-side split
+            return True
+
+        def measure(n: int) -> float:
+            store.workers.register(worker, [UNCONSUMED_QUEUE], self.args.concurrency)
+            run = orc.submit(map_dag(n, f"bench_map_probe_{n}", queue=UNCONSUMED_QUEUE))
+            source = orc.task(run.id, "source")
+            if source.state.value != "QUEUED":
+                raise BenchError(f"map probe: the source is {source.state.value}, not QUEUED")
+            if store.attempts.claim(run.id, "source", source.attempt, f"{worker}:1", 60.0, LISTING) is None:
+                raise BenchError("map probe: the source's claim was refused")
+            items = list(range(n))
+            t0 = time.perf_counter()
+            out = store.attempts.succeed(run.id, "source", source.attempt, items, window)
+            took = time.perf_counter() - t0
+            header = orc.task(run.id, "m")
+            if not out.accepted or header.state.value != "MAPPED":
+                raise BenchError(f"map probe: the source's success gave {out} and a {header.state.value} map")
+            orc.cancel(run.id)  # its admitted children would hold the fake worker's window
+            return took
+
+        figures: dict[str, Any] = {}
+        try:
+            measure(10)  # warm-up: connections, prepared statements, the task registry
+            for n in sizes:
+                times = []
+                for i in range(repeat):
+                    times.append(measure(n))
+                    log(f"map probe: expansion of {n} items, source's success {times[-1] * 1000:.1f} ms (#{i + 1})")
+                entry: dict[str, Any] = {
+                    "items": n,
+                    "runs_s": times,
+                    "median_s": statistics.median(times),
+                    "max_s": max(times),
+                }
+                if track(True):
+                    entry["tracked_s"] = measure(n)
+                    store.attempts.hot.close()  # its backend ends: its function statistics are flushed
+                    time.sleep(0.6)
+                    with store.engine.connect() as conn:
+                        conn.execute(sa.text("select pg_stat_clear_snapshot()"))
+                        stats = conn.execute(
+                            sa.text(
+                                "select funcname, calls, total_time from pg_stat_user_functions"
+                                " where funcname in ('orc_succeed_v2', 'orc_expand_v1', 'orc_map_insert_v1')"
+                            )
+                        ).all()
+                    track(False)
+                    entry["server_ms"] = {str(f): float(t) / max(int(c), 1) for f, c, t in stats}
+                figures[str(n)] = entry
+        finally:
+            store.dispose()
+        self.results["map_expand"] = {"repeat": repeat, "sizes": figures}
 
     # -------------------------------------------------------------- Celery canvas reference
 
@@ -1021,6 +1408,110 @@ def verdict(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
+def map_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The report's rows of the dynamic-DAG scenarios (issue 19), those that ran."""
+    rows: list[tuple[str, str, str, str]] = []
+    m = results.get("map")
+    if m:
+        n = m["items"]
+        rows += [
+            (f"static fan-out 1->{n:,}->1 (bench.map_item)", f"{m['static_tasks_per_s']:.1f} tasks/s", "reference", ""),
+            (f"map 1->{n:,}->1 (dag.map over the source's result)", f"{m['tasks_per_s']:.1f} tasks/s", "", ""),
+            ("  map / static fan-out", f"{m['ratio_to_static']:.3f}x", f">= {TARGET_MAP_RATIO:.2f}x",
+             verdict(m["ratio_to_static"] >= TARGET_MAP_RATIO)),
+            ("  map / raw Celery", f"{m['ratio_to_raw']:.2f}x", "(info)", ""),
+            ("  source succeeded -> first child started (DB clock)",
+             f"{m['first_child_after_source_s'] * 1000:.0f} ms", "(info)", ""),
+        ]  # fmt: skip
+    probe = results.get("map_expand")
+    if probe:
+        for n, e in probe["sizes"].items():
+            rows.append(
+                (
+                    f"map expansion of {int(n):,} items: source's success + commit"
+                    f" (probe, median of {len(e['runs_s'])})",
+                    f"{e['median_s'] * 1000:.0f} ms (max {e['max_s'] * 1000:.0f})",
+                    f"<= {TARGET_EXPAND_S * 1000:.0f} ms",
+                    verdict(e["median_s"] <= TARGET_EXPAND_S),
+                )
+            )
+            server = e.get("server_ms", {})
+            if "orc_expand_v1" in server:
+                rows.append(
+                    (
+                        "  tracked once more: orc_expand_v1 / orc_map_insert_v1 of it",
+                        f"{server['orc_expand_v1']:.0f} / {server.get('orc_map_insert_v1', 0.0):.0f} ms"
+                        f" of {e['tracked_s'] * 1000:.0f}",
+                        "(info)",
+                        "",
+                    )
+                )
+    c = results.get("chained_map")
+    if c:
+        rows += [
+            (f"chained map {c['depth']} x {c['items']:,} items", f"{c['tasks_per_s']:.1f} tasks/s", "(info)", ""),
+            (f"  s{c['depth']}[0] started before s1[{c['items'] - 1}] finished (after the source)",
+             f"{c['first_item_last_stage_started_after_source_s']:.3f} s vs"
+             f" {c['last_item_first_stage_finished_after_source_s']:.3f} s",
+             "depth first", verdict(c["depth_first"])),
+        ]  # fmt: skip
+    b = results.get("map_big")
+    if b:
+        mem = b["memory"]
+        rows += [
+            (f"map 1->{b['items']:,}->1 to the end", f"{b['elapsed_s']:.1f} s = {b['tasks_per_s']:.1f} tasks/s",
+             "completes", verdict(b["children_succeeded"] == b["items"])),
+            ("  worker peak RSS, largest process (process group RSS / PSS)",
+             f"{mem['peak_process_mb']:.0f} MB ({mem['peak_rss_sum_mb']:.0f} / {mem['peak_pss_sum_mb']:.0f} MB)",
+             f"<= {TARGET_MAP_RSS_MB:.0f} MB", verdict(mem["peak_process_mb"] <= TARGET_MAP_RSS_MB)),
+            ("  source succeeded -> first child started (DB clock)",
+             f"{b['first_child_after_source_s']:.2f} s", f"<= {TARGET_FIRST_CHILD_S:.0f} s",
+             verdict(b["first_child_after_source_s"] <= TARGET_FIRST_CHILD_S)),
+        ]  # fmt: skip
+    return rows
+
+
+def map_details(results: dict[str, Any]) -> list[str]:
+    """The report's detail lines of the dynamic-DAG scenarios that ran."""
+    lines = []
+    m = results.get("map")
+    if m:
+        lines.append(
+            f"  map {m['items']}: submit -> run final {m['elapsed_s']:.3f}s wall ({m['db_span_s']:.3f}s DB clock),"
+            f" static {m['static_elapsed_s']:.3f}s; source finished {m['source_finished_at']}, first child"
+            f" started {m['first_child_started_at']}"
+        )
+    if "map_expand" in results:
+        lines.append(
+            "  map expansion probe: own database, no worker (a fake one registered on an unconsumed queue),"
+            " a new 1 -> map -> 1 run each time; the source's orc_succeed_v2 call timed in this process"
+            " (result sent, expansion, ledger rows, settle, admit, commit)"
+        )
+    c = results.get("chained_map")
+    if c:
+        lines.append(
+            f"  chained map: s{c['depth']}[0] started {c['first_item_last_stage_started_at']}, s1[{c['items'] - 1}]"
+            f" finished {c['last_item_first_stage_finished_at']}; {c['first_stage_unfinished_then']} of s1's"
+            f" {c['items']} children had not finished then"
+        )
+    b = results.get("map_big")
+    if b:
+        main = str(b["worker_main_pid"])
+
+        def per_pid(mb: dict[str, float]) -> str:
+            return ", ".join(f"{v:.0f}" + (" (main)" if pid == main else "") for pid, v in mb.items())
+
+        before, life = per_pid(b["rss_before_mb"]), per_pid(b["lifetime_peak_rss_mb"])
+        mem = b["memory"]
+        lines.append(
+            f"  map {b['items']}: worker processes' RSS before the run {before} MB; peak"
+            f" {mem['peak_process_mb']:.0f} MB in the {'main process' if mem['peak_process_is_main'] else 'pool'}"
+            f" ({mem['samples']} samples every {mem['interval_s']:g}s); lifetime peaks (VmHWM) {life} MB;"
+            f" source finished {b['source_finished_at']}, first child started {b['first_child_started_at']}"
+        )
+    return lines
+
+
 def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
     raw = results["raw"]
     fan = results["fanout"]
@@ -1161,6 +1652,7 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
             )
         )
         rows.append(("  same after ANALYZE", f"{probe['analyzed_ms']:.2f} ms", "(probe)", ""))
+    rows += map_rows(results)
     head = ("figure", "measured", "target", "met")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
     lines = [
@@ -1197,6 +1689,7 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
         f"  p90 {lat['p90_ms']:.2f}  p99 {lat['p99_ms']:.2f}  max {lat['max_ms']:.2f} ms"
         " (parent finished_at = now() of its succeed transaction, i.e. its start, not its commit)",
     ]
+    lines += map_details(results)
     if sub is not None:
         runs = ", ".join(f"{t * 1000:.0f}" for t in sub["runs_s"])
         lines.append(
@@ -1261,6 +1754,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=5.0,
         help="lease seconds of the two workers of the slot-recovery scenario, default 5 (0 skips it)",
     )
+    p.add_argument(
+        "--maps",
+        action="store_true",
+        help="run the map scenarios on the worker (issue 19): map --map-n vs the static fan-out,\n"
+        "the chained map, the big map (minutes at the defaults; see --no-map-big)",
+    )
+    p.add_argument(
+        "--map-n",
+        type=int,
+        default=10_000,
+        help="items of the map and its static reference (with --maps), and of the expansion probe,\n"
+        "which runs in every run (no worker, a few seconds); default 10000, 0 skips both",
+    )
+    p.add_argument("--map-big-n", type=int, default=100_000, help="items of the big map (with --maps), default 100000")
+    p.add_argument("--no-map-big", action="store_true", help="with --maps, skip the big map")
+    p.add_argument(
+        "--chained-n",
+        type=int,
+        default=1000,
+        help=f"items of the {CHAINED_DEPTH}-stage chained map (with --maps), default 1000, 0 skips it",
+    )
     p.add_argument("--json", action="store_true", help="also print the figures as one JSON object (last line)")
     args = p.parse_args(argv)
     for name in ("concurrency", "raw_tasks", "fanout", "chain", "submit_repeat"):
@@ -1270,6 +1784,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--planner-probe must be 0 or more")
     if args.submit_nodes < 2:
         p.error("--submit-nodes must be at least 2")
+    for name in ("map_n", "map_big_n", "chained_n"):
+        if not 0 <= getattr(args, name) <= 100_000:
+            p.error(f"--{name.replace('_', '-')} must be 0 to 100000 (a map's most items)")
+    if args.map_big_n < 1 and args.maps and not args.no_map_big:
+        p.error("--map-big-n must be at least 1 (or pass --no-map-big)")
+    args.no_map_big = args.no_map_big or not args.maps
     return args
 
 
@@ -1309,11 +1829,15 @@ def main(argv: list[str] | None = None) -> int:
 
     submit_url = derived_url(args.database_url, "_submit")
     probe_url = derived_url(args.database_url, "_probe")
-    log(f"resetting {args.database_url}, {submit_url} and {probe_url}; flushing {args.redis_url}")
+    map_url = derived_url(args.database_url, "_map")
+    map_probe_sizes = [n for n in (args.map_n, 0 if args.no_map_big else args.map_big_n) if n > 0]
+    log(f"resetting {args.database_url}, {submit_url}, {probe_url} and {map_url}; flushing {args.redis_url}")
     reset_database(args.database_url)
     reset_database(submit_url)
     if args.planner_probe > 0:
         reset_database(probe_url)
+    if map_probe_sizes:
+        reset_database(map_url)
     r = redis.Redis.from_url(args.redis_url)
     r.flushdb()
     redis.Redis.from_url(canvas_backend_url(args.redis_url)).flushdb()
@@ -1351,6 +1875,8 @@ def main(argv: list[str] | None = None) -> int:
         "database": args.database_url,
         "submit_database": submit_url,
         "probe_database": probe_url,
+        "map_database": map_url,
+        "maps": args.maps,
         "broker": args.redis_url,
         "worker": "prefork, acks_late, prefetch multiplier 1, queues " + worker.queues,
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
@@ -1370,6 +1896,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.bench_latency()
             bench.bench_fairness()
             bench.bench_pool()
+            if args.maps:
+                bench.bench_maps()
             worker.stop()  # not needed for the canvas and submit phases
             if args.lease > 0:
                 bench.bench_slot_recovery(
@@ -1386,6 +1914,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.bench_submit(submit_url)
             if args.planner_probe > 0:
                 bench.planner_probe(probe_url)
+            if map_probe_sizes:
+                bench.map_expand_probe(map_url, map_probe_sizes)
             ok = True
         except (BenchError, OrchestratorError) as exc:
             log(f"FAILED: {type(exc).__name__}: {exc}")

@@ -1,8 +1,12 @@
-"""Bench-only Celery task: a plain Celery no-op (not orchestrated) that counts its runs in Redis.
+"""Bench-only Celery tasks.
 
-It is registered on the project's app, so it runs in the very same worker, with the same
-settings (prefork, acks_late, prefetch multiplier 1), as the orchestrated ``tasks.probes.noop``.
-Its base is plain :class:`celery.Task`, not ``OrchestratedTask``: no claim, no database.
+``bench.raw_noop`` and ``bench.raw_chain``: plain Celery tasks (not orchestrated) that count
+their runs in Redis. ``bench.listing`` and ``bench.map_item``: orchestrated tasks of the map
+scenarios (a source returning the items, and a no-op that takes the mapped keyword).
+
+The raw tasks are registered on the project's app, so they run in the very same worker, with the
+same settings (prefork, acks_late, prefetch multiplier 1), as the orchestrated ``tasks.probes.noop``.
+Their base is plain :class:`celery.Task`, not ``OrchestratedTask``: no claim, no database.
 Each execution does one Redis ``INCR`` (one local round trip) so the benchmark can tell,
 cheaply and exactly, when the last task has run.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import redis
 from celery import Task
@@ -58,3 +63,20 @@ def raw_chain(index: int, length: int, queue: str) -> None:
     else:
         end = time.time()
     _redis().rpush(RAW_CHAIN_TIMES, f"{index} {start!r} {end!r}")
+
+
+LISTING_TASK = "bench.listing"
+MAP_ITEM_TASK = "bench.map_item"
+
+
+@app.task(name=LISTING_TASK)
+def listing(n: int) -> list[int]:
+    """An orchestrated task whose result is the list a map runs over: ``[0, 1, ..., n - 1]``."""
+    return list(range(int(n)))
+
+
+@app.task(name=MAP_ITEM_TASK)
+def map_item(item: Any = None) -> Any:
+    """An orchestrated no-op that takes the mapped keyword ``item`` and returns it (so a map
+    chained over it gets the same item)."""
+    return item
