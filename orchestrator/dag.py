@@ -88,10 +88,17 @@ MAX_MAP_LENGTH = 100_000
 #: how a map's several mapped arguments combine: item by item (equal lengths) or every pair
 COMBINES = ("zip", "product")
 ON_EMPTY = ("skip", "success")
-#: the trigger rules a node mapped over a parent's result may not have: they start it when the
-#: parent did not succeed, so there is nothing to map over
+#: the trigger rules a node mapped over a parent's result may not have: they can start it before
+#: that parent is done, or only when it did not succeed, so there would be nothing to map over
 MAP_REFUSED_RULES = frozenset(
-    {TriggerRule.ALWAYS, TriggerRule.ONE_FAILED, TriggerRule.ALL_FAILED, TriggerRule.ALL_SKIPPED}
+    {
+        TriggerRule.ALWAYS,
+        TriggerRule.ONE_SUCCESS,
+        TriggerRule.ONE_DONE,
+        TriggerRule.ONE_FAILED,
+        TriggerRule.ALL_FAILED,
+        TriggerRule.ALL_SKIPPED,
+    }
 )
 MAP_KEY_FIELD_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: a map wider than this inserts its children this many at a time (the next window once half of
@@ -810,7 +817,7 @@ def _validate_map(node: Node, dag: DAG, limits: SizeLimits, fail: Callable[[str]
     if from_nodes and node.trigger_rule in MAP_REFUSED_RULES:
         raise fail(
             f"trigger_rule {node.trigger_rule.value} on a node mapped over a parent's result: it can start it"
-            " when that parent did not succeed, with nothing to map over"
+            " before that parent succeeded, with nothing to map over"
         )
     if node.min_success_ratio is not None:
         raise fail("min_success_ratio belongs to the node after the map (the join), not to the map")
