@@ -40,6 +40,45 @@ def _dump(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=False))
 
 
+def state_text(task: Any) -> str:
+    """A task's state as the task tables print it: a SKIPPED task with its reason
+    (``SKIPPED (branch_not_taken)``), a mapped node with its children counted (``MAPPED 7/10
+    done: 6 ok, 1 failed, 0 skipped``), a map's child with its item (``SUCCEEDED (item 3 of
+    resize)``)."""
+    text = str(task.state.value)
+    if task.skip_reason:
+        text += f" ({task.skip_reason})"
+    counts = task.map_counts
+    if counts is not None:
+        text += (
+            f" {counts['done']:,}/{counts['total']:,} done: {counts['succeeded']:,} ok, {counts['failed']:,} failed,"
+            f" {counts['skipped']:,} skipped"
+        )
+    if task.map_parent is not None:
+        text += f" (item {task.map_index} of {task.map_parent})"
+    return text
+
+
+def format_task_table(tasks: list[Any]) -> str:
+    """A plain-text table of tasks: key, state (with a skip reason, a map's counts, a child's
+    item: :func:`state_text`), attempt, duration, error."""
+    from .states import TaskState
+
+    header = ("KEY", "STATE", "ATTEMPT", "DURATION", "ERROR")
+    rows = [
+        (
+            t.key,
+            state_text(t),
+            str(t.attempt),
+            f"{t.duration:.2f}s" if t.duration is not None else "-",
+            (t.error or "")[:60] if t.state is not TaskState.SUCCEEDED else "",
+        )
+        for t in tasks
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows])
+
+
 class _Group(click.Group):
     """Print orchestrator errors as one line on stderr, exit 2, no traceback."""
 
@@ -277,14 +316,17 @@ def _ready_store() -> Orchestrator:
 )
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after this many seconds.")
 def submit(file: str, tenant: str | None, idempotency_key: str | None, wait_: bool, timeout: float | None) -> None:
-    """Submit the DAG spec FILE (YAML or JSON); prints the run id first."""
+    """Submit the DAG spec FILE (YAML or JSON); prints the run id first, and each warning about
+    the DAG (a join below a branch that keeps all_success, ...) on stderr as `warning: ...`."""
     from .dag import load_spec
-    from .demo import follow, format_tasks
+    from .demo import follow
 
     dag = load_spec(file)
     orc = _ready_store()
     run = orc.submit(dag, tenant=tenant, idempotency_key=idempotency_key)
     click.echo(run.id)
+    for warning in run.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if not wait_:
         return
     if sys.stderr.isatty():
@@ -295,7 +337,7 @@ def submit(file: str, tenant: str | None, idempotency_key: str | None, wait_: bo
         state = live(orc, run.id, timeout=timeout, console=Console(stderr=True))
     else:
         state = follow(run, lambda line: click.echo(line, err=True), timeout or float("inf"))
-        click.echo(format_tasks(run.tasks()), err=True)
+        click.echo(format_task_table(run.tasks()), err=True)
     click.echo(state.value)
     sys.exit(0 if state.value == "SUCCEEDED" else 1)
 
@@ -304,9 +346,8 @@ def submit(file: str, tenant: str | None, idempotency_key: str | None, wait_: bo
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object {run, tasks}.")
 def status(run_id: str, as_json: bool) -> None:
-    """Show a run and its tasks."""
-    from .demo import format_tasks
-
+    """Show a run and its tasks (a SKIPPED task with its reason, a mapped node with its
+    children counted, a map's child with its item)."""
     orc = _ready_store()
     view = orc.visible(run_id)
     tasks = orc.tasks(run_id)
@@ -319,7 +360,7 @@ def status(run_id: str, as_json: bool) -> None:
     click.echo(
         f"run {view.id}  dag {view.dag}  tenant {view.tenant}  state {view.state.value}{attention}{fired}{logical}"
     )
-    click.echo(format_tasks(tasks))
+    click.echo(format_task_table(tasks))
 
 
 @main.command()
@@ -627,10 +668,13 @@ def explain(run_id: str, key: str | None, as_json: bool, show_all: bool) -> None
     (the next at T) or missing, other tenants further below their fair share going first,
     READY behind N tasks of higher or equal priority, every worker
     slot in use, no live worker for its queue, waiting in the broker, a retry's backoff, the
-    run cancelled."""
+    run cancelled; why a task was skipped (with the ledger's reason), a map's children counted,
+    a map child's map and item, and an early verdict that decided a task."""
+    from .states import TaskState
+
     found = _ready_store().explain(run_id, key)
     if key is None and not show_all:
-        found = [e for e in found if e.reasons and e.reasons[0].kind not in ("running", "finished")]
+        found = [e for e in found if not e.state.terminal and e.state is not TaskState.RUNNING]
     if as_json:
         _dump({"run": run_id, "tasks": [e.to_json() for e in found]})
         return

@@ -19,6 +19,18 @@ of higher priority, or older, in any queue the workers of its queue also consume
 worker consumes its queue), ``queued`` (published, waiting for a worker to take the message),
 ``running``, ``retry_at`` (RETRYING until ``not_before``), ``dead_letter`` (parked, waiting for
 a person), ``finished`` (terminal), ``run_cancelled``.
+
+Dynamic DAGs add: ``skipped`` (why a SKIPPED task was skipped: ``branch_not_taken``,
+``short_circuit``, ``empty_map``, ``upstream_skipped``, ``user``, with the ledger's reason),
+``mapped`` (a mapped node: ``mapped into N tasks: x done (a succeeded, b failed, c skipped)``),
+``map_child`` (a map's child: its map and its item), ``decided`` (the ledger row that took the
+task out of PENDING when it tells more than its state: an early verdict, ``early verdict (k of
+n upstream done)``, or an UPSTREAM_FAILED). The counters of ``trigger_rule`` count UPSTREAM_FAILED
+parents apart from FAILED ones, and setup parents apart. These need the optional columns of a
+task row (``skip_reason``, ``n_upstream_failed``, ``n_setup``, ``n_setup_ok``,
+``n_setup_skipped``, ``min_success_ratio``, ``is_map``, ``map_parent``, ``map_index``,
+``map_key``, ``map_item_from``, ``map_total`` .. ``map_skipped``) and :attr:`ExplainInput.ledger`;
+a row without them is explained as before.
 """
 
 from __future__ import annotations
@@ -101,6 +113,20 @@ class ExplainInput:
     shares: dict[str, dict[str, tuple[int, float, bool]]] = field(default_factory=dict)
     #: the run's tenant's tasks in flight per run (who uses its share)
     tenant_runs: dict[str, int] = field(default_factory=dict)
+    #: per task, ledger rows that decided it: ``{"decided": row, "SKIPPED": row, ...}`` (the
+    #: newest row out of PENDING, and the newest row into each state), each ``{"from", "to",
+    #: "reason"}``
+    ledger: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+
+#: what each skip reason means (``states.SkipReason``; the ledger row says which task did it)
+SKIP_REASONS = {
+    "branch_not_taken": "a branch upstream followed other tasks",
+    "short_circuit": "a short circuit upstream returned a falsy result",
+    "empty_map": "its map had no items (on_empty='skip')",
+    "upstream_skipped": "its trigger rule decided SKIPPED from skipped upstream tasks",
+    "user": "the task raised orchestrator.Skip",
+}
 
 
 def explain(data: ExplainInput, key: str | None = None) -> list[Explanation]:
@@ -113,14 +139,92 @@ def explain(data: ExplainInput, key: str | None = None) -> list[Explanation]:
     for t in data.tasks:
         if key is not None and t.key != key:
             continue
-        out.append(Explanation(t.key, TaskState(t.state), _reasons(t, parents.get(t.key, []), by_key, data)))
+        ups = [p for p in parents.get(t.key, []) if p in by_key]
+        item_from = getattr(t, "map_item_from", None)
+        if item_from is not None and item_from in by_key and item_from not in ups:
+            ups.append(item_from)  # a chained map's child waits on its item's child of the map before
+        reasons = _reasons(t, ups, by_key, data)
+        if getattr(t, "map_parent", None) is not None:
+            reasons.insert(0 if reasons and reasons[0].kind != "run_cancelled" else len(reasons), _child(t))
+        decided = _decided(t, data)
+        if decided is not None:
+            reasons.append(decided)
+        out.append(Explanation(t.key, TaskState(t.state), reasons))
     return out
+
+
+def _child(t: Any) -> Reason:
+    item_from = getattr(t, "map_item_from", None)
+    chained = f", mapped item by item from {item_from}" if item_from else ""
+    return Reason(
+        "map_child",
+        f"item {t.map_index} (key {t.map_key}) of map {t.map_parent}{chained}",
+        {"map": t.map_parent, "index": t.map_index, "map_key": t.map_key, "item_from": item_from},
+    )
+
+
+def map_counts(t: Any) -> dict[str, int] | None:
+    """A mapped node's children counted (``total``, ``done``, ``succeeded``, ``failed``,
+    ``skipped``) once it expanded, else ``None``."""
+    if not getattr(t, "is_map", False) or TaskState(t.state) is T.PENDING:
+        return None
+    return {
+        "total": t.map_total,
+        "done": t.map_done,
+        "succeeded": t.map_ok,
+        "failed": t.map_failed,
+        "skipped": t.map_skipped,
+    }
+
+
+def mapped_text(counts: dict[str, int]) -> str:
+    """``mapped into N tasks: x done (a succeeded, b failed, c skipped)``."""
+    return (
+        f"mapped into {counts['total']:,} task(s): {counts['done']:,} done ({counts['succeeded']:,} succeeded,"
+        f" {counts['failed']:,} failed, {counts['skipped']:,} skipped)"
+    )
+
+
+def skipped_text(reason: str | None, ledger: str | None = None) -> str:
+    """``branch_not_taken (a branch upstream followed other tasks); ledger: ...`` (the detail of
+    a ``skipped`` reason)."""
+    meaning = SKIP_REASONS.get(reason or "", "")
+    text = f"{reason or 'by an operator'}" + (f" ({meaning})" if meaning else "")
+    return text + (f"; ledger: {ledger}" if ledger else "")
+
+
+def _decided(t: Any, data: ExplainInput) -> Reason | None:
+    """The verdict that took ``t`` out of PENDING, when it says more than the state: an early
+    verdict, or an UPSTREAM_FAILED (which parent)."""
+    row = data.ledger.get(t.key, {}).get("decided")
+    if row is None or TaskState(t.state) is T.SKIPPED:
+        return None
+    reason = row.get("reason") or ""
+    if "early verdict" not in reason and row.get("to") != T.UPSTREAM_FAILED.value:
+        return None
+    return Reason("decided", f"{row.get('from')} -> {row.get('to')}: {reason}", dict(row))
 
 
 def _reasons(t: Any, parents: list[str], by_key: dict[str, Any], data: ExplainInput) -> list[Reason]:
     state = TaskState(t.state)
-    if data.run_state == "CANCELLED" and state not in TERMINAL:
+    if data.run_state == "CANCELLED" and state not in TERMINAL and state is not T.MAPPED:
         return [Reason("run_cancelled", "the run was cancelled")]
+    counts = map_counts(t)
+    if state is T.MAPPED and counts is not None:
+        return [Reason("mapped", mapped_text(counts), {"map": counts})]
+    if state is T.SKIPPED:
+        reason = getattr(t, "skip_reason", None)
+        row = data.ledger.get(t.key, {}).get("SKIPPED") or {}
+        found = [
+            Reason(
+                "skipped",
+                skipped_text(reason, row.get("reason")),
+                {"skip_reason": reason, "ledger_reason": row.get("reason")},
+            )
+        ]
+        if counts is not None and counts["total"]:
+            found.append(Reason("mapped", mapped_text(counts), {"map": counts}))
+        return found
     if state is T.PENDING:
         return _pending(t, parents, by_key)
     if state is T.READY:
@@ -149,7 +253,10 @@ def _reasons(t: Any, parents: list[str], by_key: dict[str, Any], data: ExplainIn
                 "parked after the same failure on consecutive attempts (or a crash loop): retry, skip or fail it",
             )
         ]
-    return [Reason("finished", f"finished {state.value}")]
+    found = [Reason("finished", f"finished {state.value}")]
+    if counts is not None:
+        found.append(Reason("mapped", mapped_text(counts), {"map": counts}))
+    return found
 
 
 def _pending(t: Any, parents: list[str], by_key: dict[str, Any]) -> list[Reason]:
@@ -171,19 +278,33 @@ def _pending(t: Any, parents: list[str], by_key: dict[str, Any]) -> list[Reason]
                 {"parents": dead},
             )
         )
+    up_failed = getattr(t, "n_upstream_failed", None)
+    n_setup = getattr(t, "n_setup", 0) or 0
+    ratio = getattr(t, "min_success_ratio", None)
+    failed = f" {t.n_failed} failed," + (f" {up_failed} upstream failed," if up_failed is not None else "")
+    setup = f"; setup parents: {t.n_setup_ok} of {n_setup} succeeded, {t.n_setup_skipped} skipped" if n_setup else ""
+    needs = f"; needs {ratio:.0%} of them succeeded" if ratio is not None else ""
+    data: dict[str, Any] = {
+        "rule": t.trigger_rule,
+        "total": t.n_upstream,
+        "done": t.n_done,
+        "succeeded": t.n_succeeded,
+        "failed": t.n_failed,
+        "skipped": t.n_skipped,
+    }
+    if up_failed is not None:
+        data["upstream_failed"] = up_failed
+    if n_setup:
+        data["setup"] = {"total": n_setup, "succeeded": t.n_setup_ok, "skipped": t.n_setup_skipped}
+    if ratio is not None:
+        data["min_success_ratio"] = ratio
+    then = "; then maps into one task per item" if getattr(t, "is_map", False) else ""
     reasons.append(
         Reason(
             "trigger_rule",
-            f"{t.trigger_rule}: {t.n_done} of {t.n_upstream} parents done ({t.n_succeeded} succeeded,"
-            f" {t.n_failed} failed, {t.n_skipped} skipped); not decided yet",
-            {
-                "rule": t.trigger_rule,
-                "total": t.n_upstream,
-                "done": t.n_done,
-                "succeeded": t.n_succeeded,
-                "failed": t.n_failed,
-                "skipped": t.n_skipped,
-            },
+            f"{t.trigger_rule}: {t.n_done} of {t.n_upstream} parents done ({t.n_succeeded} succeeded,{failed}"
+            f" {t.n_skipped} skipped){setup}{needs}; not decided yet{then}",
+            data,
         )
     )
     return reasons

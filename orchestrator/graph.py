@@ -3,7 +3,12 @@
 The run page of ``orchestrator serve`` and ``orchestrator graph RUN_ID`` draw the same picture
 from the database: one box per task, coloured by its state, an arrow per dependency, and a
 task's trigger rule written in its box (and its incoming arrows dashed) when it is not the
-default ``all_success``.
+default ``all_success``. A SKIPPED task's box says why (``skipped: branch_not_taken``).
+
+A mapped node is one box, whatever its width: its children (``resize[0]`` ...) are counted in
+it (``resize \u00d710,000 · 9,990 ok · 10 failed``), never drawn one by one; they have no edges, so
+the layout is decided without them (:func:`structure` takes the keys of the tasks that are not
+map children) and :func:`paint_rows` takes their counts per state per map.
 
 Layout: a task's layer is its longest path from a root, so every arrow points right; within a
 layer, tasks are ordered by a few barycentre sweeps (the mean position of their neighbours),
@@ -20,8 +25,8 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from .states import TaskState
@@ -39,6 +44,7 @@ COLOURS: dict[str, str] = {
     "SKIPPED": "#f4a6d7",
     "CANCELLED": "#a9a9a9",
     "DEAD_LETTER": "#8b1a1a",
+    "MAPPED": "#8fd3c1",
     "MIXED": "#ffffff",
 }
 #: states drawn with white text (dark fills)
@@ -73,12 +79,19 @@ class Box:
     counts: dict[str, int] = field(default_factory=dict)
     x: int = 0
     y: int = 0
-    #: ``task``, or what a collapsed box holds: a ``chain``, a (part of a) ``layer``, a ``band`` of layers
+    #: ``task``, ``map`` (a mapped node: ``counts`` are its children's), or what a collapsed box
+    #: holds: a ``chain``, a (part of a) ``layer``, a ``band`` of layers
     kind: str = "task"
+    #: why a SKIPPED task was skipped (``branch_not_taken``, ``short_circuit``, ...)
+    skip_reason: str | None = None
 
     @property
     def collapsed(self) -> bool:
         return len(self.keys) != 1
+
+    @property
+    def mapped(self) -> bool:
+        return self.kind == "map"
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,11 @@ class TaskInfo:
     state: str
     trigger_rule: str = DEFAULT_RULE
     attempt: int = 1
+    skip_reason: str | None = None
+    #: a map's child: its map's key (drawn in its map's box, not a box of its own)
+    map_parent: str | None = None
+    #: a mapped node (a map's header)
+    is_map: bool = False
 
 
 def layers(keys: Sequence[K], edges: Iterable[tuple[K, K]]) -> dict[K, int]:
@@ -348,19 +366,49 @@ def _merge_layers(unit_layer: list[int], n_units: int, depth: int) -> tuple[list
 
 def paint(skeleton: Skeleton, tasks: Iterable[TaskInfo]) -> Graph:
     """The skeleton's boxes with the tasks' states: a task's box its state, a group's box its
-    counts per state (and the one state, or ``MIXED``)."""
-    return paint_rows(skeleton, ((t.key, t.task, t.state, t.trigger_rule, t.attempt) for t in tasks))
+    counts per state (and the one state, or ``MIXED``), a map's box its children's counts."""
+    rows: list[tuple[str, str, str, str | None, int | None]] = []
+    maps: dict[str, dict[str, int]] = {}
+    skipped: dict[str, str] = {}
+    for t in tasks:
+        if t.map_parent is not None:
+            counts = maps.setdefault(t.map_parent, {})
+            counts[t.state] = counts.get(t.state, 0) + 1
+            continue
+        rows.append((t.key, t.task, t.state, t.trigger_rule, t.attempt))
+        if t.is_map:
+            maps.setdefault(t.key, {})
+        if t.skip_reason:
+            skipped[t.key] = t.skip_reason
+    return paint_rows(skeleton, rows, maps=maps, skipped=skipped)
 
 
-def paint_rows(skeleton: Skeleton, rows: Iterable[tuple[str, str, str, str | None, int | None]]) -> Graph:
+def paint_rows(
+    skeleton: Skeleton,
+    rows: Iterable[tuple[str, str, str, str | None, int | None]],
+    *,
+    maps: Mapping[str, Mapping[str, int]] | None = None,
+    skipped: Mapping[str, str] | None = None,
+) -> Graph:
     """:func:`paint` from plain ``(key, task, state, trigger rule, attempt)`` rows (a big run's
-    tasks straight from the database: no object per task)."""
+    tasks straight from the database: no object per task; map children not among them), the
+    mapped nodes' children counted per state (``maps``: header key -> state -> count; an empty
+    count for a map not expanded yet) and the SKIPPED tasks' reasons (``skipped``)."""
     info = {r[0]: r for r in rows}
+    maps = maps or {}
+    skipped = skipped or {}
     boxes: list[Box] = []
     for box_id, kind, keys, x, y in skeleton.boxes:
         if kind == "task":
             k, task, state, rule, attempt = info.get(keys[0]) or (keys[0], "", "PENDING", None, None)
-            boxes.append(Box(box_id, k, state, keys, task, rule or DEFAULT_RULE, attempt or 1, x=x, y=y))
+            children = maps.get(k)
+            boxes.append(
+                Box(
+                    box_id, k, state, keys, task, rule or DEFAULT_RULE, attempt or 1,
+                    counts=dict(sorted(children.items())) if children is not None else {},
+                    x=x, y=y, kind="task" if children is None else "map", skip_reason=skipped.get(k),
+                )
+            )  # fmt: skip
             continue
         counts: dict[str, int] = {}
         for key in keys:
@@ -380,8 +428,9 @@ def paint_rows(skeleton: Skeleton, rows: Iterable[tuple[str, str, str, str | Non
 
 
 def layout(tasks: Sequence[TaskInfo], edges: Sequence[tuple[str, str]]) -> Graph:
-    """Place every task (or collapsed chain or layer) on a left-to-right layered grid."""
-    return paint(structure([t.key for t in tasks], edges), tasks)
+    """Place every task (or collapsed chain or layer) on a left-to-right layered grid; a map's
+    children are counted in their map's box."""
+    return paint(structure([t.key for t in tasks if t.map_parent is None], edges), tasks)
 
 
 class _TaskLike(Protocol):
@@ -398,8 +447,17 @@ class _TaskLike(Protocol):
 
 
 def from_views(tasks: Iterable[_TaskLike], edges: Sequence[tuple[str, str]]) -> Graph:
-    """Lay out :class:`~orchestrator.models.TaskView` rows."""
-    infos = [TaskInfo(t.key, t.task, _state(t.state), t.trigger_rule or DEFAULT_RULE, t.attempt or 1) for t in tasks]
+    """Lay out :class:`~orchestrator.models.TaskView` rows (map children counted in their map's box)."""
+    infos = [
+        TaskInfo(
+            t.key, t.task, _state(t.state), t.trigger_rule or DEFAULT_RULE, t.attempt or 1,
+            skip_reason=getattr(t, "skip_reason", None), map_parent=getattr(t, "map_parent", None),
+            is_map=getattr(t, "map_counts", None) is not None,
+        )
+        for t in tasks
+    ]  # fmt: skip
+    children = {i.map_parent for i in infos if i.map_parent is not None}
+    infos = [replace(i, is_map=True) if i.key in children else i for i in infos]
     return layout(infos, edges)
 
 
@@ -442,6 +500,7 @@ def to_svg(graph: Graph, *, href: Callable[[str], str] | None = None) -> str:
         fill = COLOURS.get(b.state, "#ffffff")
         ink = "#ffffff" if b.state in DARK else "#111111"
         bar = ""
+        label = b.label
         if b.collapsed:
             title = counted(b)
             sub = ", ".join(f"{n:,} {s.lower()}" for s, n in _biggest(b.counts))
@@ -450,16 +509,28 @@ def to_svg(graph: Graph, *, href: Callable[[str], str] | None = None) -> str:
                 f' data-kind="{e(b.kind)}" data-counts="{e(_counts_attr(b.counts))}"'
             )
             bar = _bar(b)
+        elif b.mapped:
+            key = b.keys[0]
+            label, sub = map_label(b), map_sub(b)
+            title = f"{counted(b)} ({b.task}): {b.state}{_why(b)}; trigger rule {b.trigger_rule}"
+            attrs = (
+                f'class="node map" data-key="{e(key)}" data-state="{e(b.state)}" data-rule="{e(b.trigger_rule)}"'
+                f' data-kind="map" data-total="{sum(b.counts.values())}" data-counts="{e(_counts_attr(b.counts))}"'
+                + (f' data-skip="{e(b.skip_reason)}"' if b.skip_reason else "")
+            )
+            bar = _bar(b) if b.counts else ""
         else:
             key = b.keys[0]
             rule = "" if b.trigger_rule == DEFAULT_RULE else f" \u00b7 {b.trigger_rule}"
             again = f" #{b.attempt}" if b.attempt > 1 else ""
-            title = f"{key} ({b.task}): {b.state}{again}; trigger rule {b.trigger_rule}"
-            sub = f"{b.state.lower()}{again}{rule}"
-            attrs = f'class="node" data-key="{e(key)}" data-state="{e(b.state)}" data-rule="{e(b.trigger_rule)}"'
+            title = f"{key} ({b.task}): {b.state}{again}{_why(b)}; trigger rule {b.trigger_rule}"
+            sub = f"skipped: {b.skip_reason}" if b.skip_reason else f"{b.state.lower()}{again}{rule}"
+            attrs = f'class="node" data-key="{e(key)}" data-state="{e(b.state)}" data-rule="{e(b.trigger_rule)}"' + (
+                f' data-skip="{e(b.skip_reason)}"' if b.skip_reason else ""
+            )
         shape = (
             f'<rect x="{b.x}" y="{b.y}" width="{BOX_W}" height="{BOX_H}" rx="6" fill="{fill}" stroke="#333"/>'
-            f'<text x="{b.x + 8}" y="{b.y + 18}" fill="{ink}">{e(_short(b.label))}</text>'
+            f'<text x="{b.x + 8}" y="{b.y + 18}" fill="{ink}">{e(_short(label))}</text>'
             f'<text class="sub" x="{b.x + 8}" y="{b.y + 34}" fill="{ink}">{e(_short(sub, 30))}</text>{bar}'
         )
         if href is not None and not b.collapsed:
@@ -469,8 +540,33 @@ def to_svg(graph: Graph, *, href: Callable[[str], str] | None = None) -> str:
     return "\n".join(out)
 
 
+def _why(b: Box) -> str:
+    return f"; skipped: {b.skip_reason}" if b.skip_reason else ""
+
+
+#: how a map's box names its children's states (``9,990 ok · 10 failed``)
+WORDS = {"SUCCEEDED": "ok", "UPSTREAM_FAILED": "upstream failed", "DEAD_LETTER": "dead letter"}
+
+
+def map_label(b: Box) -> str:
+    """A map's box's first line: ``resize \u00d710,000`` (its children), ``resize (map)`` before it expands."""
+    total = sum(b.counts.values())
+    return f"{b.label} \u00d7{total:,}" if total else f"{b.label} (map)"
+
+
+def map_sub(b: Box) -> str:
+    """A map's box's second line: its children per state (``9,990 ok · 10 failed``), or its own
+    state before it expands (or when it ended without children: ``skipped: empty_map``)."""
+    if b.counts:
+        return " \u00b7 ".join(f"{n:,} {WORDS.get(s, s.lower())}" for s, n in _biggest(b.counts))
+    return f"skipped: {b.skip_reason}" if b.skip_reason else b.state.lower()
+
+
 def counted(b: Box) -> str:
-    """A collapsed box in words: ``48,000 tasks: 47,990 SUCCEEDED, 10 FAILED``."""
+    """A collapsed box in words: ``48,000 tasks: 47,990 SUCCEEDED, 10 FAILED``; a map's box:
+    ``resize \u00d710,000 · 9,990 ok · 10 failed``."""
+    if b.mapped:
+        return f"{map_label(b)} \u00b7 {map_sub(b)}"
     return f"{b.label}: " + ", ".join(f"{n:,} {s}" for s, n in _biggest(b.counts))
 
 
@@ -501,7 +597,10 @@ def _text(b: Box) -> list[str]:
     other than the default), or a collapsed layer's counts per state."""
     if b.collapsed:
         return [b.label, ", ".join(f"{n} {s.lower()}" for s, n in b.counts.items())]
-    return [b.label, b.state.lower()] + ([] if b.trigger_rule == DEFAULT_RULE else [b.trigger_rule])
+    rule = [] if b.trigger_rule == DEFAULT_RULE else [b.trigger_rule]
+    if b.mapped:
+        return [map_label(b), map_sub(b), *rule]
+    return [b.label, f"skipped: {b.skip_reason}" if b.skip_reason else b.state.lower(), *rule]
 
 
 def _arrows(graph: Graph) -> list[tuple[str, str, bool]]:

@@ -38,9 +38,12 @@ STYLES: dict[str, str] = {
     "SKIPPED": "magenta",
     "CANCELLED": "bright_black",
     "DEAD_LETTER": "bold red",
+    "MAPPED": "bright_cyan",
 }
 RECENT_EVENTS = 8
 RUNNING_ROWS = 12
+#: the most maps listed with their children's counts
+MAP_ROWS = 8
 
 
 def view(run: RunView, tasks: list[TaskView], events: list[EventView], now: dt.datetime | None = None) -> Group:
@@ -76,6 +79,20 @@ def view(run: RunView, tasks: list[TaskView], events: list[EventView], now: dt.d
         running.add_row(Text(t.key), str(t.attempt), Text(t.worker or ""), f"{since:.1f}s")
     if len(busy) > RUNNING_ROWS:
         running.add_row(f"... {len(busy) - RUNNING_ROWS} more", "", "", "")
+    maps = [t for t in tasks if t.map_counts is not None and t.map_counts["total"]]
+    mapped = Table(title="maps", title_justify="left", show_edge=False, expand=False)
+    for column in ("map", "state", "children"):
+        mapped.add_column(column)
+    for t in maps[:MAP_ROWS]:
+        c = t.map_counts or {}
+        mapped.add_row(
+            Text(t.key),
+            Text(t.state.value, style=STYLES.get(t.state.value, "white")),
+            f"{c['done']:,}/{c['total']:,} done: {c['succeeded']:,} ok, {c['failed']:,} failed,"
+            f" {c['skipped']:,} skipped",
+        )
+    if len(maps) > MAP_ROWS:
+        mapped.add_row(f"... {len(maps) - MAP_ROWS} more", "", "")
     recent = Table(title="recent events", title_justify="left", show_edge=False)
     for column in ("at", "task", "change", "actor", "reason"):
         recent.add_column(column, overflow="fold")
@@ -86,7 +103,7 @@ def view(run: RunView, tasks: list[TaskView], events: list[EventView], now: dt.d
         at = e.at.strftime("%H:%M:%S") if e.at else ""
         who = e.actor + (f" ({e.by})" if e.by else "")
         recent.add_row(at, Text(e.key or "(run)"), change, Text(who), Text((e.reason or "")[:60]))
-    return Group(Panel(head), bar, tally, running, recent)
+    return Group(Panel(head), bar, tally, running, *([mapped] if maps else []), recent)
 
 
 def watch(

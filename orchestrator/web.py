@@ -6,7 +6,10 @@ Pages (server-rendered, no build step, nothing from a CDN):
 * ``/runs/RUN_ID`` - the run: its DAG drawn (:mod:`orchestrator.graph`; a big one in counted
   groups), the task table (paged, with a state filter and a key search) with the reason each
   waiting task waits (:mod:`orchestrator.explain`), the ledger (paged), and operator
-  actions (retry / skip / fail a task, cancel the run) as POST forms with an XSRF token.
+  actions (retry / skip / fail a task, cancel the run) as POST forms with an XSRF token. A map
+  is one box counting its children (``resize \u00d710,000 · 9,990 ok · 10 failed``); a click on it
+  draws its children (``/runs/RUN_ID?part=map&key=KEY``, the first :data:`MAP_CELLS`); a map
+  child's key (``resize[3]``) pages, searches and acts like any other (URL-encoded in paths).
 
 JSON for scripts (the pages' data, same addresses under ``/api``):
 
@@ -59,6 +62,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import threading
 from collections.abc import Callable
@@ -83,6 +87,7 @@ from .errors import (
     TaskNotFound,
     ValidationError,
 )
+from .explain import mapped_text
 from .states import RunState, TaskState
 
 if TYPE_CHECKING:
@@ -481,11 +486,16 @@ class TaskQuery:
         return {k: v for k, v in out.items() if v}
 
 
+#: a task's key: a node's (``KEY_RE``), or a map child's ``node[map key]`` (the map keys the
+#: server accepts, ``orc_expand_v1``)
+TASK_KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,200}(?:\[[A-Za-z0-9_.,:=-]{1,100}\])?")
+
+
 def _task_query(handler: _Base, default_limit: int) -> TaskQuery:
     def key_arg(name: str) -> str | None:
         value = handler.get_query_argument(name, "") or None
-        if value is not None and not KEY_RE.fullmatch(value):
-            raise ValidationError(f"{name} must be a task key (letters, digits, '_' or '-')")
+        if value is not None and not TASK_KEY_RE.fullmatch(value):
+            raise ValidationError(f"{name} must be a task key (letters, digits, '_' or '-'; a map's child: node[key])")
         return value
 
     state = handler.get_query_argument("state", "").strip().upper() or None
@@ -606,15 +616,102 @@ class _SkeletonCache:
 SKELETON_CACHE = _SkeletonCache(SKELETONS)
 
 
+def drawing_rows(
+    orc: Orchestrator, run_id: str
+) -> tuple[list[tuple[Any, ...]], dict[str, dict[str, int]], dict[str, str]]:
+    """What the drawing needs: ``(key, task name, state, trigger rule, attempt)`` of every task
+    that is not a map's child, each mapped node's children counted per state (in the database:
+    a map of 100,000 children is a few rows here), and the SKIPPED tasks' reasons. Raises
+    :class:`RunNotFound` for a run this caller does not see."""
+    reads = orc.reads
+    rows = reads._plain(
+        run_id,
+        "SELECT key, task_name, state, trigger_rule, attempt, skip_reason, map_spec IS NOT NULL"
+        " FROM orc_tasks WHERE run_id = %(run)s AND map_parent IS NULL",
+    )
+    maps: dict[str, dict[str, int]] = {r[0]: {} for r in rows if r[6]}
+    for parent, state, n in reads._plain(
+        run_id,
+        "SELECT map_parent, state, count(*) FROM orc_tasks WHERE run_id = %(run)s AND map_parent IS NOT NULL"
+        " GROUP BY map_parent, state",
+    ):
+        maps.setdefault(parent, {})[state] = int(n)
+    skipped = {r[0]: r[5] for r in rows if r[5]}
+    return [r[:5] for r in rows], maps, skipped
+
+
 def run_drawing(orc: Orchestrator, run_id: str) -> tuple[drawing.Skeleton, drawing.Graph]:
     """The run's DAG drawn (collapsed into counted groups when large, :func:`graph.structure`),
-    from its tasks' states and its kept skeleton (the edges are read once per run)."""
-    found = orc.reads.drawing_rows(run_id)  # RunNotFound for a run this caller does not see
+    from its tasks' states and its kept skeleton (the edges are read once per run). A map is
+    one box counting its children (they have no edges, and the skeleton is made without them:
+    a map growing does not change it)."""
+    found, maps, skipped = drawing_rows(orc, run_id)  # RunNotFound for a run this caller does not see
     skeleton = SKELETON_CACHE.get((run_id, len(found)))
     if skeleton is None:
         skeleton = drawing.structure([r[0] for r in found], orc.reads.edge_list(run_id))
         SKELETON_CACHE.put((run_id, len(found)), skeleton)
-    return skeleton, drawing.paint_rows(skeleton, found)
+    return skeleton, drawing.paint_rows(skeleton, found, maps=maps, skipped=skipped)
+
+
+#: the most children of one map its expanded view (``?part=map&key=K``) draws
+MAP_CELLS = 1000
+CELL, CELLS_PER_ROW = 14, 50
+
+
+def map_children(orc: Orchestrator, run_id: str, key: str, limit: int = MAP_CELLS) -> tuple[list[Any], int]:
+    """The first ``limit`` children of the map ``key`` in map order ``(key, state, attempt,
+    skip reason, map index, map key)`` and how many it has. Raises :class:`RunNotFound`, or
+    :class:`TaskNotFound` when ``key`` is not a mapped node of the run."""
+    from sqlalchemy import func, select
+
+    from .schema import tasks as t_tasks
+
+    c = t_tasks.c
+    reads = orc.reads
+    head = reads._of_run(run_id, select(c.map_spec.isnot(None)).where(c.run_id == run_id, c.key == key))
+    if not head or not head[0][0]:
+        raise TaskNotFound(f"run {run_id!r} has no mapped task {key!r}")
+    mine = [c.run_id == run_id, c.map_parent == key]
+    total = int(reads._of_run(run_id, select(func.count()).where(*mine))[0][0])
+    q = (
+        select(c.key, c.state, c.attempt, c.skip_reason, c.map_index, c.map_key)
+        .where(*mine)
+        .order_by(c.map_index)
+        .limit(limit)
+    )
+    return list(reads._of_run(run_id, q)), total
+
+
+def map_svg(orc: Orchestrator, run_id: str, key: str) -> str:
+    """A map's children drawn: one small square per child in map order, coloured by its state,
+    each a link to its row of the task table (the first :data:`MAP_CELLS`; the task table lists
+    them all)."""
+    import html as markup
+
+    children, total = map_children(orc, run_id, key)
+    e = markup.escape
+    rows = max(1, -(-len(children) // CELLS_PER_ROW))
+    width, height = CELLS_PER_ROW * (CELL + 2) + 4, rows * (CELL + 2) + 24
+    counts: dict[str, int] = {}
+    cells = []
+    for n, (k, state, attempt, skip, index, mkey) in enumerate(children):
+        counts[state] = counts.get(state, 0) + 1
+        x, y = 2 + (n % CELLS_PER_ROW) * (CELL + 2), 20 + (n // CELLS_PER_ROW) * (CELL + 2)
+        why = f"; skipped: {skip}" if skip else ""
+        link = f"?{urlencode({'q': k})}#task-{quote(k)}"
+        cells.append(
+            f'<g class="child" data-key="{e(k)}" data-state="{e(state)}" data-index="{index}">'
+            f"<title>{e(k)}: {e(state)}{' #' + str(attempt) if attempt > 1 else ''}{e(why)} (item {index},"
+            f' key {e(str(mkey))})</title><a href="{e(link)}"><rect x="{x}" y="{y}" width="{CELL}"'
+            f' height="{CELL}" fill="{drawing.COLOURS.get(state, "#fff")}" stroke="#555"/></a></g>'
+        )
+    shown = f"{len(children):,} of {total:,} shown (the task table lists them all)" if total > len(children) else ""
+    head_text = f"{key} \u00d7{total:,}: " + ", ".join(f"{n:,} {s.lower()}" for s, n in sorted(counts.items()))
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="map" data-map="{e(key)}" data-total="{total}"'
+        f' width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="map {e(key)}">'
+        f'<text x="2" y="14" style="font:12px sans-serif">{e(head_text)} {e(shown)}</text>' + "".join(cells) + "</svg>"
+    )
 
 
 def run_page_data(
@@ -655,11 +752,13 @@ def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[
     skeleton = None
     if keys:
         skeleton, picture = run_drawing(orc, run_id)
-        touched = {skeleton.box_of.get(k) for k in keys}
+        # a map's child has no box: its map's box counts it
+        touched = {skeleton.box_of.get(t.map_parent or t.key) for t in tasks}
         boxes = {
             b.id: {"state": b.state, "counts": b.counts, "title": drawing.counted(b)}
+            | ({"label": drawing.map_label(b), "sub": drawing.map_sub(b), "key": b.keys[0]} if b.mapped else {})
             for b in picture.boxes
-            if b.collapsed and b.id in touched
+            if (b.collapsed or b.mapped) and b.id in touched
         }
     return {
         "run": {"id": view.id, "state": view.state.value, "final": view.state.terminal},
@@ -673,7 +772,9 @@ def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[
                 "worker": t.worker,
                 "duration": t.duration,
                 "error": t.error[:300] if t.error and t.state is not TaskState.SUCCEEDED else None,
-                "box": skeleton.box_of.get(t.key) if skeleton else None,
+                "box": skeleton.box_of.get(t.map_parent or t.key) if skeleton else None,
+                "skip_reason": t.skip_reason,
+                "map": t.map_counts,
             }
             for t in tasks
         },
@@ -781,6 +882,14 @@ class RunPage(_Base):
     async def get(self, run_id: str) -> None:
         if self.get_query_argument("part", "") == "dag":  # the drawing alone (a large run's page fetches it)
             svg = await self.blocking(run_dag_svg, self.orc, run_id)
+            self.set_header("Content-Type", "image/svg+xml; charset=UTF-8")
+            self.write(svg)
+            return
+        if self.get_query_argument("part", "") == "map":  # a map's children drawn (its box expanded)
+            key = self.get_query_argument("key", "")
+            if not KEY_RE.fullmatch(key):
+                raise ValidationError("key must be a mapped task's key")
+            svg = await self.blocking(map_svg, self.orc, run_id, key)
             self.set_header("Content-Type", "image/svg+xml; charset=UTF-8")
             self.write(svg)
             return
@@ -943,7 +1052,9 @@ class Metrics(_Base):
 
 
 RUN_ID = r"([A-Za-z0-9_-]{1,32})"
-KEY = r"([A-Za-z0-9_-]{1,200})"
+#: a task's key in a path: a map child's ``node[key]`` arrives as is or percent-encoded (Tornado
+#: decodes the group); the store finds the task or answers 404
+KEY = r"([A-Za-z0-9_.,:=%\[\]-]{1,400})"
 VERB = r"(retry|skip|fail)"
 
 
@@ -1039,5 +1150,6 @@ def render(name: str, **values: Any) -> bytes:
         can_write=handler.current_user is not None,
         nonce=handler.nonce,
         ceil=math.ceil,
+        map_text=mapped_text,
         **values,
     )

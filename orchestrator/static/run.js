@@ -3,7 +3,8 @@
 // the page current without reloading it: every few seconds it asks
 // /api/runs/RUN_ID/changes?after=LAST_EVENT_ID what changed (bounded: at most 500 ledger rows
 // a time) and updates the run's state and counts, the rows of the tasks shown, the drawn boxes
-// (a task's state, a group's counts) and the ledger.
+// (a task's state, a group's counts, a map's children's counts) and the ledger. A map's box
+// (g.node.map) expands on a click: its children drawn below the DAG (?part=map&key=KEY).
 (function () {
   'use strict';
   var POLL_MS = 3000;
@@ -11,7 +12,7 @@
   var COLOURS = {
     PENDING: '#f0f0f0', READY: '#d6e4f0', QUEUED: '#b0c4de', RUNNING: '#7fd67f', RETRYING: '#f5d742',
     SUCCEEDED: '#2e8b57', FAILED: '#e0443e', UPSTREAM_FAILED: '#f29d49', SKIPPED: '#f4a6d7',
-    CANCELLED: '#a9a9a9', DEAD_LETTER: '#8b1a1a', MIXED: '#ffffff'
+    CANCELLED: '#a9a9a9', DEAD_LETTER: '#8b1a1a', MAPPED: '#8fd3c1', MIXED: '#ffffff'
   };
   var DARK = { SUCCEEDED: 1, FAILED: 1, DEAD_LETTER: 1 };
   var BOX_W = 170, BOX_H = 46;
@@ -40,13 +41,24 @@
     if (rect) rect.setAttribute('fill', COLOURS[t.state] || '#fff');
     var ink = DARK[t.state] ? '#ffffff' : '#111111';
     g.querySelectorAll('text').forEach(function (x) { x.setAttribute('fill', ink); });
+    if (t.skip_reason) g.setAttribute('data-skip', t.skip_reason);
     var sub = g.querySelector('text.sub');
+    if (g.getAttribute('data-kind') === 'map') {
+      // a map's box counts its children (paintBox); before it expands, or ended without any, its state
+      if (sub && !+g.getAttribute('data-total')) {
+        text(sub, t.skip_reason ? 'skipped: ' + t.skip_reason : t.state.toLowerCase());
+      }
+      return;
+    }
     if (sub) {
       var again = t.attempt > 1 ? ' #' + t.attempt : '';
       var rule = g.getAttribute('data-rule');
-      text(sub, t.state.toLowerCase() + again + (rule && rule !== 'all_success' ? ' \u00b7 ' + rule : ''));
+      text(sub, t.skip_reason ? 'skipped: ' + t.skip_reason
+        : t.state.toLowerCase() + again + (rule && rule !== 'all_success' ? ' \u00b7 ' + rule : ''));
     }
   }
+
+  function short(s, n) { return s.length > n ? s.slice(0, n - 1) + '\u2026' : s; }
 
   function paintBox(id, b) {
     var g = document.getElementById(id);
@@ -61,7 +73,15 @@
     text(g.querySelector('title'), b.title);
     var biggest = states.slice().sort(function (a, c) { return b.counts[c] - b.counts[a] || (a < c ? -1 : 1); });
     var sub = biggest.map(function (s) { return fmt(b.counts[s]) + ' ' + s.toLowerCase(); }).join(', ');
-    text(g.querySelector('text.sub'), sub.length > 30 ? sub.slice(0, 29) + '\u2026' : sub);
+    if (b.label !== undefined) {  // a map's box: its label and line come with it
+      var total = states.reduce(function (a, s) { return a + b.counts[s]; }, 0);
+      g.setAttribute('data-total', total);
+      var lines = g.querySelectorAll('text');
+      if (lines.length) text(lines[0], short(b.label, 22));
+      sub = b.sub;
+      if (!total) return;
+    }
+    text(g.querySelector('text.sub'), short(sub, 30));
     // the strip of shares along the box's foot
     g.querySelectorAll('rect.share').forEach(function (r) { r.remove(); });
     if (!rect) return;
@@ -87,7 +107,12 @@
     var row = document.getElementById('task-' + key);
     if (!row) return;  // not on this page of the table
     row.setAttribute('data-state', t.state);
-    text(row.querySelector('.c-state'), t.state);
+    var why = t.skip_reason ? ' skipped: ' + t.skip_reason : '';
+    if (t.map) {
+      why = ' mapped into ' + fmt(t.map.total) + ' task(s): ' + fmt(t.map.done) + ' done (' + fmt(t.map.succeeded) +
+        ' succeeded, ' + fmt(t.map.failed) + ' failed, ' + fmt(t.map.skipped) + ' skipped)';
+    }
+    text(row.querySelector('.c-state'), t.state + why);
     text(row.querySelector('.c-attempt'), t.attempt + '/' + t.max_attempts);
     text(row.querySelector('.c-duration'), t.duration === null ? '-' : t.duration.toFixed(2) + 's');
     text(row.querySelector('.c-worker'), t.worker || '');
@@ -160,6 +185,24 @@
       .catch(function () { setTimeout(function () { poll(root); }, POLL_MS * 3); });
   }
 
+  function expand(root, g) {
+    // a map's box clicked: draw its children below the DAG (a second click on it hides them)
+    var view = document.getElementById('map-view');
+    var key = g.getAttribute('data-key');
+    if (!view || !root) return;
+    if (!view.hidden && view.getAttribute('data-map') === key) { view.hidden = true; return; }
+    fetch('/runs/' + encodeURIComponent(root.getAttribute('data-run')) + '?part=map&key=' + encodeURIComponent(key),
+          { credentials: 'same-origin' })
+      .then(function (r) { if (!r.ok) throw new Error('map: ' + r.status); return r.text(); })
+      .then(function (svg) {
+        view.innerHTML = svg;
+        view.setAttribute('data-map', key);
+        view.hidden = false;
+        view.scrollIntoView({ block: 'nearest' });
+      })
+      .catch(function (e) { view.textContent = String(e); view.hidden = false; });
+  }
+
   function start() {
     document.querySelectorAll('[data-zoom]').forEach(function (b) {
       b.addEventListener('click', function () { zoom(+b.getAttribute('data-zoom')); });
@@ -183,6 +226,9 @@
 
   function drawn(root) {
     if (document.querySelectorAll('#dag g.node').length > 60) zoom(0);
+    document.querySelectorAll('#dag g.node.map').forEach(function (g) {
+      g.addEventListener('click', function (e) { e.preventDefault(); expand(root, g); });
+    });
     if (root) {
       // the marker a browser test waits for: the page and its drawing are drawn, the script runs
       root.setAttribute('data-ready', '1');

@@ -332,7 +332,9 @@ class Reads:
     ) -> ExplainInput:
         """What ``explain`` needs about a run, read in one connection (raise :class:`RunNotFound`).
         With ``keys``, only what explaining those tasks needs: them, their edges in and their
-        parents (a page of a 50,000-task run reads a few hundred rows, not the run)."""
+        parents (a page of a 50,000-task run reads a few hundred rows, not the run), the child
+        of the map before that holds a chained map child's item, and the ledger rows that
+        decided them (out of PENDING, or into SKIPPED)."""
         c = t_tasks.c
         with self.db.engine.connect() as conn:
             found_run = conn.execute(
@@ -349,16 +351,33 @@ class Reads:
                 wanted = sorted(set(keys))
                 edge_where.append(t_edges.c.child_key.in_(wanted))
                 parents = conn.execute(sa.select(t_edges.c.parent_key).where(*edge_where)).scalars().all()
-                task_where.append(c.key.in_(sorted(set(wanted) | set(parents))))
+                item_where = (c.run_id == run_id, c.key.in_(wanted), c.map_item_from.is_not(None))
+                items = conn.execute(sa.select(c.map_item_from).where(*item_where)).scalars().all()
+                task_where.append(c.key.in_(sorted(set(wanted) | set(parents) | set(items))))
             tasks = conn.execute(
                 sa.select(
                     c.key, c.state, c.attempt, c.max_attempts, c.trigger_rule, c.n_upstream, c.n_done,
                     c.n_succeeded, c.n_failed, c.n_skipped, c.queue, c.priority, c.not_before,
                     c.dispatched_at, c.worker, c.lease_expires_at, c.pool, c.pool_slots, c.rate_limit,
+                    # dynamic DAGs: skips, the counters of the new rules, maps
+                    c.skip_reason, c.n_upstream_failed, c.n_setup, c.n_setup_ok, c.n_setup_skipped,
+                    c.min_success_ratio, c.map_spec.is_not(None).label("is_map"), c.map_parent, c.map_index,
+                    c.map_key, c.map_item_from, c.map_total, c.map_done, c.map_ok, c.map_failed, c.map_skipped,
                 )
                 .where(*task_where)
                 .order_by(c.key)
             ).all()  # fmt: skip
+            e = t_events.c
+            decided = [e.run_id == run_id, e.accepted.is_(True), e.kind.is_(None), e.key.is_not(None)]
+            decided.append(sa.or_(e.from_state == "PENDING", e.to_state == "SKIPPED"))
+            if keys is not None:
+                decided.append(e.key.in_(sorted(set(keys))))
+            ledger: dict[str, dict[str, dict[str, Any]]] = {}
+            for ev in conn.execute(sa.select(e.key, e.from_state, e.to_state, e.reason).where(*decided).order_by(e.id)):
+                entry = {"from": ev.from_state, "to": ev.to_state, "reason": ev.reason}
+                ledger.setdefault(ev.key, {})[ev.to_state] = entry
+                if ev.from_state == "PENDING":
+                    ledger[ev.key]["decided"] = entry
             edges = [
                 (p, ch)
                 for p, ch in conn.execute(sa.select(t_edges.c.parent_key, t_edges.c.child_key).where(*edge_where)).all()
@@ -401,7 +420,7 @@ class Reads:
                 limits = _veiled(limits, str(tenant), {r.run_id for r in _flying_of(conn, self.tenant)})
         return ExplainInput(
             run_state, tasks, edges, workers, ahead, in_flight, depth, now, tenant=str(tenant), dag=str(dag_name),
-            **limits,
+            ledger=ledger, **limits,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ diagnostics

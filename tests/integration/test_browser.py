@@ -162,3 +162,40 @@ def test_run_page_draws_the_dag_and_retries_a_parked_task(
     # a final run offers no actions
     assert not driver.find_elements(By.CSS_SELECTOR, "button.action, #cancel-run")  # type: ignore[attr-defined]
     driver.save_screenshot(str(tmp_path / "run-page-final.png"))  # type: ignore[attr-defined]
+
+
+def test_a_map_is_one_box_that_expands_and_a_skip_says_why(
+    orc: Orchestrator, worker: WorkerProcess, server: Server, browser: object
+) -> None:
+    """A map of 40 children is drawn as one box counting them; a click draws its children; a
+    branch's skipped task says why in its box."""
+    from selenium.webdriver.common.by import By
+
+    dag = DAG("mapped_page")
+    dag.map("resize", P + "echo", over=list(range(40)), kwarg="x")
+    dag.task("join", P + "echo", upstream=["resize"])
+    dag.task("check", P + "noop", short_circuit=True)  # returns None: what follows is skipped
+    dag.task("after", P + "echo", upstream=["check"])
+    run = orc.submit(dag)
+    assert run.wait(timeout=90).state is RunState.SUCCEEDED
+
+    driver = browser
+    driver.get(server.login)  # type: ignore[attr-defined]
+    driver.get(f"{server.base}/runs/{run.id}")  # type: ignore[attr-defined]
+    wait_for("the page's script", lambda: driver.find_element(By.ID, "run").get_attribute("data-ready") == "1", 10)  # type: ignore[attr-defined]
+    boxes = drawn(driver)
+    assert set(boxes) == {"resize", "join", "check", "after"}, boxes  # no box per child
+    after = driver.find_element(By.CSS_SELECTOR, '#dag g.node[data-key="after"]')  # type: ignore[attr-defined]
+    assert after.get_attribute("data-skip") == "short_circuit" and "skipped: short_circuit" in after.text
+    box = driver.find_element(By.CSS_SELECTOR, '#dag g.node.map[data-key="resize"]')  # type: ignore[attr-defined]
+    assert box.get_attribute("data-total") == "40" and "resize \u00d740" in box.text and "40 ok" in box.text
+    box.find_element(By.CSS_SELECTOR, "rect").click()
+    wait_for(
+        "the map's children drawn",
+        lambda: len(driver.find_elements(By.CSS_SELECTOR, "#map-view g.child")) == 40,  # type: ignore[attr-defined]
+        10,
+    )
+    cells = driver.find_elements(By.CSS_SELECTOR, "#map-view g.child")  # type: ignore[attr-defined]
+    assert [c.get_attribute("data-key") for c in cells] == [f"resize[{i}]" for i in range(40)]
+    assert {c.get_attribute("data-state") for c in cells} == {"SUCCEEDED"}
+    assert csp_violations(driver) == []

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from orchestrator import DAG, Orchestrator, Settings
+from orchestrator import DAG, Orchestrator, Settings, Skip
+from orchestrator.explain import ExplainInput, explain
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.registry import StaticRegistry
+from tests.store import dynamic
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +86,7 @@ def test_each_reason_kind(orc: Orchestrator, tmp_path: Path) -> None:
         "done": 1,
         "succeeded": 1,
         "failed": 0,
+        "upstream_failed": 0,
         "skipped": 0,
     }
     # the JSON form, through the CLI, as a user sees it
@@ -157,3 +163,133 @@ def test_explaining_some_keys_reads_only_them_and_says_the_same(orc: Orchestrato
     assert some == {"c": whole["c"], "e": whole["e"]}
     data = orc.reads.explain_input(run.id, worker_ttl=30, depth=1, keys={"d"})
     assert sorted(t.key for t in data.tasks) == ["c", "d"] and data.edges == [("c", "d")]
+
+
+# ------------------------------------------------------------------ dynamic DAGs
+
+
+@pytest.fixture
+def dyn(pg_clean: str) -> Iterator[Orchestrator]:
+    """An orchestrator whose workers' part ``tests.store.dynamic.drive`` plays."""
+    o = dynamic.orchestrator(pg_clean)
+    yield o
+    o.store.attempts.hot.close()
+    o.store.dispose()
+
+
+def why(orc: Orchestrator, run_id: str, key: str) -> dict[str, dict[str, Any]]:
+    (found,) = orc.explain(run_id, key)
+    return {r.kind: r.to_json() for r in found.reasons}
+
+
+def test_a_skipped_task_says_why(dyn: Orchestrator) -> None:
+    dag = DAG("skips")
+    dag.task("pick", "t", branch=True)
+    dag.task("a", "t", upstream=["pick"])
+    dag.task("b", "t", upstream=["pick"])
+    dag.task("b2", "t", upstream=["b"])
+    dag.task("check", "t", short_circuit=True)
+    dag.task("cut", "t", upstream=["check"])
+    dag.task("me", "t")
+    dag.task("ls", "t")
+    dag.map("m", "t", over="ls", kwarg="x")
+
+    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
+        if key == "me":
+            raise Skip("no new files")
+        return {"pick": "a", "check": 0, "ls": []}.get(key, 1)
+
+    d = dynamic.drive(dyn, dag, body)
+    assert why(dyn, d.run_id, "b")["skipped"]["detail"] == (
+        "branch_not_taken (a branch upstream followed other tasks); ledger: branch_not_taken: pick followed a"
+    )
+    assert why(dyn, d.run_id, "b2")["skipped"]["skip_reason"] == "upstream_skipped"
+    cut = why(dyn, d.run_id, "cut")["skipped"]
+    assert cut["skip_reason"] == "short_circuit" and "check returned 0" in cut["ledger_reason"]
+    me = why(dyn, d.run_id, "me")["skipped"]
+    assert me["skip_reason"] == "user" and me["ledger_reason"] == "user: no new files"
+    assert "raised orchestrator.Skip" in me["detail"]
+    assert why(dyn, d.run_id, "m")["skipped"]["skip_reason"] == "empty_map"
+    # the CLI says the same
+    result = cli_explain(dyn, d.run_id, "b")
+    assert "  - skipped: branch_not_taken (a branch upstream" in result
+
+
+def test_a_map_counts_its_children_and_a_child_names_its_map(dyn: Orchestrator) -> None:
+    dag = DAG("mapped")
+    dag.task("ls", "t")
+    dag.map("m", "t", over="ls", kwarg="x")
+    dag.task("join", "t", upstream=["m"], trigger_rule="all_done")
+
+    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
+        if key == "ls":
+            return [10, 11, 12, 13, 14]
+        if key == "m[1]":
+            raise dynamic.Fail("boom")
+        return 1
+
+    d = dynamic.drive(dyn, dag, body, until=lambda d: d.states().get("m[3]") == "SUCCEEDED")
+    mapped = why(dyn, d.run_id, "m")["mapped"]
+    assert mapped["detail"] == "mapped into 5 task(s): 4 done (3 succeeded, 1 failed, 0 skipped)"
+    child = dyn.explain(d.run_id, "m[4]")[0]
+    assert child.reasons[0].kind == "map_child"
+    assert child.reasons[0].detail == "item 4 (key 4) of map m" and child.reasons[0].data["index"] == 4
+    join = why(dyn, d.run_id, "join")["trigger_rule"]
+    assert join["total"] == 5 and join["done"] == 4 and join["failed"] == 1 and join["upstream_failed"] == 0
+    d = dynamic.drive(dyn, dag, body, run_id=d.run_id)
+    closed = dyn.explain(d.run_id, "m")[0]
+    assert closed.state.value == "FAILED" and [r.kind for r in closed.reasons] == ["finished", "mapped"]
+    assert "5 done (4 succeeded, 1 failed, 0 skipped)" in closed.reasons[1].detail
+    assert "item 1 (key 1) of map m" in cli_explain(dyn, d.run_id, "m[1]")
+
+
+def test_pending_counters_and_early_verdicts(dyn: Orchestrator) -> None:
+    dag = DAG("counters")
+    dag.task("a", "t")
+    dag.task("b", "t", upstream=["a"])
+    dag.task("c", "t")
+    dag.task("join", "t", upstream=["a", "b", "c"], trigger_rule="all_done")
+    dag.task("early", "t", upstream=["a", "c"], trigger_rule="one_failed")
+
+    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
+        if key == "a":
+            raise dynamic.Fail("boom")
+        return 1
+
+    d = dynamic.drive(dyn, dag, body, steps=1)  # a fails, b is UPSTREAM_FAILED, c waits
+    assert d.states()["b"] == "UPSTREAM_FAILED" and d.states()["c"] in ("QUEUED", "READY")
+    join = why(dyn, d.run_id, "join")["trigger_rule"]
+    assert (join["done"], join["failed"], join["upstream_failed"]) == (2, 1, 1)
+    assert "2 of 3 parents done (0 succeeded, 1 failed, 1 upstream failed, 0 skipped)" in join["detail"]
+    early = why(dyn, d.run_id, "early")
+    assert "early verdict (1 of 2 upstream done)" in early["decided"]["detail"]
+    assert early["decided"]["to"] in ("READY", "QUEUED")
+    assert "upstream a FAILED" in why(dyn, d.run_id, "b")["decided"]["detail"]
+    assert "early verdict (1 of 2 upstream done)" in cli_explain(dyn, d.run_id, "early")
+
+
+def cli_explain(orc: Orchestrator, run_id: str, key: str) -> str:
+    from click.testing import CliRunner
+
+    from orchestrator import cli
+
+    original = cli._ready_store
+    cli._ready_store = lambda: orc  # type: ignore[assignment]
+    try:
+        result = CliRunner().invoke(cli.main, ["explain", run_id, key])
+    finally:
+        cli._ready_store = original  # type: ignore[assignment]
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_explain_is_pure_over_rows_without_the_dynamic_columns() -> None:
+    """A row without the dynamic columns (an older store's) is explained as before."""
+    row = SimpleNamespace(key="j", state="PENDING", trigger_rule="all_success", n_upstream=2, n_done=1,
+                          n_succeeded=1, n_failed=0, n_skipped=0)  # fmt: skip
+    data = ExplainInput("RUNNING", [row], [], [], {}, {}, 1, dt.datetime.now(dt.UTC))
+    (found,) = explain(data)
+    assert (
+        found.reasons[0].detail
+        == "all_success: 1 of 2 parents done (1 succeeded, 0 failed, 0 skipped); not decided yet"
+    )

@@ -9,7 +9,10 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from html import unescape
+from types import SimpleNamespace
 from typing import Any
+from urllib.parse import quote
 
 import sqlalchemy as sa
 
@@ -17,6 +20,7 @@ from orchestrator import DAG
 from orchestrator import graph as drawing
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.web import API_LIMIT, CHANGES_LIMIT, LEDGER_ROWS, TASK_ROWS
+from tests.store.dynamic import Fail, drive
 from tests.unit.test_web import TOKEN, WebCase, bearer
 
 WIDTH = 3_000
@@ -239,3 +243,180 @@ def test_chains_and_wide_layers_collapse_from_the_edges() -> None:
     assert len(g.boxes) <= drawing.MAX_BOXES and len(g.arrows) <= drawing.MAX_ARROWS
     assert sum(len(b.keys) for b in g.boxes) == 40_000
     assert len(drawing.to_svg(g)) < 1_000_000
+
+
+# ------------------------------------------------------------------ dynamic DAGs on the run page
+
+
+def mapped_dag(name: str = "maps", *, join: bool = True) -> DAG:
+    """``ls`` -> map ``resize`` (one child per item) -> ``join``; a branch ``pick`` choosing
+    ``left`` (``right`` SKIPPED: branch_not_taken)."""
+    dag = DAG(name)
+    dag.task("ls", "t.ok")
+    dag.map("resize", "t.ok", over="ls", kwarg="x")
+    if join:
+        dag.task("join", "t.ok", upstream=["resize"], trigger_rule="all_done")
+    dag.task("pick", "t.ok", branch=True)
+    dag.task("left", "t.ok", upstream=["pick"])
+    dag.task("right", "t.ok", upstream=["pick"])
+    return dag
+
+
+def mapped_body(n: int, failing: set[int]) -> Any:
+    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
+        if key == "ls":
+            return list(range(n))
+        if key == "pick":
+            return "left"
+        if key.startswith("resize[") and int(key[7:-1]) in failing:
+            raise Fail("boom")
+        return 1
+
+    return body
+
+
+class TestMapsOnTheRunPage(WebCase):
+    auth = TOKEN
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.session = {"Cookie": self.log_in(TOKEN)}
+
+    def api(self, path: str) -> dict[str, Any]:
+        r = self.get(path, **bearer(TOKEN))
+        assert r.code == 200, (r.code, r.body[:300])
+        return json.loads(r.body)  # type: ignore[no-any-return]
+
+    def test_a_map_is_one_box_counting_its_children_and_expands(self) -> None:
+        d = drive(self.orc, mapped_dag(), mapped_body(500, {3, 7}))
+        states = d.states()
+        assert sum(k.startswith("resize[") for k in states) == 500 and states["right"] == "SKIPPED"
+        html = self.get(f"/runs/{d.run_id}").body.decode()
+        # six boxes: ls, resize (one, whatever its width), join, pick, left, right
+        assert html.count('class="node') == 6 and html.count('class="node map"') == 1
+        assert 'data-key="resize[' not in html.split('<h3 id="tasks-title">')[0]  # no child drawn
+        assert "resize \u00d7500 \u00b7 498 ok \u00b7 2 failed" in html  # the box's title
+        assert 'data-total="500"' in html and "FAILED:2,SUCCEEDED:498" in html
+        # the SKIPPED task says why, in its box and its row
+        assert 'data-skip="branch_not_taken"' in html and "skipped: branch_not_taken" in html
+        rows = re.findall(r'<tr id="task-([^"]+)" data-key="[^"]+" data-state="([^"]+)"', html)
+        assert ("resize[0]", "SUCCEEDED") in rows  # the table lists the children
+        html = self.get(f"/runs/{d.run_id}?q=" + quote("resize[3]")).body.decode()
+        assert "item 3 of" in html
+        html = self.get(f"/runs/{d.run_id}?q=resize").body.decode()
+        assert "mapped into 500 task(s): 500 done (498 succeeded, 2 failed, 0 skipped)" in html
+        # the map's box expanded: its children drawn, in map order
+        part = self.get(f"/runs/{d.run_id}?part=map&key=resize")
+        assert part.code == 200 and part.headers["Content-Type"].startswith("image/svg+xml")
+        cells = re.findall(r'<g class="child" data-key="([^"]+)" data-state="([^"]+)"', part.body.decode())
+        assert [k for k, _ in cells] == [f"resize[{i}]" for i in range(500)]
+        assert [k for k, s in cells if s == "FAILED"] == ["resize[3]", "resize[7]"]
+        assert self.get(f"/runs/{d.run_id}?part=map&key=join").code == 404  # not a map
+        assert self.get(f"/runs/{d.run_id}?part=map&key=resize[3]").code == 400
+        assert self.get(f"/runs/{d.run_id}?part=map&key=resize", anonymous=True).code == 302
+        # dot and mermaid say the same
+        dot = self.get(f"/api/runs/{d.run_id}/graph?format=dot", **bearer(TOKEN)).body.decode()
+        assert "resize \u00d7500" in dot and "skipped: branch_not_taken" in dot and "resize[" not in dot
+
+    def test_the_drawing_of_a_wide_map_is_bounded(self) -> None:
+        d = drive(self.orc, mapped_dag(), mapped_body(10_000, {5}), steps=3)
+        # ls, pick and one more ran: the map expanded to 10,000 children
+        run = d.run_id
+        with self.orc.store.db.engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE orc_tasks SET state = 'SUCCEEDED' WHERE run_id = :r AND map_parent = 'resize'"),
+                {"r": run},
+            )
+            conn.execute(
+                sa.text(
+                    "UPDATE orc_tasks SET state = 'FAILED' WHERE run_id = :r AND key IN ('resize[5]', 'resize[9]')"
+                ),
+                {"r": run},
+            )
+        first = self.get(f"/runs/{run}")
+        assert first.code == 200 and len(first.body) < 200_000
+        svg = self.get(f"/runs/{run}?part=dag").body.decode()
+        assert svg.count('class="node') == 6 and len(svg) < 20_000
+        assert "resize \u00d710,000 \u00b7 9,998 ok \u00b7 2 failed" in svg
+        part = self.get(f"/runs/{run}?part=map&key=resize").body.decode()
+        assert part.count('class="child"') == 1000 and "1,000 of 10,000 shown" in part
+
+    def test_child_keys_page_search_and_act_in_the_table(self) -> None:
+        d = drive(self.orc, mapped_dag(), mapped_body(30, {3}))
+        run = d.run_id
+        # keyset paging walks children (keys with brackets) like any key
+        seen: list[str] = []
+        path: str | None = f"/runs/{run}?limit=7"
+        while path:
+            html = self.get(path).body.decode()
+            seen += [unescape(k) for k in re.findall(r'<tr id="task-([^"]+)"', html)]
+            nxt = re.search(r'id="tasks-next" href="([^"]+)"', html)
+            path = unescape(nxt.group(1)) if nxt else None
+        assert len(seen) == len(set(seen)) == len(d.states()) == 36
+        assert self.get(f"/runs/{run}?after=" + quote("resize[3]")).code == 200
+        assert self.get(f"/runs/{run}?after=" + quote("resize[3")).code == 400
+        doc = self.api(f"/api/runs/{run}?q=" + quote("resize[1"))
+        assert sorted(t["key"] for t in doc["tasks"]) == sorted(["resize[1]"] + [f"resize[{i}]" for i in range(10, 20)])
+        one = next(t for t in doc["tasks"] if t["key"] == "resize[1]")
+        assert one["map_parent"] == "resize" and one["map_index"] == 1 and one["map_key"] == "1"
+        # the failed child's retry form posts to its URL-encoded key (a map without downstream: the
+        # operator's retry of a child reopens it)
+        run = drive(self.orc, mapped_dag("leaf", join=False), mapped_body(5, {3})).run_id
+        html = self.get(f"/runs/{run}?q=" + quote("resize[3]")).body.decode()
+        assert f'action="/runs/{run}/tasks/resize%5B3%5D/retry"' in html
+        done = self.fetch(f"/api/runs/{run}/tasks/resize%5B3%5D/retry", method="POST", body="", headers=bearer(TOKEN))
+        assert done.code == 200, done.body
+        assert json.loads(done.body)["key"] == "resize[3]"
+        assert self.orc.task(run, "resize[3]").state.value in ("READY", "QUEUED")
+        assert self.orc.task(run, "resize").state.value == "MAPPED"  # the map reopened
+        missing = self.fetch(
+            f"/api/runs/{run}/tasks/resize%5B99%5D/retry", method="POST", body="", headers=bearer(TOKEN)
+        )
+        assert missing.code == 404
+
+    def test_changes_repaint_a_maps_box_from_its_children(self) -> None:
+        d = drive(self.orc, mapped_dag(), mapped_body(40, set()), until=lambda d: "resize[0]" in d.states())
+        run = d.run_id
+        self.get(f"/runs/{run}")  # the skeleton is kept
+        last = self.api(f"/api/runs/{run}?limit=1&events=1")["page"]["last_event"]
+        drive(
+            self.orc,
+            mapped_dag(),
+            mapped_body(40, {2}),
+            run_id=run,
+            until=lambda d: d.states()["resize[5]"] != "QUEUED",
+        )
+        c = self.api(f"/api/runs/{run}/changes?after={last}")
+        child = c["tasks"]["resize[2]"]
+        assert child["state"] == "FAILED" and child["box"] is not None
+        box = c["boxes"][child["box"]]
+        assert box["key"] == "resize" and box["counts"]["FAILED"] == 1 and box["label"] == "resize \u00d740"
+        assert box["sub"].startswith("3") or "ok" in box["sub"]
+        assert box["title"].startswith("resize \u00d740 \u00b7 ")
+
+
+def test_maps_and_skips_in_the_drawing_from_task_rows() -> None:
+    infos = [
+        drawing.TaskInfo("ls", "t", "SUCCEEDED"),
+        drawing.TaskInfo("m", "t", "MAPPED", is_map=True),
+        *[drawing.TaskInfo(f"m[{i}]", "t", "SUCCEEDED" if i % 10 else "FAILED", map_parent="m") for i in range(100)],
+        drawing.TaskInfo("join", "t", "PENDING", "all_done"),
+        drawing.TaskInfo("off", "t", "SKIPPED", skip_reason="short_circuit"),
+        drawing.TaskInfo("empty", "t", "SKIPPED", skip_reason="empty_map", is_map=True),
+    ]
+    g = drawing.layout(infos, [("ls", "m"), ("m", "join"), ("ls", "off"), ("ls", "empty")])
+    assert sorted(b.keys[0] for b in g.boxes) == ["empty", "join", "ls", "m", "off"]
+    m = next(b for b in g.boxes if b.keys == ("m",))
+    assert m.mapped and m.counts == {"FAILED": 10, "SUCCEEDED": 90} and not m.collapsed
+    assert drawing.counted(m) == "m \u00d7100 \u00b7 90 ok \u00b7 10 failed"
+    empty = next(b for b in g.boxes if b.keys == ("empty",))
+    assert drawing.counted(empty) == "empty (map) \u00b7 skipped: empty_map"
+    svg = drawing.to_svg(g)
+    assert 'data-skip="short_circuit"' in svg and "skipped: short_circuit" in svg
+    assert "m[" not in svg and svg.count('class="node') == 5
+    mermaid = drawing.to_mermaid(g)
+    assert "m \u00d7100<br/>90 ok \u00b7 10 failed" in mermaid and "classDef mapped" in mermaid
+    # the same from task views: children counted in their map's box, edges or not
+    views = [SimpleNamespace(**{**i.__dict__, "map_counts": None}, attempt_=1) for i in infos]
+    again = drawing.from_views(views, [("ls", "m"), ("m", "join")])
+    assert next(b for b in again.boxes if b.keys == ("m",)).counts == m.counts

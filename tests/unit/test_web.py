@@ -701,3 +701,52 @@ def test_graph_command_writes_each_format(
         assert out.read_text().lstrip().startswith(marker)
     missing = CliRunner().invoke(cli.main, ["graph", "nope"])
     assert missing.exit_code == 2 and "no run with id" in missing.output
+
+
+def test_submit_warns_and_status_shows_maps_and_skips(
+    pg_orc: Orchestrator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from orchestrator import cli
+    from tests.store.dynamic import drive
+
+    monkeypatch.setattr(cli, "_ready_store", lambda: pg_orc)
+    spec = tmp_path / "branch.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "warned",
+                "nodes": [
+                    {"key": "pick", "task": "t.ok", "branch": True},
+                    {"key": "a", "task": "t.ok", "upstream": ["pick"]},
+                    {"key": "b", "task": "t.ok", "upstream": ["pick"]},
+                    {"key": "join", "task": "t.ok", "upstream": ["a", "b"]},
+                ],
+            }
+        )
+    )
+    submitted = CliRunner().invoke(cli.main, ["submit", str(spec)])
+    assert submitted.exit_code == 0, submitted.output
+    assert len(submitted.stdout.split()) == 1  # the run id alone on stdout
+    assert submitted.stderr.startswith("warning: ") and "'join' joins branches of 'pick'" in submitted.stderr
+    dag = DAG("shown")
+    dag.task("ls", "t.ok")
+    dag.map("m", "t.ok", over="ls", kwarg="x")
+    dag.task("pick", "t.ok", branch=True)
+    dag.task("left", "t.ok", upstream=["pick"])
+    dag.task("right", "t.ok", upstream=["pick"])
+    d = drive(pg_orc, dag, lambda k, kw, up: [1, 2, 3] if k == "ls" else "left" if k == "pick" else 1)
+    out = CliRunner().invoke(cli.main, ["status", d.run_id])
+    assert out.exit_code == 0, out.output
+    lines = {line.split()[0]: line for line in out.output.splitlines()[2:]}
+    assert "SKIPPED (branch_not_taken)" in lines["right"]
+    assert "SUCCEEDED 3/3 done: 3 ok, 0 failed, 0 skipped" in lines["m"]
+    assert "SUCCEEDED (item 1 of m)" in lines["m[1]"]
+    doc = json.loads(CliRunner().invoke(cli.main, ["status", d.run_id, "--json"]).output)
+    tasks = {t["key"]: t for t in doc["tasks"]}
+    assert tasks["right"]["skip_reason"] == "branch_not_taken" and tasks["m"]["map"]["total"] == 3
+    assert tasks["m[2]"]["map_parent"] == "m"
+    # the drawing of the CLI: one box for the map
+    mermaid = CliRunner().invoke(cli.main, ["graph", d.run_id, "--format", "mermaid"]).output
+    assert "m \u00d73<br/>3 ok" in mermaid and "m[" not in mermaid and "skipped: branch_not_taken" in mermaid
