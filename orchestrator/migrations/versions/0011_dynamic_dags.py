@@ -1315,7 +1315,11 @@ CREATE OR REPLACE FUNCTION orc_succeed_v1(p_run text, p_key text, p_attempt inte
  RETURNS json
  LANGUAGE sql
 AS $$
-SELECT orc_succeed_v2(p_run, p_key, p_attempt, p_result, p_window, p_worker_ttl, p_depth, p_aging)
+-- that release knows no "invalid" answer (a branch's or a map parent's result its node cannot
+-- use): it gets it as a conflict, and the attempt is recovered when its lease runs out
+SELECT CASE WHEN r->>'invalid' IS NULL THEN r
+            ELSE json_build_object('accepted', false, 'conflict', r->>'invalid') END
+FROM orc_succeed_v2(p_run, p_key, p_attempt, p_result, p_window, p_worker_ttl, p_depth, p_aging) AS r
 $$;
 
 CREATE OR REPLACE FUNCTION orc_settle_v1(p_run text, p_key text, p_state text, p_children json, p_actor text,
