@@ -57,6 +57,7 @@ from .store import Store, make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 P = "tasks.probes."
+D = "tasks.dynamic."
 #: the worker whose clock jumps
 SKEWED = "chaos0"
 LIBFAKETIME = [
@@ -391,23 +392,79 @@ class Deployment:
         raise RuntimeError(f"{what} did not come up in {timeout}s")
 
 
+#: the retry options of every soak task: a fault costs an attempt, never the run
+RETRY: dict[str, Any] = {"max_attempts": 10, "backoff": {"base": 0.2, "cap": 1.0}}
+#: the shapes a soak DAG takes beyond its plain probe nodes (``plain``: none)
+SHAPES = ("plain", "map", "branch", "skip")
+
+
 def random_dag(rng: random.Random, i: int) -> DAG:
+    """A random DAG of 2-10 probe tasks (``sleep``, ``flaky``, ``echo``, ``noop``) that may grow,
+    below them, a map over a listing's result (sometimes chained, bounded by max_active, empty,
+    with children that skip themselves; joined under a random trigger rule), a branch, or tasks
+    that skip (``orchestrator.Skip``, a short circuit) with children of several rules."""
     dag = DAG(f"chaos-{i}", tenant=rng.choice(["acme", "globex", "initech"]))
     keys: list[str] = []
-    for n in range(rng.randint(3, 12)):
+    for n in range(rng.randint(2, 10)):
         ups = rng.sample(keys, k=min(len(keys), rng.randint(0, 2))) if keys else []
         kind = rng.random()
         if kind < 0.35:
             dag.task(f"n{n}", P + "sleep", kwargs={"seconds": round(rng.uniform(0.05, 0.6), 2)}, upstream=ups,
-                     max_attempts=10, backoff={"base": 0.2, "cap": 1.0})  # fmt: skip
+                     **RETRY)  # fmt: skip
         elif kind < 0.5:
-            dag.task(f"n{n}", P + "flaky", kwargs={"fail_times": rng.randint(1, 2)}, upstream=ups, max_attempts=10,
-                     backoff={"base": 0.2, "cap": 1.0})  # fmt: skip
+            dag.task(f"n{n}", P + "flaky", kwargs={"fail_times": rng.randint(1, 2)}, upstream=ups, **RETRY)
         else:
-            dag.task(f"n{n}", P + ("echo" if kind < 0.75 else "noop"), upstream=ups, max_attempts=10,
-                     backoff={"base": 0.2, "cap": 1.0})  # fmt: skip
+            dag.task(f"n{n}", P + ("echo" if kind < 0.75 else "noop"), upstream=ups, **RETRY)
         keys.append(f"n{n}")
+    shape = rng.choice(SHAPES)
+    above = rng.sample(keys, k=rng.randint(0, 1))
+    if shape == "map":
+        _mapped(dag, rng, above)
+    elif shape == "branch":
+        _branching(dag, rng, above)
+    elif shape == "skip":
+        _skipping(dag, rng, above)
     return dag
+
+
+def _mapped(dag: DAG, rng: random.Random, above: list[str]) -> None:
+    """ls -> m (one child per item of ls's result) [-> m2, item by item] -> join."""
+    n = rng.choice([0, 1, 3, 8, 20, 30])
+    ls = dag.task("ls", D + "listing", kwargs={"n": n, "seconds": round(rng.uniform(0.0, 0.3), 2)}, upstream=above,
+                  **RETRY)  # fmt: skip
+    item = {"seconds": round(rng.uniform(0.0, 0.2), 2), "skip_every": rng.choice([0, 0, 0, 4])}
+    m = dag.map("m", D + "item", over=ls, kwarg="x", kwargs=item, on_empty=rng.choice(["skip", "success"]),
+                max_active=rng.choice([None, None, 3]), **RETRY)  # fmt: skip
+    last = m
+    if rng.random() < 0.4:  # a chained map: each item's second stage as soon as its first is done
+        last = dag.map("m2", D + "item", over=m, kwarg="x", kwargs={"add": 1}, **RETRY)
+    rule = rng.choice(["all_success", "all_done", "none_failed", "one_success", "none_failed_min_one_success"])
+    ratio = 0.5 if rule == "all_success" and rng.random() < 0.5 else None
+    dag.task("join", D + "collect", upstream=[last], trigger_rule=rule, min_success_ratio=ratio, **RETRY)
+
+
+def _branching(dag: DAG, rng: random.Random, above: list[str]) -> None:
+    """pick (a branch) -> a / b / c, d below b; the paths joined by none_failed_min_one_success."""
+    paths = ["a", "b", "c"]
+    chosen = rng.sample(paths, k=rng.randint(1, 2))
+    pick = dag.task("pick", D + "choose", kwargs={"pick": chosen if len(chosen) > 1 else chosen[0]},
+                    upstream=above, branch=True, **RETRY)  # fmt: skip
+    a = dag.task("a", P + "sleep", kwargs={"seconds": round(rng.uniform(0.05, 0.4), 2)}, upstream=[pick], **RETRY)
+    b = dag.task("b", P + "echo", upstream=[pick], **RETRY)
+    c = dag.task("c", P + "flaky", kwargs={"fail_times": 1}, upstream=[pick], **RETRY)
+    d = dag.task("d", P + "noop", upstream=[b], **RETRY)
+    dag.task("paths", P + "echo", upstream=[a, c, d], trigger_rule="none_failed_min_one_success", **RETRY)
+
+
+def _skipping(dag: DAG, rng: random.Random, above: list[str]) -> None:
+    """A task that raises Skip and a short circuit (a falsy result), each with children of several rules."""
+    s = dag.task("s", D + "skip", kwargs={"reason": "nothing new"}, upstream=above, **RETRY)
+    dag.task("s_strict", P + "noop", upstream=[s], **RETRY)  # SKIPPED: upstream_skipped
+    dag.task("s_tolerant", P + "echo", upstream=[s], trigger_rule="none_failed", **RETRY)
+    dag.task("s_all_skipped", P + "noop", upstream=[s], trigger_rule="all_skipped", **RETRY)
+    gate = dag.task("gate", D + "item", kwargs={"x": rng.choice([0, 1])}, short_circuit=True, **RETRY)
+    after = dag.task("gated", P + "sleep", kwargs={"seconds": 0.1}, upstream=[gate], **RETRY)
+    dag.task("gated_after", P + "noop", upstream=[after], **RETRY)
 
 
 @dataclass
@@ -773,7 +830,7 @@ def _summary(
     states = reads.task_states(run_ids)
     executions = sum(int(e[3]) for e in reads.snapshot(run_ids).effects)
     rejected = reads.rejected_events(run_ids)
-    stuck = sum(n for st, n in states.items() if st in ("PENDING", "READY", "QUEUED", "RUNNING", "RETRYING"))
+    stuck = sum(n for st, n in states.items() if st in ("PENDING", "READY", "QUEUED", "RUNNING", "RETRYING", "MAPPED"))
     by_kind: dict[str, dict[str, Any]] = {}
     for kind in sorted(injector.counts):
         waits = [f.recovery for f in injector.faults if f.kind == kind and f.recovery is not None]

@@ -26,7 +26,7 @@ class Settings:
     database_url: str = ""
     broker_url: str = ""
     #: comma-separated modules that define the tasks DAG nodes may name
-    task_modules: tuple[str, ...] = ("tasks.probes", "tasks.etl")
+    task_modules: tuple[str, ...] = ("tasks.probes", "tasks.etl", "tasks.dynamic")
     dedicated_tenants: tuple[str, ...] = ()
     #: the tenant this process acts as: reads, operator actions and idempotency lookups see
     #: that tenant's runs only, and it submits as that tenant; empty: every tenant (the

@@ -14,6 +14,18 @@ from .states import ANNOTATIONS, RUN_TRANSITIONS, TERMINAL, TRANSITIONS, RunStat
 from .store import Store
 
 _OUTCOMES = {"SUCCEEDED", "FAILED", "RETRYING", "DEAD_LETTER"}
+#: trigger rules that may start a task before all of its upstream is done (an early verdict
+#: READY), with the upstream states of which one must have come first (``always``: none)
+_EARLY: dict[str, frozenset[str]] = {
+    "one_success": frozenset({"SUCCEEDED"}),
+    "one_failed": frozenset({"FAILED", "UPSTREAM_FAILED"}),
+    "one_done": frozenset({"SUCCEEDED", "FAILED"}),
+    "always": frozenset(),
+}
+#: terminal task states, by value
+_TERMINAL = frozenset(st.value for st in TERMINAL)
+#: the states a map's header closes in after its last child
+_CLOSED = {"SUCCEEDED", "FAILED", "SKIPPED"}
 
 
 def check_runs(
@@ -27,7 +39,15 @@ def check_runs(
       attempt is the row's attempt;
     - every execution recorded in ``orc_probe_effects`` beyond the first of an attempt is
       matched by an outcome event (accepted or rejected) of that attempt;
-    - parents finished before their children started;
+    - parents finished before their children started; a parent that is a map counts as its
+      children (each one upstream), and a task whose trigger rule may start early
+      (``one_success``, ``one_failed``, ``one_done``: one of them came first; ``always``)
+      is exempt; a child of a map started after its header's upstream finished, a child of a
+      chained map after its item (the earlier stage's child of the same key) succeeded;
+    - every map's children exist once each, keyed ``header[map_key]`` with map indexes
+      0..n-1, n being the header's ``map_total``; a header closed after its children
+      (SUCCEEDED / FAILED / SKIPPED) counts them as their states say, closed in the state
+      they decide and after the last of them finished (in the ledger's order);
     - only legal transitions were accepted (tasks and runs), and attempts never went backwards;
     - every final run's ledger ends with its accepted transition to that state;
     - annotation events (a non-null ``kind``, ``states.ANNOTATIONS``: ``deadline_missed``)
@@ -102,6 +122,8 @@ def check_runs(
         if last_run_state.get(r.id) != r.state:
             problems.append(f"run {r.id}: is {r.state} but its ledger says {last_run_state.get(r.id)}")
 
+    children = _map_children(tasks)
+    problems.extend(_check_maps(tasks, by_key, children, events))
     parents: dict[tuple[str, str], list[str]] = defaultdict(list)
     for e in edges:
         parents[(e.run_id, e.child_key)].append(e.parent_key)
@@ -109,10 +131,26 @@ def check_runs(
         c = by_key.get((run_id, child))
         if c is None or c.started_at is None:
             continue
-        for p in ps:
-            parent = by_key[(run_id, p)]
-            if parent.finished_at is None or parent.finished_at > c.started_at:
-                problems.append(f"{run_id}.{child}: started before its parent {p} finished")
+        problems.extend(_started_early(f"{run_id}.{child}", c.started_at, c.trigger_rule, run_id, ps, by_key, children))
+    for (run_id, header), kids in children.items():
+        h = by_key.get((run_id, header))
+        if h is None:
+            continue
+        for c in kids:
+            if c.started_at is None:
+                continue
+            where = f"{run_id}.{c.key}"
+            if c.map_item_from is not None:
+                # a chained map's child waits for its item only: the earlier stage's child of its key
+                item = by_key.get((run_id, c.map_item_from))
+                if item is None:
+                    problems.append(f"{where}: its item {c.map_item_from} does not exist")
+                elif item.state != "SUCCEEDED" or item.finished_at is None or item.finished_at > c.started_at:
+                    problems.append(f"{where}: started before its item {c.map_item_from} succeeded")
+                continue
+            # a map's child is made READY by its header's expansion: after the header's upstream
+            ups = parents.get((run_id, header), [])
+            problems.extend(_started_early(where, c.started_at, h.trigger_rule, run_id, ups, by_key, children))
     return problems
 
 
@@ -142,4 +180,108 @@ def _check_annotations(annotations: list[Any]) -> list[str]:
         if n > 1:
             where = f"{run_id}.{key}" if key is not None else f"run {run_id}"
             problems.append(f"{where}: {kind} recorded {n} times")
+    return problems
+
+
+def _map_children(tasks: list[Any]) -> dict[tuple[str, str], list[Any]]:
+    """Each map header's children, by (run, header key), in map order."""
+    children: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for t in tasks:
+        if t.map_parent is not None:
+            children[(t.run_id, t.map_parent)].append(t)
+    for kids in children.values():
+        kids.sort(key=lambda t: (t.map_index is None, t.map_index or 0, t.key))
+    return children
+
+
+def _relevant(run_id: str, key: str, by_key: dict[tuple[str, str], Any], children: dict[Any, list[Any]]) -> list[Any]:
+    """The upstream rows a parent stands for: a map header's children, else the parent itself."""
+    kids = children.get((run_id, key))
+    if kids:
+        return kids
+    row = by_key.get((run_id, key))
+    return [row] if row is not None else []
+
+
+def _started_early(
+    where: str,
+    started: Any,
+    rule: str,
+    run_id: str,
+    parent_keys: list[str],
+    by_key: dict[tuple[str, str], Any],
+    children: dict[Any, list[Any]],
+) -> list[str]:
+    """Why a task that started at ``started`` started too early for its rule, or nothing."""
+    early = _EARLY.get(rule)
+    if early is not None:
+        if not early or not parent_keys:
+            return []
+        ups = [u for p in parent_keys for u in _relevant(run_id, p, by_key, children)]
+        if any(u.state in early and u.finished_at is not None and u.finished_at <= started for u in ups):
+            return []
+        return [f"{where}: started ({rule}) before any upstream {'/'.join(sorted(early))} finished"]
+    problems = []
+    for p in parent_keys:
+        parent = by_key.get((run_id, p))
+        if parent is None or parent.finished_at is None or parent.finished_at > started:
+            problems.append(f"{where}: started before its parent {p} finished")
+        kids = children.get((run_id, p), [])
+        late = [c.key for c in kids if c.finished_at is None or c.finished_at > started or c.state not in _TERMINAL]
+        if late:
+            problems.append(f"{where}: started before every child of the map {p} was done ({late[0]} was not)")
+    return problems
+
+
+def _check_maps(
+    tasks: list[Any],
+    by_key: dict[tuple[str, str], Any],
+    children: dict[tuple[str, str], list[Any]],
+    events: list[Any],
+) -> list[str]:
+    problems: list[str] = []
+    #: the ledger id of each task's last accepted transition to a terminal state
+    last_event: dict[tuple[str, str], int] = {}
+    for e in events:
+        if e.accepted and e.to_state in _TERMINAL:
+            last_event[(e.run_id, e.key)] = max(last_event.get((e.run_id, e.key), 0), int(e.id))
+    for (run_id, header), kids in children.items():
+        h = by_key.get((run_id, header))
+        if h is None or h.map_spec is None:
+            problems.append(f"{run_id}.{header}: {len(kids)} map child(ren) but no mapped node of that key")
+            continue
+        where = f"{run_id}.{header}"
+        indexes = [c.map_index for c in kids]
+        if indexes != list(range(len(kids))):
+            problems.append(f"{where}: map indexes are not 0..{len(kids) - 1} once each")
+        for c in kids:
+            if c.key != f"{header}[{c.map_key}]":
+                problems.append(f"{run_id}.{c.key}: a child of {header} keyed {c.map_key!r} is not {header}[key]")
+        if h.map_total != len(kids):
+            problems.append(f"{where}: map_total {h.map_total} but {len(kids)} children")
+        if h.state == "PENDING":
+            problems.append(f"{where}: PENDING with {len(kids)} children (expanded without becoming MAPPED)")
+        if h.state not in _CLOSED:
+            continue
+        states = Counter(c.state for c in kids)
+        ok, failed = states["SUCCEEDED"], states["FAILED"] + states["UPSTREAM_FAILED"]
+        skipped = states["SKIPPED"]
+        counts = (h.map_done, h.map_ok, h.map_failed, h.map_skipped)
+        if counts != (len(kids), ok, failed, skipped):
+            problems.append(
+                f"{where}: closed {h.state} counting done/ok/failed/skipped {counts}, its children say "
+                f"{(len(kids), ok, failed, skipped)} ({dict(states)})"
+            )
+        decided = "FAILED" if failed else "SKIPPED" if skipped >= len(kids) else "SUCCEEDED"
+        if ok + failed + skipped == len(kids) and h.state != decided:
+            problems.append(f"{where}: closed {h.state}, its children decide {decided}")
+        # by the ledger's order (timestamps are their transactions' starts: the child whose
+        # settlement closes the header may have begun before a sibling that committed first)
+        closing = last_event.get((run_id, header), 0)
+        if h.finished_at is None or any(last_event.get((run_id, c.key), 0) > closing for c in kids):
+            problems.append(f"{where}: closed before its last child finished")
+    for t in tasks:
+        if t.map_spec is not None and (t.run_id, t.key) not in children:
+            if t.state == "MAPPED" or t.map_total:
+                problems.append(f"{t.run_id}.{t.key}: {t.state} with map_total {t.map_total} but no children")
     return problems

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import ensure_database, reset_schema
+from tests.conftest import ensure_database, reset_schema, test_database
 from tests.fault.harness import Cluster, RedisServer
 
-FAULT_DB = "orchestrator_fault"
+FAULT_DB = test_database("orchestrator_fault")
 
 
 @pytest.fixture(scope="session")
