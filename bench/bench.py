@@ -656,12 +656,26 @@ class Bench:
     def bench_map(self) -> None:
         """1 -> N -> 1 through ``dag.map`` over the source's result against the same DAG written
         out statically (the same source, N ``bench.map_item`` nodes, the same sink), in this run;
-        middle tasks/s over submit -> run final, as the fan-out."""
+        middle tasks/s over submit -> run final, as the fan-out, each the mean of two runs in the
+        order static, map, map, static."""
         n = self.args.map_n
         timeout = self.map_timeout(n)
-        _, static_s = self.run_dag(static_map_dag(n, "bench_map_static"), timeout=timeout)
-        log(f"static fan-out 1->{n}->1 (bench.map_item): {static_s:.3f}s = {n / static_s:.1f} middle tasks/s")
-        run, map_s = self.run_dag(map_dag(n, "bench_map"), timeout=timeout)
+        # static, map, map, static: each side runs once early and once late, so the growth of
+        # the tables (ledger, task rows) over the sitting does not favour the side run first
+        statics: list[float] = []
+        maps: list[float] = []
+        run = None
+        for i, kind in enumerate(("static", "map", "map", "static")):
+            if kind == "static":
+                _, took = self.run_dag(static_map_dag(n, f"bench_map_static{i}"), timeout=timeout)
+                statics.append(took)
+                log(f"static fan-out 1->{n}->1 (bench.map_item): {took:.3f}s = {n / took:.1f} middle tasks/s")
+            else:
+                run, took = self.run_dag(map_dag(n, f"bench_map{i}"), timeout=timeout)
+                maps.append(took)
+                log(f"map 1->{n}->1 (dag.map): {took:.3f}s = {n / took:.1f} middle tasks/s")
+        assert run is not None
+        static_s, map_s = sum(statics) / 2, sum(maps) / 2
         figures = self.map_figures(run.id, "m")
         if figures["children_succeeded"] != n:
             raise BenchError(f"the map of {n} ran {figures['children_succeeded']} children")
@@ -673,6 +687,7 @@ class Bench:
             "tasks_per_s": n / map_s,
             "static_elapsed_s": static_s,
             "static_tasks_per_s": n / static_s,
+            "runs_s": {"static": statics, "map": maps},
             "ratio_to_static": static_s / map_s,
             "ratio_to_raw": n / map_s / raw,
             **figures,
@@ -1415,8 +1430,10 @@ def map_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     if m:
         n = m["items"]
         rows += [
-            (f"static fan-out 1->{n:,}->1 (bench.map_item)", f"{m['static_tasks_per_s']:.1f} tasks/s", "reference", ""),
-            (f"map 1->{n:,}->1 (dag.map over the source's result)", f"{m['tasks_per_s']:.1f} tasks/s", "", ""),
+            (f"static fan-out 1->{n:,}->1 (bench.map_item, mean of 2)", f"{m['static_tasks_per_s']:.1f} tasks/s",
+             "reference", ""),
+            (f"map 1->{n:,}->1 (dag.map over the source's result, mean of 2)", f"{m['tasks_per_s']:.1f} tasks/s",
+             "", ""),
             ("  map / static fan-out", f"{m['ratio_to_static']:.3f}x", f">= {TARGET_MAP_RATIO:.2f}x",
              verdict(m["ratio_to_static"] >= TARGET_MAP_RATIO)),
             ("  map / raw Celery", f"{m['ratio_to_raw']:.2f}x", "(info)", ""),
@@ -1431,8 +1448,10 @@ def map_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     f"map expansion of {int(n):,} items: source's success + commit"
                     f" (probe, median of {len(e['runs_s'])})",
                     f"{e['median_s'] * 1000:.0f} ms (max {e['max_s'] * 1000:.0f})",
-                    f"<= {TARGET_EXPAND_S * 1000:.0f} ms",
-                    verdict(e["median_s"] <= TARGET_EXPAND_S),
+                    # the target is the 10,000-wide expansion's; a 100,000-wide one is judged by
+                    # its first child's start (map 1->100,000->1 below)
+                    f"<= {TARGET_EXPAND_S * 1000:.0f} ms" if int(n) <= 10_000 else "(info)",
+                    verdict(e["median_s"] <= TARGET_EXPAND_S) if int(n) <= 10_000 else "",
                 )
             )
             server = e.get("server_ms", {})

@@ -161,10 +161,17 @@ tasks = sa.Table(
     #: how many are inserted so far (``orc_map_window_v1``)
     sa.Column("map_items", postgresql.JSONB, nullable=True),
     sa.Column("map_next", sa.Integer, nullable=True),
+    #: read by settlement on each child that finishes, so that it need not parse ``map_spec``:
+    #: the map's ``max_active`` (null: none), and the count of done children at which its next
+    #: window is inserted (null: none left)
+    sa.Column("map_max_active", sa.Integer, nullable=True),
+    sa.Column("map_refill", sa.Integer, nullable=True),
 )
-#: a map's children in map order (the join's results, max_active's next child); partial: the
-#: tasks of no map are not in it
-MAP_CHILD = "map_parent IS NOT NULL"
+#: a map's children in map order, those waiting (max_active's next child) and those that
+#: succeeded (the join's results); partial: the tasks of no map are not in it, nor a child while
+#: it is READY, QUEUED or RUNNING (each of those moves would add an index entry: a map's child
+#: then costs one more index entry than a task of a static fan-out, not three)
+MAP_CHILD = "map_parent IS NOT NULL AND state IN ('PENDING', 'SUCCEEDED')"
 sa.Index(
     "ix_orc_tasks_map_children",
     tasks.c.run_id,

@@ -74,11 +74,13 @@ def upgrade() -> None:
     op.add_column("orc_tasks", sa.Column("map_item_from", sa.String(200), nullable=True))
     op.add_column("orc_tasks", sa.Column("map_items", postgresql.JSONB, nullable=True))
     op.add_column("orc_tasks", sa.Column("map_next", sa.Integer, nullable=True))
+    op.add_column("orc_tasks", sa.Column("map_max_active", sa.Integer, nullable=True))
+    op.add_column("orc_tasks", sa.Column("map_refill", sa.Integer, nullable=True))
     op.create_index(
         "ix_orc_tasks_map_children",
         "orc_tasks",
         ["run_id", "map_parent", "map_index"],
-        postgresql_where=sa.text("map_parent IS NOT NULL"),
+        postgresql_where=sa.text("map_parent IS NOT NULL AND state IN ('PENDING', 'SUCCEEDED')"),
     )
     # n_failed now counts FAILED parents only: the open tasks' UPSTREAM_FAILED parents move over
     op.execute(
@@ -108,6 +110,7 @@ def downgrade() -> None:
     op.drop_index("ix_orc_tasks_map_children", table_name="orc_tasks")
     for name in ("role", "decides_run", "flow", "feeds_map", "skip_reason", "min_success_ratio", "map_spec",
                  "map_parent", "map_index", "map_key", "map_item_from", "map_items", "map_next",
+                 "map_max_active", "map_refill",
                  *COUNTS):  # fmt: skip
         op.drop_column("orc_tasks", name)
     op.alter_column("orc_tasks", "trigger_rule", existing_type=sa.String(32), type_=sa.String(16))
@@ -682,7 +685,8 @@ BEGIN
     win := coalesce((h.map_spec->>'window')::int, n);
     IF n > win THEN
         -- a wide map: the first window now, the rest by orc_map_window_v1 as children finish
-        UPDATE orc_tasks t SET map_items = acc, map_next = win WHERE t.run_id = p_run AND t.key = p_key;
+        UPDATE orc_tasks t SET map_items = acc, map_next = win, map_refill = win - win / 2
+        WHERE t.run_id = p_run AND t.key = p_key;
         acc := (SELECT jsonb_agg(acc -> i ORDER BY i) FROM generate_series(0, win - 1) AS i);
     END IF;
     readied := orc_map_insert_v1(p_run, p_key, acc, 0, n, NULL, p_actor, p_by, p_why);
@@ -762,7 +766,7 @@ BEGIN
             WHERE d.run_id = p_run AND d.key IN (SELECT json_array_elements_text(plain));
         END IF;
         UPDATE orc_tasks t SET state = 'MAPPED', map_total = p_total, map_done = 0, map_ok = 0, map_failed = 0,
-                               map_skipped = 0
+                               map_skipped = 0, map_max_active = (h.map_spec->>'max_active')::int
         WHERE t.run_id = p_run AND t.key = p_key;
         INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
         VALUES (p_run, p_key, h.attempt, 'PENDING', 'MAPPED', p_actor, p_by,
@@ -807,7 +811,10 @@ BEGIN
     w := LEAST((h.map_spec->>'window')::int, h.map_total - h.map_next);
     slice := (SELECT jsonb_agg(h.map_items -> i ORDER BY i) FROM generate_series(h.map_next, h.map_next + w - 1) AS i);
     UPDATE orc_tasks t SET map_next = h.map_next + w,
-                           map_items = CASE WHEN h.map_next + w >= h.map_total THEN NULL ELSE t.map_items END
+                           map_items = CASE WHEN h.map_next + w >= h.map_total THEN NULL ELSE t.map_items END,
+                           -- the next window once half of this one is done (none after the last)
+                           map_refill = CASE WHEN h.map_next + w >= h.map_total THEN NULL
+                                             ELSE h.map_next + w - (h.map_spec->>'window')::int / 2 END
     WHERE t.run_id = p_run AND t.key = p_key;
     readied := orc_map_insert_v1(p_run, p_key, slice, h.map_next, h.map_total, NULL, p_actor, p_by, NULL);
     RETURN readied;
@@ -934,9 +941,8 @@ BEGIN
                 map_skipped = t.map_skipped + (q_states[i] = 'SKIPPED')::int
             WHERE t.run_id = p_run AND t.key = q_parents[i]
             RETURNING t.key, t.state, t.attempt, t.map_total, t.map_done, t.map_ok, t.map_failed, t.map_skipped,
-                      t.map_spec, t.map_next INTO hdr;
-            IF FOUND AND hdr.state = 'MAPPED' AND hdr.map_next IS NOT NULL AND hdr.map_next < hdr.map_total
-               AND hdr.map_next - hdr.map_done <= (hdr.map_spec->>'window')::int / 2 THEN
+                      t.map_max_active, t.map_refill INTO hdr;
+            IF FOUND AND hdr.state = 'MAPPED' AND hdr.map_done >= hdr.map_refill THEN
                 -- a wide map's next window of children
                 readied := readied + orc_map_window_v1(p_run, hdr.key, p_actor, p_by);
             END IF;
@@ -953,7 +959,7 @@ BEGIN
                             hdr.map_total || ' mapped task(s) done: ' || hdr.map_ok || ' succeeded, '
                             || hdr.map_failed || ' failed, ' || hdr.map_skipped || ' skipped', true, now());
                     closed := closed + 1;
-                ELSIF hdr.map_spec->>'max_active' IS NOT NULL THEN
+                ELSIF hdr.map_max_active IS NOT NULL THEN
                     -- the next child held back by max_active
                     UPDATE orc_tasks t SET state = 'READY', ready_at = coalesce(t.ready_at, now())
                     WHERE (t.run_id, t.key) = (

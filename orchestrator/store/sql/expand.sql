@@ -153,7 +153,8 @@ BEGIN
     win := coalesce((h.map_spec->>'window')::int, n);
     IF n > win THEN
         -- a wide map: the first window now, the rest by orc_map_window_v1 as children finish
-        UPDATE orc_tasks t SET map_items = acc, map_next = win WHERE t.run_id = p_run AND t.key = p_key;
+        UPDATE orc_tasks t SET map_items = acc, map_next = win, map_refill = win - win / 2
+        WHERE t.run_id = p_run AND t.key = p_key;
         acc := (SELECT jsonb_agg(acc -> i ORDER BY i) FROM generate_series(0, win - 1) AS i);
     END IF;
     readied := orc_map_insert_v1(p_run, p_key, acc, 0, n, NULL, p_actor, p_by, p_why);
@@ -233,7 +234,7 @@ BEGIN
             WHERE d.run_id = p_run AND d.key IN (SELECT json_array_elements_text(plain));
         END IF;
         UPDATE orc_tasks t SET state = 'MAPPED', map_total = p_total, map_done = 0, map_ok = 0, map_failed = 0,
-                               map_skipped = 0
+                               map_skipped = 0, map_max_active = (h.map_spec->>'max_active')::int
         WHERE t.run_id = p_run AND t.key = p_key;
         INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
         VALUES (p_run, p_key, h.attempt, 'PENDING', 'MAPPED', p_actor, p_by,
@@ -278,7 +279,10 @@ BEGIN
     w := LEAST((h.map_spec->>'window')::int, h.map_total - h.map_next);
     slice := (SELECT jsonb_agg(h.map_items -> i ORDER BY i) FROM generate_series(h.map_next, h.map_next + w - 1) AS i);
     UPDATE orc_tasks t SET map_next = h.map_next + w,
-                           map_items = CASE WHEN h.map_next + w >= h.map_total THEN NULL ELSE t.map_items END
+                           map_items = CASE WHEN h.map_next + w >= h.map_total THEN NULL ELSE t.map_items END,
+                           -- the next window once half of this one is done (none after the last)
+                           map_refill = CASE WHEN h.map_next + w >= h.map_total THEN NULL
+                                             ELSE h.map_next + w - (h.map_spec->>'window')::int / 2 END
     WHERE t.run_id = p_run AND t.key = p_key;
     readied := orc_map_insert_v1(p_run, p_key, slice, h.map_next, h.map_total, NULL, p_actor, p_by, NULL);
     RETURN readied;

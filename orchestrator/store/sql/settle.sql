@@ -118,9 +118,8 @@ BEGIN
                 map_skipped = t.map_skipped + (q_states[i] = 'SKIPPED')::int
             WHERE t.run_id = p_run AND t.key = q_parents[i]
             RETURNING t.key, t.state, t.attempt, t.map_total, t.map_done, t.map_ok, t.map_failed, t.map_skipped,
-                      t.map_spec, t.map_next INTO hdr;
-            IF FOUND AND hdr.state = 'MAPPED' AND hdr.map_next IS NOT NULL AND hdr.map_next < hdr.map_total
-               AND hdr.map_next - hdr.map_done <= (hdr.map_spec->>'window')::int / 2 THEN
+                      t.map_max_active, t.map_refill INTO hdr;
+            IF FOUND AND hdr.state = 'MAPPED' AND hdr.map_done >= hdr.map_refill THEN
                 -- a wide map's next window of children
                 readied := readied + orc_map_window_v1(p_run, hdr.key, p_actor, p_by);
             END IF;
@@ -137,7 +136,7 @@ BEGIN
                             hdr.map_total || ' mapped task(s) done: ' || hdr.map_ok || ' succeeded, '
                             || hdr.map_failed || ' failed, ' || hdr.map_skipped || ' skipped', true, now());
                     closed := closed + 1;
-                ELSIF hdr.map_spec->>'max_active' IS NOT NULL THEN
+                ELSIF hdr.map_max_active IS NOT NULL THEN
                     -- the next child held back by max_active
                     UPDATE orc_tasks t SET state = 'READY', ready_at = coalesce(t.ready_at, now())
                     WHERE (t.run_id, t.key) = (
