@@ -741,6 +741,52 @@ def skip(run_id: str, key: str) -> None:
     click.echo(f"{run_id}.{key} SKIPPED")
 
 
+@main.command()
+@click.argument("run_id")
+@click.argument("keys", nargs=-1, required=True)
+@click.option("--downstream", is_flag=True, help="Also every task below them.")
+@click.option("--upstream", is_flag=True, help="Also every task above them.")
+@click.option("--only-failed", is_flag=True, help="Only those FAILED or UPSTREAM_FAILED.")
+@click.option("--dry-run", is_flag=True, help="List what would be cleared; write nothing.")
+def clear(
+    run_id: str, keys: tuple[str, ...], downstream: bool, upstream: bool, only_failed: bool, dry_run: bool
+) -> None:
+    """Run tasks again: KEYs (and with the flags their descendants / ancestors) go back with
+    attempt + 1, each with a ledger row naming who asked; a running attempt among them is fenced
+    (its late result refused and recorded) and revoked; a finished run reopens. Exits 2 with an
+    `error:` line for an unknown task, a CANCELLED run, a map (not built yet) or nothing to clear."""
+    cleared = _ready_store().clear(
+        run_id, *keys, downstream=downstream, upstream=upstream, only_failed=only_failed, dry_run=dry_run, by=_by()
+    )
+    verb = "would clear" if dry_run else "cleared"
+    click.echo(f"{run_id}: {verb} {len(cleared)} task(s): {', '.join(cleared)}")
+
+
+@main.command()
+@click.argument("run_id")
+@click.argument("key")
+@click.option("--success", "state", flag_value="SUCCEEDED", help="Mark it SUCCEEDED.")
+@click.option("--failed", "state", flag_value="FAILED", help="Mark it FAILED.")
+@click.option("--skipped", "state", flag_value="SKIPPED", help="Mark it SKIPPED.")
+def mark(run_id: str, key: str, state: str | None) -> None:
+    """Set a task's outcome by hand (Airflow's Mark Success / Mark Failed): its children follow
+    their trigger rules (tasks its old outcome had decided without running are decided again); a
+    running attempt is fenced and revoked. Exits 2 with an `error:` line as `clear`."""
+    if state is None:
+        raise click.UsageError("say --success, --failed or --skipped")
+    held = _ready_store().mark(run_id, key, state, by=_by())
+    click.echo(f"{run_id}.{key}: {held.value} -> {state}")
+
+
+@main.command()
+@click.argument("run_id")
+def rerun(run_id: str) -> None:
+    """A new run of RUN_ID's DAG snapshot and params, for its tenant, linked to it (`rerun_of`);
+    prints the new run's id."""
+    handle = _ready_store().rerun(run_id)
+    click.echo(handle.id)
+
+
 @main.command(name="fail")
 @click.argument("run_id")
 @click.argument("key")

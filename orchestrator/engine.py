@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from .alerts import raise_alert
 from .config import Settings
 from .crashpoints import crash_point
-from .dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, TENANT_RE, text_problem
-from .errors import ConfigurationError, ConflictError, RunTimeout, TaskNotFound, ValidationError
+from .dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, TENANT_RE, dag_from_spec, text_problem
+from .errors import ConfigurationError, ConflictError, OperatorError, RunTimeout, TaskNotFound, ValidationError
 from .explain import Explanation, explain
 from .models import (
     WORKER,
@@ -422,6 +422,59 @@ class Orchestrator:
         if not outcome.accepted:
             raise ConflictError(f"{action} of {run_id}.{key} refused: {outcome.conflict or 'the task changed state'}")
 
+    def clear(
+        self,
+        run_id: str,
+        *keys: str,
+        downstream: bool = False,
+        upstream: bool = False,
+        only_failed: bool = False,
+        dry_run: bool = False,
+        by: str | None = None,
+    ) -> list[str]:
+        """Send the tasks ``keys`` (with ``downstream``, their descendants; with ``upstream``,
+        their ancestors; ``only_failed``: only those FAILED or UPSTREAM_FAILED) back to be run
+        again, each with ``attempt + 1`` and a ledger row naming ``by``: a QUEUED or RUNNING
+        attempt among them is fenced (its late result is refused and recorded) and revoked, a
+        finished run reopens, and what can run is admitted. Returns the keys cleared (with
+        ``dry_run``: that would be, nothing written). Raises :class:`TaskNotFound`,
+        :class:`RunNotFound`, :class:`OperatorError` (a CANCELLED run, a map, nothing to clear)."""
+        cleared, fenced, dispatches = self._operator.clear_tasks(
+            run_id, list(keys), operator(by or local_by()), self.settings.dispatch_window,
+            downstream=downstream, upstream=upstream, only_failed=only_failed, dry_run=dry_run,
+        )  # fmt: skip
+        self.publisher.publish(dispatches)
+        self.publisher.revoke(fenced)
+        return cleared
+
+    def mark(self, run_id: str, key: str, state: TaskState | str, *, by: str | None = None) -> TaskState:
+        """Set a task's outcome by hand (Airflow's Mark Success / Mark Failed): ``SUCCEEDED``,
+        ``FAILED`` or ``SKIPPED`` (or ``success``, ``fail``, ``skip``). Tasks its old outcome had
+        decided without running go back to PENDING and its children follow their trigger rules;
+        a QUEUED or RUNNING attempt is fenced and revoked; the run reopens or closes as its tasks
+        say. Returns the state the task held. Raises as :meth:`clear`."""
+        aliases = {"SUCCESS": "SUCCEEDED", "FAIL": "FAILED", "SKIP": "SKIPPED"}
+        try:
+            to = TaskState(aliases.get(str(state).upper(), str(state).upper()))
+        except ValueError:
+            raise OperatorError(f"unknown task state {state!r}: mark SUCCEEDED, FAILED or SKIPPED") from None
+        held, fenced, dispatches = self._operator.mark_task(
+            run_id, key, to, operator(by or local_by()), self.settings.dispatch_window
+        )
+        self.publisher.publish(dispatches)
+        self.publisher.revoke(fenced)
+        return TaskState(held)
+
+    def rerun(self, run_id: str) -> RunHandle:
+        """A new run of the run's DAG snapshot and params, for its tenant, linked to it
+        (``rerun_of``). Raises :class:`RunNotFound`, or :class:`ValidationError` when the DAG no
+        longer validates here (a task no longer registered)."""
+        first = self.reads.rerun_source(run_id)
+        dag = dag_from_spec(first.snapshot)
+        handle = self.submit(dag, tenant=first.tenant)
+        self.store.submission.link_rerun(handle.id, run_id)
+        return handle
+
     def cancel(self, run_id: str, *, by: str | None = None) -> int:
         """Cancel a run: its open tasks become CANCELLED and the attempts in flight are revoked
         with terminate (their late results are then rejected); the worker slots, pool slots and
@@ -681,6 +734,27 @@ class RunHandle:
 
     def skip(self, key: str, *, by: str | None = None) -> None:
         self.orchestrator.skip_task(self.id, key, by=by)
+
+    def clear(
+        self,
+        *keys: str,
+        downstream: bool = False,
+        upstream: bool = False,
+        only_failed: bool = False,
+        by: str | None = None,
+    ) -> list[str]:
+        """:meth:`Orchestrator.clear` on this run."""
+        return self.orchestrator.clear(
+            self.id, *keys, downstream=downstream, upstream=upstream, only_failed=only_failed, by=by
+        )
+
+    def mark(self, key: str, state: TaskState | str, *, by: str | None = None) -> TaskState:
+        """:meth:`Orchestrator.mark` on this run."""
+        return self.orchestrator.mark(self.id, key, state, by=by)
+
+    def rerun(self) -> RunHandle:
+        """:meth:`Orchestrator.rerun` of this run."""
+        return self.orchestrator.rerun(self.id)
 
     def fail(self, key: str, *, by: str | None = None) -> None:
         self.orchestrator.fail_task(self.id, key, by=by)

@@ -14,6 +14,8 @@ from .states import ANNOTATIONS, RUN_TRANSITIONS, TERMINAL, TRANSITIONS, RunStat
 from .store import Store
 
 _OUTCOMES = {"SUCCEEDED", "FAILED", "RETRYING", "DEAD_LETTER"}
+#: an operator's event into these starts a new generation of the task (a clear, a mark)
+_NEW_GENERATION = {"PENDING", "SUCCEEDED", "FAILED", "SKIPPED"}
 #: trigger rules that may start a task before all of its upstream is done (an early verdict
 #: READY), with the upstream states of which one must have come first (``always``: none)
 _EARLY: dict[str, frozenset[str]] = {
@@ -35,8 +37,9 @@ def check_runs(
 
     - every task terminal (DEAD_LETTER too when ``allow_dead_letter``), every run final
       (``in_progress_ok``: a run still RUNNING may have open tasks: ``orchestrator verify``);
-    - at most one accepted SUCCEEDED per task, exactly one for a SUCCEEDED task, and its
-      attempt is the row's attempt;
+    - at most one accepted SUCCEEDED per task and generation (an operator's clear or mark
+      starts a new one: a cleared task holds one result per clear, in order), exactly one in the
+      last generation of a SUCCEEDED task, and its attempt is the row's attempt;
     - every execution recorded in ``orc_probe_effects`` beyond the first of an attempt is
       matched by an outcome event (accepted or rejected) of that attempt;
     - parents finished before their children started; a parent that is a map counts as its
@@ -74,7 +77,12 @@ def check_runs(
     if not allow_dead_letter and not in_progress_ok:
         problems.extend(f"run {r.id}: not final ({r.state})" for r in runs if r.state == "RUNNING")
 
-    accepted_success: Counter[tuple[str, str]] = Counter()
+    # an operator's clear or mark starts a new generation of the task: each generation holds at
+    # most one accepted result (a cleared task holds one per clear, in order), the last one
+    # exactly one when the row is SUCCEEDED, of the row's attempt
+    accepted_success: Counter[tuple[str, str, int]] = Counter()
+    success_attempt: dict[tuple[str, str, int], int] = {}
+    generation: Counter[tuple[str, str]] = Counter()
     outcome_events: Counter[tuple[str, str, int]] = Counter()
     last_attempt: dict[tuple[str, str], int] = {}
     for e in events:
@@ -83,11 +91,12 @@ def check_runs(
             outcome_events[(e.run_id, e.key, e.attempt)] += 1
         if not e.accepted:
             continue
+        if e.actor == "operator" and e.to_state in _NEW_GENERATION and e.from_state != e.to_state:
+            generation[k] += 1
         if e.to_state == "SUCCEEDED":
-            accepted_success[k] += 1
-            row = by_key.get(k)
-            if row is not None and row.attempt != e.attempt:
-                problems.append(f"{e.run_id}.{e.key}: success accepted for attempt {e.attempt}, row at {row.attempt}")
+            g = (e.run_id, e.key, generation[k])
+            accepted_success[g] += 1
+            success_attempt[g] = e.attempt
         if e.from_state is not None:
             legal = TRANSITIONS.get((TaskState(e.from_state), TaskState(e.to_state)))
             if legal is None or e.actor not in legal:
@@ -95,12 +104,17 @@ def check_runs(
         if e.attempt < last_attempt.get(k, 0):
             problems.append(f"{e.run_id}.{e.key}: attempt went back from {last_attempt[k]} to {e.attempt}")
         last_attempt[k] = max(last_attempt.get(k, 0), e.attempt)
-    for k, n in accepted_success.items():
+    for (run_id, key, _), n in accepted_success.items():
         if n > 1:
-            problems.append(f"{k[0]}.{k[1]}: {n} accepted results (committed twice)")
+            problems.append(f"{run_id}.{key}: {n} accepted results (committed twice)")
     for t in tasks:
-        if t.state == "SUCCEEDED" and accepted_success[(t.run_id, t.key)] != 1:
+        current = (t.run_id, t.key, generation[(t.run_id, t.key)])
+        if t.state == "SUCCEEDED" and accepted_success[current] != 1:
             problems.append(f"{t.run_id}.{t.key}: SUCCEEDED without exactly one accepted result")
+        elif t.state == "SUCCEEDED" and success_attempt[current] != t.attempt:
+            problems.append(
+                f"{t.run_id}.{t.key}: success accepted for attempt {success_attempt[current]}, row at {t.attempt}"
+            )
 
     for run_id, key, attempt, n in effects:
         if n > 1 and outcome_events[(run_id, key, attempt)] < n:
@@ -131,6 +145,9 @@ def check_runs(
         c = by_key.get((run_id, child))
         if c is None or c.started_at is None:
             continue
+        # a parent an operator cleared or marked may have run again after this child ran (a
+        # clear without --downstream, a mark): its newest finish says nothing of that order
+        ps = [p for p in ps if not generation[(run_id, p)]]
         problems.extend(_started_early(f"{run_id}.{child}", c.started_at, c.trigger_rule, run_id, ps, by_key, children))
     for (run_id, header), kids in children.items():
         h = by_key.get((run_id, header))

@@ -43,6 +43,8 @@ runs = sa.Table(
     #: then, when it recorded the miss (with its ``deadline_missed`` event, in one transaction)
     sa.Column("deadline_checked_at", TS, nullable=True),
     sa.Column("deadline_missed_at", TS, nullable=True),
+    #: ``orchestrator rerun``: the run this one runs again (the same DAG snapshot and params)
+    sa.Column("rerun_of", sa.String(32), nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
     #: per tenant: two tenants' schedules may share a name (``orc_schedules`` is keyed by both)
     sa.UniqueConstraint("tenant", "schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
@@ -219,6 +221,9 @@ events = sa.Table(
     #: task or run without a state change, ``from_state`` = ``to_state``) names its kind here:
     #: ``deadline_missed``
     sa.Column("kind", sa.String(32), nullable=True),
+    #: an operator's clear: the result the task held before it (earlier attempts' outcomes stay
+    #: in the ledger; the row holds the newest)
+    sa.Column("result", sa.JSON, nullable=True),
 )
 sa.Index("ix_orc_task_events_run", events.c.run_id, events.c.key)
 #: annotations by kind and time (partial: transitions, nearly every row, are not in it), so

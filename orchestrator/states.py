@@ -87,6 +87,13 @@ TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     (T.DEAD_LETTER, T.FAILED): frozenset({"operator"}),
     (T.DEAD_LETTER, T.SKIPPED): frozenset({"operator"}),
 }
+# an operator's clear (any state back to PENDING, attempt + 1, to be run again) and mark (an
+# outcome set by hand); a clear or mark decides tasks again from PENDING (orc_redecide_v1)
+for _s in TaskState:
+    TRANSITIONS.setdefault((_s, T.PENDING), frozenset())
+    TRANSITIONS[(_s, T.PENDING)] = TRANSITIONS[(_s, T.PENDING)] | {"operator"}
+    for _to in (T.SUCCEEDED, T.FAILED, T.SKIPPED):
+        TRANSITIONS[(_s, _to)] = TRANSITIONS.get((_s, _to), frozenset()) | {"operator"}
 # a cancel: an operator's, or the reconciler's for a run whose DAG says ``on_deadline="cancel"``
 # and whose deadline (or a task's) passed before it was done (``store/deadlines.py``)
 for _s in NON_TERMINAL:
@@ -105,8 +112,8 @@ def check_transition(src: TaskState, dst: TaskState, actor: str) -> None:
 
 
 #: run (from, to) -> who may make the change; ``None`` as source means "created". A run closes
-#: when its last task becomes terminal, by whoever made that happen; only an operator's retry of
-#: a FAILED task reopens a FAILED run, and a CANCELLED run stays cancelled.
+#: when its last task becomes terminal, by whoever made that happen; only an operator's retry,
+#: clear or mark reopens a finished run, and a CANCELLED run stays cancelled.
 RUN_TRANSITIONS: dict[tuple[RunState | None, RunState], frozenset[str]] = {
     (None, RunState.RUNNING): frozenset({"submit"}),
     (RunState.RUNNING, RunState.SUCCEEDED): frozenset({"worker", "submit", "reconciler", "operator"}),
@@ -114,6 +121,8 @@ RUN_TRANSITIONS: dict[tuple[RunState | None, RunState], frozenset[str]] = {
     # the reconciler cancels a run that missed a deadline when its DAG says on_deadline="cancel"
     (RunState.RUNNING, RunState.CANCELLED): frozenset({"operator", "reconciler"}),
     (RunState.FAILED, RunState.RUNNING): frozenset({"operator"}),
+    # an operator's clear or mark reopens a finished run
+    (RunState.SUCCEEDED, RunState.RUNNING): frozenset({"operator"}),
 }
 
 

@@ -211,6 +211,111 @@ class OperatorActions:
 
         return self.db.transaction(tx)
 
+    def clear_tasks(
+        self,
+        run_id: str,
+        keys: list[str],
+        actor: Actor,
+        window: int,
+        *,
+        downstream: bool = False,
+        upstream: bool = False,
+        only_failed: bool = False,
+        dry_run: bool = False,
+    ) -> tuple[list[str], list[str], list[Any]]:
+        """Send ``keys`` (with their descendants / ancestors in the run) back to be run again:
+        ``orc_clear_v1``. Returns (the keys cleared, or that would be with ``dry_run``, in key
+        order; the Celery task ids of the attempts it fenced, to revoke; the dispatches to
+        publish). Raises :class:`TaskNotFound` for a key the run does not have,
+        :class:`OperatorError` for a CANCELLED run, a task of a map (not built yet) or nothing to
+        clear, :class:`RunNotFound` (nothing is written in any of these)."""
+
+        def tx(conn: Connection) -> tuple[list[str], list[str], list[Any]]:
+            run = conn.execute(sa.select(t_runs.c.state).where(*self._run_where(run_id)).with_for_update()).first()
+            if run is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            if run.state == RunState.CANCELLED.value:
+                raise OperatorError(f"run {run_id} is CANCELLED: its tasks cannot be cleared (rerun it instead)")
+            rows = {
+                r.key: r
+                for r in conn.execute(
+                    sa.select(t_tasks.c.key, t_tasks.c.state, t_tasks.c.attempt, t_tasks.c.children,
+                              t_tasks.c.map_spec.is_not(None).label("mapped"), t_tasks.c.map_parent)
+                    .where(t_tasks.c.run_id == run_id)
+                )
+            }  # fmt: skip
+            missing = sorted(set(keys) - set(rows))
+            if missing:
+                raise TaskNotFound(f"run {run_id!r} has no task {missing[0]!r}")
+            chosen = set(keys)
+            if downstream:
+                chosen |= _reach(chosen, {k: list(r.children or []) for k, r in rows.items()})
+            if upstream:
+                parents: dict[str, list[str]] = {}
+                for k, r in rows.items():
+                    for child in r.children or []:
+                        parents.setdefault(child, []).append(k)
+                chosen |= _reach(chosen, parents)
+            if only_failed:
+                chosen = {k for k in chosen if rows[k].state in (T.FAILED.value, T.UPSTREAM_FAILED.value)}
+            mapped = sorted(k for k in chosen if rows[k].mapped or rows[k].map_parent is not None)
+            if mapped:
+                raise OperatorError(
+                    f"task {mapped[0]!r} is a map or a map's child: clearing maps is not built yet (retry its"
+                    " failed children, or rerun the run)"
+                )
+            if not chosen:
+                raise OperatorError("nothing to clear: no task of those is FAILED or UPSTREAM_FAILED")
+            cleared = sorted(chosen)
+            if dry_run:
+                return cleared, [], []
+            fenced = [
+                task_id(run_id, k, rows[k].attempt)
+                for k in cleared
+                if rows[k].state in (T.QUEUED.value, T.RUNNING.value)
+            ]
+            reason = (
+                "cleared"
+                + (" (with its downstream)" if downstream else "")
+                + (" (with its upstream)" if upstream else "")
+            )
+            conn.execute(
+                sa.text("SELECT orc_clear_v1(:run, :keys, :actor, :by, :reason)"),
+                {"run": run_id, "keys": cleared, "actor": actor.role, "by": actor.by, "reason": reason},
+            )
+            return cleared, fenced, self.admission.admit(conn, window)
+
+        return self.db.transaction(tx)
+
+    def mark_task(
+        self, run_id: str, key: str, to: TaskState, actor: Actor, window: int
+    ) -> tuple[str, list[str], list[Any]]:
+        """Set a task's outcome by hand (``orc_mark_v1``): SUCCEEDED, FAILED or SKIPPED; its
+        children follow their trigger rules. Returns (the state it held, the Celery task id of a
+        fenced attempt (or none), the dispatches). Raises as :meth:`clear_tasks`."""
+        if to not in (T.SUCCEEDED, T.FAILED, T.SKIPPED):
+            raise OperatorError(f"a task can be marked SUCCEEDED, FAILED or SKIPPED, not {to.value}")
+
+        def tx(conn: Connection) -> tuple[str, list[str], list[Any]]:
+            run = conn.execute(sa.select(t_runs.c.state).where(*self._run_where(run_id)).with_for_update()).first()
+            if run is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            if run.state == RunState.CANCELLED.value:
+                raise OperatorError(f"run {run_id} is CANCELLED: its tasks cannot be marked")
+            task = self._task_row(conn, run_id, key)
+            if task.map_spec is not None or task.map_parent is not None:
+                raise OperatorError(f"task {key!r} is a map or a map's child: marking maps is not built yet")
+            if task.state == to.value:
+                raise OperatorError(f"task {key!r} is already {to.value}")
+            fenced = [task_id(run_id, key, task.attempt)] if task.state in (T.QUEUED.value, T.RUNNING.value) else []
+            held = conn.execute(
+                sa.text("SELECT orc_mark_v1(:run, :key, :state, :actor, :by)"),
+                {"run": run_id, "key": key, "state": to.value, "actor": actor.role, "by": actor.by},
+            ).scalar_one()
+            return str(held), fenced, self.admission.admit(conn, window)
+
+        return self.db.transaction(tx)
+
     def cancel_run(self, run_id: str, actor: Actor) -> tuple[list[str], str | None]:
         """Every non-terminal task -> CANCELLED and the run RUNNING -> CANCELLED.
 
@@ -281,3 +386,15 @@ class OperatorActions:
         if row is None:
             raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
         return row
+
+
+def _reach(start: set[str], links: dict[str, list[str]]) -> set[str]:
+    """Every key reachable from ``start`` by ``links`` (children, or parents)."""
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        for nxt in links.get(todo.pop(), []):
+            if nxt not in seen and nxt not in start:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen

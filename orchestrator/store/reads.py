@@ -178,6 +178,16 @@ class Reads:
         q = sa.select(t_tasks).where(t_tasks.c.run_id == run_id).order_by(t_tasks.c.started_at, t_tasks.c.key)
         return [rows.task_view(r) for r in self._of_run(run_id, q)]
 
+    def rerun_source(self, run_id: str) -> Any:
+        """The run's DAG snapshot (with its params) and tenant, to run it again; raise
+        :class:`RunNotFound`."""
+        q = sa.select(t_runs.c.dag_snapshot.label("snapshot"), t_runs.c.tenant).where(*self._run_where(run_id))
+        with self.db.engine.connect() as conn:
+            row = conn.execute(q).first()
+        if row is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        return row
+
     def get_task(self, run_id: str, key: str) -> TaskView:
         """One task; raise :class:`RunNotFound` or :class:`TaskNotFound`."""
         q = sa.select(t_tasks).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)

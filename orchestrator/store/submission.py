@@ -133,6 +133,11 @@ class Submission:
                 ) from exc
             return found, False
 
+    def link_rerun(self, run_id: str, first: str) -> None:
+        """Record that ``run_id`` runs ``first`` again (``orchestrator rerun``)."""
+        with self.db.engine.begin() as conn:
+            conn.execute(t_runs.update().where(t_runs.c.id == run_id).values(rerun_of=first))
+
     def _expand_root(self, conn: Connection, run_id: str, key: str) -> None:
         """A mapped node that starts with its run (its items are literal lists) becomes its
         children now (``orc_expand_v1``); an empty one ends at once and is settled."""

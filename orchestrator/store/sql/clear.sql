@@ -1,0 +1,201 @@
+-- orc_clear_v1: an operator's clear: the tasks p_keys go back to be run again.
+--
+-- Under the run's row lock, each task of p_keys (the caller has resolved --downstream /
+-- --upstream / --only-failed into the list, and refused maps) moves to PENDING with attempt + 1,
+-- whatever it held: a QUEUED or RUNNING attempt is fenced by the new attempt (its claim, its
+-- heartbeat and its outcome are refused and recorded), and an outcome it had stays in its ledger
+-- row (the event's result). Then orc_redecide_v1 counts, reopens and decides. Returns how many
+-- tasks it cleared.
+
+CREATE OR REPLACE FUNCTION orc_clear_v1(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    n int;
+BEGIN
+    PERFORM 1 FROM orc_runs WHERE id = p_run FOR UPDATE;
+    WITH old AS (
+        SELECT t.key, t.state, t.attempt, t.result FROM orc_tasks t
+        WHERE t.run_id = p_run AND t.key = ANY (p_keys) ORDER BY t.key FOR UPDATE
+    ), moved AS (
+        UPDATE orc_tasks t SET state = 'PENDING', attempt = t.attempt + 1, result = NULL, error = NULL,
+            finished_at = NULL, started_at = NULL, dispatched_at = NULL, heartbeat_at = NULL,
+            lease_expires_at = NULL, worker = NULL, ready_at = NULL, not_before = NULL, skip_reason = NULL,
+            fingerprint = NULL, fingerprint_streak = 0, lease_losses = 0
+        FROM old WHERE t.run_id = p_run AND t.key = old.key
+        RETURNING t.key, t.attempt, old.state AS was, old.result AS had
+    ), logged AS (
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at,
+                                     result)
+        SELECT p_run, m.key, m.attempt, m.was, 'PENDING', p_actor, p_by, p_reason, true, now(), m.had FROM moved m
+        RETURNING 1
+    )
+    SELECT count(*) INTO n FROM logged;
+    PERFORM orc_redecide_v1(p_run, p_keys, p_actor, p_by, p_reason);
+    RETURN n;
+END
+$$;
+
+-- orc_mark_v1: an operator sets a task's outcome by hand (Airflow's Mark Success / Mark Failed):
+-- SUCCEEDED, FAILED or SKIPPED. A QUEUED or RUNNING attempt is fenced (attempt + 1). The tasks
+-- below it that its old outcome decided without running them (UPSTREAM_FAILED or SKIPPED by
+-- their rule, never started) go back to PENDING, and orc_redecide_v1 decides them again with
+-- its new outcome: its children follow their trigger rules. Returns the state it held.
+
+CREATE OR REPLACE FUNCTION orc_mark_v1(p_run text, p_key text, p_state text, p_actor text, p_by text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    t record;
+    undone text[];
+    why text := 'marked ' || p_state || ' by hand';
+BEGIN
+    PERFORM 1 FROM orc_runs WHERE id = p_run FOR UPDATE;
+    SELECT x.state, x.attempt, x.children INTO t FROM orc_tasks x WHERE x.run_id = p_run AND x.key = p_key FOR UPDATE;
+    -- what its outcome decided without running it, transitively
+    WITH RECURSIVE below(key) AS (
+        SELECT k FROM json_array_elements_text(coalesce(t.children, '[]'::json)) AS k
+        UNION
+        SELECT c.k FROM below JOIN orc_tasks b ON b.run_id = p_run AND b.key = below.key,
+             json_array_elements_text(coalesce(b.children, '[]'::json)) AS c(k)
+        WHERE b.state IN ('UPSTREAM_FAILED', 'SKIPPED') AND b.started_at IS NULL
+    )
+    SELECT array_agg(b.key ORDER BY b.key) INTO undone
+    FROM below JOIN orc_tasks b ON b.run_id = p_run AND b.key = below.key
+    WHERE b.state IN ('UPSTREAM_FAILED', 'SKIPPED') AND b.started_at IS NULL;
+    WITH moved AS (
+        UPDATE orc_tasks b SET state = 'PENDING', finished_at = NULL, skip_reason = NULL
+        WHERE b.run_id = p_run AND b.key = ANY (coalesce(undone, '{}'))
+        RETURNING b.key, b.attempt
+    )
+    INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+    SELECT p_run, m.key, m.attempt, (SELECT e.to_state FROM orc_task_events e WHERE e.run_id = p_run AND e.key = m.key
+                                     AND e.accepted ORDER BY e.id DESC LIMIT 1),
+           'PENDING', p_actor, p_by, 'decided again: ' || p_key || ' ' || why, true, now()
+    FROM moved m;
+    UPDATE orc_tasks x SET state = p_state, finished_at = now(), lease_expires_at = NULL,
+        attempt = x.attempt + (x.state IN ('QUEUED', 'RUNNING'))::int,
+        skip_reason = CASE WHEN p_state = 'SKIPPED' THEN 'user' END,
+        error = CASE WHEN p_state = 'FAILED' THEN coalesce(x.error, why) END
+    WHERE x.run_id = p_run AND x.key = p_key;
+    INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+    SELECT p_run, p_key, x.attempt, t.state, p_state, p_actor, p_by, why, true, now()
+    FROM orc_tasks x WHERE x.run_id = p_run AND x.key = p_key;
+    PERFORM orc_redecide_v1(p_run, ARRAY(SELECT json_array_elements_text(coalesce(t.children, '[]'::json)))
+                                   || coalesce(undone, '{}'), p_actor, p_by, why);
+    RETURN t.state;
+END
+$$;
+
+-- orc_redecide_v1: after a clear or a mark, the counters of p_keys and of their PENDING
+-- children are counted again from their parents' states (edges: never the whole run), the run's
+-- open tasks recounted and a final run reopened (RUNNING, with its event) when it has tasks to
+-- run again or its outcome changed, then each PENDING
+-- task of p_keys and their children is decided by its rule (orc_decide_v2; a root or an
+-- "always" is READY), a terminal verdict settled (orc_settle_v2 cascades it and closes the run
+-- when nothing is left open).
+
+CREATE OR REPLACE FUNCTION orc_redecide_v1(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    targets text[];
+    r record;
+    m record;
+    verdict text;
+    run_row record;
+    readied int := 0;
+BEGIN
+    targets := ARRAY(
+        SELECT DISTINCT k FROM (
+            SELECT unnest(p_keys) AS k
+            UNION SELECT e.child_key FROM orc_edges e WHERE e.run_id = p_run AND e.parent_key = ANY (p_keys)
+        ) AS x ORDER BY k);
+    UPDATE orc_tasks c SET
+        n_done = coalesce(x.done, 0), n_succeeded = coalesce(x.ok, 0), n_failed = coalesce(x.failed, 0),
+        n_upstream_failed = coalesce(x.upstream_failed, 0), n_skipped = coalesce(x.skipped, 0),
+        n_setup_ok = coalesce(x.setup_ok, 0), n_setup_skipped = coalesce(x.setup_skipped, 0)
+    FROM (
+        SELECT k.key,
+               count(p.key) FILTER (WHERE p.state IN ('SUCCEEDED', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')) AS done,
+               count(p.key) FILTER (WHERE p.state = 'SUCCEEDED') AS ok,
+               count(p.key) FILTER (WHERE p.state = 'FAILED') AS failed,
+               count(p.key) FILTER (WHERE p.state = 'UPSTREAM_FAILED') AS upstream_failed,
+               count(p.key) FILTER (WHERE p.state = 'SKIPPED') AS skipped,
+               count(p.key) FILTER (WHERE p.state = 'SUCCEEDED' AND p.role = 'setup') AS setup_ok,
+               count(p.key) FILTER (WHERE p.state = 'SKIPPED' AND p.role = 'setup') AS setup_skipped
+        FROM unnest(targets) AS k(key)
+        LEFT JOIN orc_edges e ON e.run_id = p_run AND e.child_key = k.key
+        LEFT JOIN orc_tasks p ON p.run_id = p_run AND p.key = e.parent_key
+        GROUP BY k.key
+    ) AS x
+    WHERE c.run_id = p_run AND c.key = x.key AND c.state = 'PENDING';
+    UPDATE orc_runs u SET open_tasks = (
+        SELECT count(*) FROM orc_tasks t WHERE t.run_id = p_run
+          AND t.state NOT IN ('SUCCEEDED', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED', 'CANCELLED'))
+    WHERE u.id = p_run
+    RETURNING u.state, u.open_tasks INTO run_row;
+    IF run_row.state IN ('SUCCEEDED', 'FAILED') AND (run_row.open_tasks > 0 OR run_row.state <> CASE WHEN EXISTS (
+            SELECT 1 FROM orc_tasks t WHERE t.run_id = p_run AND t.state IN ('FAILED', 'UPSTREAM_FAILED')
+              AND t.decides_run) THEN 'FAILED' ELSE 'SUCCEEDED' END) THEN
+        -- reopened: tasks to run again, or an outcome that a mark changed (closed again below)
+        UPDATE orc_runs SET state = 'RUNNING', finished_at = NULL WHERE id = p_run;
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+        VALUES (p_run, NULL, 0, run_row.state, 'RUNNING', p_actor, p_by, p_reason, true, now());
+    END IF;
+    FOR r IN SELECT t.key, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded, t.n_failed, t.n_upstream_failed,
+                    t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped, t.min_success_ratio,
+                    t.map_spec IS NOT NULL AS mapped
+             FROM orc_tasks t WHERE t.run_id = p_run AND t.key = ANY (targets) AND t.state = 'PENDING'
+             ORDER BY t.key LOOP
+        verdict := CASE WHEN r.n_upstream = 0 OR r.trigger_rule = 'always' THEN 'READY'
+                        ELSE orc_decide_v2(r.trigger_rule, r.n_upstream, r.n_done, r.n_succeeded, r.n_failed,
+                                           r.n_upstream_failed, r.n_skipped, r.n_setup, r.n_setup_ok,
+                                           r.n_setup_skipped, r.min_success_ratio) END;
+        CONTINUE WHEN verdict IS NULL;
+        IF verdict = 'READY' AND r.mapped THEN
+            m := NULL;
+            SELECT (orc_expand_v1(p_run, r.key, p_actor, p_by, p_reason)) AS x INTO m;
+            IF m.x IS NOT NULL AND m.x->>'state' <> 'MAPPED' THEN
+                readied := readied + orc_settle_v2(p_run, r.key, m.x->>'state', m.x->'children', p_actor, p_by);
+            ELSIF m.x IS NOT NULL THEN
+                readied := readied + (m.x->>'readied')::int;
+            END IF;
+            CONTINUE;
+        END IF;
+        UPDATE orc_tasks t SET state = verdict,
+            ready_at = CASE WHEN verdict = 'READY' THEN now() ELSE t.ready_at END,
+            finished_at = CASE WHEN verdict = 'READY' THEN NULL ELSE now() END,
+            skip_reason = CASE WHEN verdict = 'SKIPPED' THEN 'upstream_skipped' END
+        WHERE t.run_id = p_run AND t.key = r.key AND t.state = 'PENDING'
+        RETURNING t.key, t.attempt, t.children INTO m;
+        CONTINUE WHEN NOT FOUND;
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+        VALUES (p_run, m.key, m.attempt, 'PENDING', verdict, p_actor, p_by, p_reason, true, now());
+        IF verdict = 'READY' THEN
+            readied := readied + 1;
+        ELSE
+            readied := readied + orc_settle_v2(p_run, m.key, verdict, m.children, p_actor, p_by);
+        END IF;
+    END LOOP;
+    -- nothing left open (every task it decided ended): close the run as settlement would
+    SELECT state, open_tasks INTO run_row FROM orc_runs WHERE id = p_run;
+    IF run_row.state = 'RUNNING' AND run_row.open_tasks <= 0 THEN
+        UPDATE orc_runs SET state = CASE WHEN EXISTS (
+                SELECT 1 FROM orc_tasks t WHERE t.run_id = p_run AND t.state IN ('FAILED', 'UPSTREAM_FAILED')
+                  AND t.decides_run) THEN 'FAILED' ELSE 'SUCCEEDED' END,
+            finished_at = now()
+        WHERE id = p_run
+        RETURNING state INTO verdict;
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+        VALUES (p_run, NULL, 0, 'RUNNING', verdict, p_actor, p_by, p_reason || '; nothing left to run', true, now());
+    END IF;
+    RETURN readied;
+END
+$$;

@@ -1,0 +1,178 @@
+"""Clear, mark and rerun (issue 23, first part): an operator sends tasks back to be run again,
+sets an outcome by hand, or runs a run again. The workers' part is played by ``dynamic.drive``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator import DAG, Orchestrator, RunNotFound, TaskNotFound
+from orchestrator.errors import OperatorError
+from orchestrator.invariants import check_runs
+from tests.store.dynamic import Fail, drive, orchestrator
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def orc(pg_clean: str) -> Iterator[Orchestrator]:
+    o = orchestrator(pg_clean)
+    yield o
+    o.store.attempts.hot.close()
+    o.store.dispose()
+
+
+def pipeline() -> DAG:
+    dag = DAG("pipeline")
+    dag.task("extract", "t")
+    dag.task("transform", "t", upstream=["extract"])
+    dag.task("load", "up", upstream=["transform"])
+    dag.task("report", "t", upstream=["load"], trigger_rule="all_done")
+    return dag
+
+
+def failing(*keys: str) -> Any:
+    broken = set(keys)
+
+    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
+        if key in broken:
+            raise Fail(f"{key} is broken")
+        return up or key
+
+    body.broken = broken  # type: ignore[attr-defined]
+    return body
+
+
+def test_fail_then_clear_downstream_runs_the_rest_to_success(orc: Orchestrator) -> None:
+    body = failing("transform")
+    d = drive(orc, pipeline(), body)
+    assert d.states() == {"extract": "SUCCEEDED", "transform": "FAILED", "load": "UPSTREAM_FAILED",
+                          "report": "SUCCEEDED"}  # fmt: skip
+    assert d.run_state() == "FAILED"
+    body.broken.clear()  # the bug is fixed
+    cleared = orc.clear(d.run_id, "transform", downstream=True, by="alice")
+    assert cleared == ["load", "report", "transform"]
+    assert d.run_state() == "RUNNING"
+    assert orc.task(d.run_id, "transform").attempt == 2 and orc.task(d.run_id, "report").attempt == 2
+    d = drive(orc, pipeline(), body, run_id=d.run_id)
+    assert set(d.states().values()) == {"SUCCEEDED"} and d.run_state() == "SUCCEEDED"
+    clears = [e for e in orc.events(d.run_id) if e.to_state == "PENDING" and e.actor == "operator"]
+    assert {e.key for e in clears} == {"transform", "load", "report"} and {e.by for e in clears} == {"alice"}
+    assert check_runs(orc.store, [d.run_id]) == []  # report succeeded twice: once per clear
+
+
+def test_clear_without_downstream_leaves_decided_children_alone(orc: Orchestrator) -> None:
+    body = failing("transform")
+    d = drive(orc, pipeline(), body)
+    body.broken.clear()
+    assert orc.clear(d.run_id, "transform") == ["transform"]
+    d = drive(orc, pipeline(), body, run_id=d.run_id)
+    assert d.states()["transform"] == "SUCCEEDED" and d.states()["load"] == "UPSTREAM_FAILED"
+    assert d.run_state() == "FAILED"
+
+
+def test_dry_run_lists_and_writes_nothing_and_only_failed_filters(orc: Orchestrator) -> None:
+    d = drive(orc, pipeline(), failing("transform"))
+    before = len(orc.events(d.run_id))
+    assert orc.clear(d.run_id, "extract", downstream=True, dry_run=True) == ["extract", "load", "report", "transform"]
+    assert orc.clear(d.run_id, "extract", downstream=True, only_failed=True, dry_run=True) == ["load", "transform"]
+    assert orc.clear(d.run_id, "load", upstream=True, dry_run=True) == ["extract", "load", "transform"]
+    assert len(orc.events(d.run_id)) == before and d.run_state() == "FAILED"
+
+
+def test_clearing_a_running_task_fences_its_attempt(orc: Orchestrator) -> None:
+    dag = DAG("fence")
+    dag.task("slow", "t")
+    run_id = orc.submit(dag).id
+    store = orc.store
+    store.admission.admit_ready(10)
+    assert store.attempts.claim(run_id, "slow", 1, "w:1", 60.0, "t") is not None
+    assert orc.clear(run_id, "slow", by="bob") == ["slow"]
+    late = store.attempts.succeed(run_id, "slow", 1, "late", 10)
+    assert not late.accepted  # the old attempt's result is refused ...
+    rejected = [e for e in orc.events(run_id) if e.key == "slow" and not e.accepted]
+    assert rejected and rejected[-1].to_state == "SUCCEEDED"  # ... and recorded
+    assert not store.attempts.heartbeat(run_id, "slow", 1, 60.0)
+    d = drive(orc, dag, lambda k, kw, up: "fresh", run_id=run_id)
+    assert orc.task(run_id, "slow").result == "fresh" and orc.task(run_id, "slow").attempt == 2
+    assert d.run_state() == "SUCCEEDED" and check_runs(orc.store, [run_id]) == []
+
+
+def test_the_result_before_a_clear_stays_in_the_ledger(orc: Orchestrator) -> None:
+    d = drive(orc, pipeline(), lambda k, kw, up: f"{k} v1")
+    orc.clear(d.run_id, "extract")
+    with orc.store.engine.connect() as conn:
+        kept = conn.exec_driver_sql(
+            "SELECT result FROM orc_task_events WHERE run_id = %s AND key = 'extract' AND to_state = 'PENDING'",
+            (d.run_id,),
+        ).scalar_one()
+    assert kept == "extract v1"
+    d = drive(orc, pipeline(), lambda k, kw, up: f"{k} v2", run_id=d.run_id)
+    assert orc.run(d.run_id).results()["extract"] == "extract v2"
+
+
+def test_mark_success_on_a_failed_task_lets_its_children_run(orc: Orchestrator) -> None:
+    d = drive(orc, pipeline(), failing("transform"))
+    assert orc.mark(d.run_id, "transform", "success", by="carol").value == "FAILED"
+    assert d.states()["load"] in ("READY", "QUEUED") and d.run_state() == "RUNNING"
+    d = drive(orc, pipeline(), lambda k, kw, up: up or k, run_id=d.run_id)
+    assert set(d.states().values()) == {"SUCCEEDED"} and d.run_state() == "SUCCEEDED"
+    assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_mark_failed_and_skipped(orc: Orchestrator) -> None:
+    d = drive(orc, pipeline(), lambda k, kw, up: k)
+    orc.mark(d.run_id, "report", "FAILED")
+    assert d.run_state() == "FAILED"  # closed again, with the outcome its tasks now say
+    orc.mark(d.run_id, "report", "skipped")
+    assert d.run_state() == "SUCCEEDED" and orc.task(d.run_id, "report").skip_reason == "user"
+    assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_bad_input_is_refused_with_a_named_error_and_nothing_written(orc: Orchestrator) -> None:
+    d = drive(orc, pipeline(), failing("transform"))
+    before = len(orc.events(d.run_id))
+    with pytest.raises(TaskNotFound, match="nope"):
+        orc.clear(d.run_id, "transform", "nope")
+    with pytest.raises(RunNotFound):
+        orc.clear("no-such-run", "transform")
+    with pytest.raises(OperatorError, match="nothing to clear"):
+        orc.clear(d.run_id, "extract", only_failed=True)
+    with pytest.raises(OperatorError, match="SUCCEEDED, FAILED or SKIPPED"):
+        orc.mark(d.run_id, "transform", "RUNNING")
+    with pytest.raises(OperatorError, match="already FAILED"):
+        orc.mark(d.run_id, "transform", "FAILED")
+    other = orchestrator(orc.settings.database_url, tenant="other")
+    with pytest.raises(RunNotFound):
+        other.clear(d.run_id, "transform")
+    assert len(orc.events(d.run_id)) == before
+    cancelled = orc.submit(pipeline())
+    orc.cancel(cancelled.id)
+    with pytest.raises(OperatorError, match="CANCELLED"):
+        orc.clear(cancelled.id, "extract")
+
+
+def test_clearing_a_map_is_refused_for_now(orc: Orchestrator) -> None:
+    dag = DAG("mapped")
+    dag.task("ls", "t")
+    dag.map("m", "t", over="ls", kwarg="x")
+    d = drive(orc, dag, lambda k, kw, up: [1, 2] if k == "ls" else 1)
+    with pytest.raises(OperatorError, match="not built yet"):
+        orc.clear(d.run_id, "ls", downstream=True)
+
+
+def test_rerun_runs_the_same_snapshot_and_params_again_linked_to_the_first(orc: Orchestrator) -> None:
+    dag = pipeline()
+    dag.params["day"] = "2026-11-24"
+    d = drive(orc, dag, failing("transform"))
+    again = orc.rerun(d.run_id)
+    assert again.id != d.run_id
+    first, second = orc.run(d.run_id).status(), again.status()
+    assert second.params == {"day": "2026-11-24"} and second.dag == first.dag and second.tenant == first.tenant
+    with orc.store.engine.connect() as conn:
+        linked = conn.exec_driver_sql("SELECT rerun_of FROM orc_runs WHERE id = %s", (again.id,)).scalar_one()
+    assert linked == d.run_id
+    d2 = drive(orc, dag, lambda k, kw, up: k, run_id=again.id)
+    assert d2.run_state() == "SUCCEEDED"
