@@ -754,7 +754,8 @@ def clear(
     """Run tasks again: KEYs (and with the flags their descendants / ancestors) go back with
     attempt + 1, each with a ledger row naming who asked; a running attempt among them is fenced
     (its late result refused and recorded) and revoked; a finished run reopens. Exits 2 with an
-    `error:` line for an unknown task, a CANCELLED run, a map (not built yet) or nothing to clear."""
+    `error:` line for an unknown task, a CANCELLED run or nothing to clear. A map is cleared with its
+    children; cleared with the task it maps over, it is expanded again (old children removed)."""
     cleared = _ready_store().clear(
         run_id, *keys, downstream=downstream, upstream=upstream, only_failed=only_failed, dry_run=dry_run, by=_by()
     )

@@ -438,7 +438,8 @@ class Orchestrator:
         attempt among them is fenced (its late result is refused and recorded) and revoked, a
         finished run reopens, and what can run is admitted. Returns the keys cleared (with
         ``dry_run``: that would be, nothing written). Raises :class:`TaskNotFound`,
-        :class:`RunNotFound`, :class:`OperatorError` (a CANCELLED run, a map, nothing to clear)."""
+        :class:`RunNotFound`, :class:`OperatorError` (a CANCELLED run, nothing to clear). A map is
+        cleared with its children; cleared with the task it maps over, it is expanded again."""
         cleared, fenced, dispatches = self._operator.clear_tasks(
             run_id, list(keys), operator(by or local_by()), self.settings.dispatch_window,
             downstream=downstream, upstream=upstream, only_failed=only_failed, dry_run=dry_run,

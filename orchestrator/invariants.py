@@ -10,12 +10,15 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from .states import ANNOTATIONS, RUN_TRANSITIONS, TERMINAL, TRANSITIONS, RunState, TaskState
+from .states import ANNOTATIONS, DEADLINE_MISSED, REMOVED, RUN_TRANSITIONS, TERMINAL, TRANSITIONS, RunState, TaskState
 from .store import Store
 
 _OUTCOMES = {"SUCCEEDED", "FAILED", "RETRYING", "DEAD_LETTER"}
 #: an operator's event into these starts a new generation of the task (a clear, a mark)
 _NEW_GENERATION = {"PENDING", "SUCCEEDED", "FAILED", "SKIPPED"}
+#: annotations recorded at most once per run and per task (a map child may be removed by each
+#: clear that expands its map again)
+_ONCE = {DEADLINE_MISSED}
 #: trigger rules that may start a task before all of its upstream is done (an early verdict
 #: READY), with the upstream states of which one must have come first (``always``: none)
 _EARLY: dict[str, frozenset[str]] = {
@@ -85,8 +88,14 @@ def check_runs(
     generation: Counter[tuple[str, str]] = Counter()
     outcome_events: Counter[tuple[str, str, int]] = Counter()
     last_attempt: dict[tuple[str, str], int] = {}
-    for e in events:
+    removals = [e for e in snap.events if _kind(e) == REMOVED and e.key is not None and e.accepted]
+    for e in sorted([*events, *removals], key=lambda ev: ev.id):
         k = (e.run_id, e.key)
+        if _kind(e) == REMOVED:
+            # a map expanded again: a new task of the same key starts from attempt 1
+            generation[k] += 1
+            last_attempt.pop(k, None)
+            continue
         if e.from_state == "RUNNING" or e.to_state in _OUTCOMES:
             outcome_events[(e.run_id, e.key, e.attempt)] += 1
         if not e.accepted:
@@ -191,7 +200,7 @@ def _check_annotations(annotations: list[Any]) -> list[str]:
             problems.append(f"{where}: {kind} recorded by {e.actor}")
         if e.from_state != e.to_state:
             problems.append(f"{where}: {kind} annotation changed the state {e.from_state} -> {e.to_state}")
-        if e.accepted:
+        if e.accepted and kind in _ONCE:
             seen[(e.run_id, e.key, kind)] += 1
     for (run_id, key, kind), n in seen.items():
         if n > 1:

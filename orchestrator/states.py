@@ -140,7 +140,13 @@ def check_run_transition(src: RunState | None, dst: RunState, actor: str) -> Non
 #: ``deadline_missed``: the reconciler found a run or task not done by its deadline
 #: (``store/deadlines.py``; at most one per run and per task).
 DEADLINE_MISSED = "deadline_missed"
-ANNOTATIONS: dict[str, frozenset[str]] = {DEADLINE_MISSED: frozenset({"reconciler"})}
+#: ``removed``: an operator's clear expands a map again, and its old child (row deleted) is
+#: kept in the ledger with this row (its ``result`` the outcome it had), never counted again
+REMOVED = "removed"
+ANNOTATIONS: dict[str, frozenset[str]] = {
+    DEADLINE_MISSED: frozenset({"reconciler"}),
+    REMOVED: frozenset({"operator"}),
+}
 
 
 def check_annotation(kind: str, actor: str) -> None:

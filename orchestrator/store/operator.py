@@ -227,8 +227,9 @@ class OperatorActions:
         ``orc_clear_v1``. Returns (the keys cleared, or that would be with ``dry_run``, in key
         order; the Celery task ids of the attempts it fenced, to revoke; the dispatches to
         publish). Raises :class:`TaskNotFound` for a key the run does not have,
-        :class:`OperatorError` for a CANCELLED run, a task of a map (not built yet) or nothing to
-        clear, :class:`RunNotFound` (nothing is written in any of these)."""
+        :class:`OperatorError` for a CANCELLED run or nothing to clear, :class:`RunNotFound`
+        (nothing is written in any of these). A map's children are cleared with it; cleared with
+        the task it maps over, it is expanded again when that task succeeds again."""
 
         def tx(conn: Connection) -> tuple[list[str], list[str], list[Any]]:
             run = conn.execute(sa.select(t_runs.c.state).where(*self._run_where(run_id)).with_for_update()).first()
@@ -256,14 +257,10 @@ class OperatorActions:
                     for child in r.children or []:
                         parents.setdefault(child, []).append(k)
                 chosen |= _reach(chosen, parents)
+            # a map runs its children again (or, cleared with what it maps over, is expanded again)
+            chosen |= {k for k, r in rows.items() if r.map_parent is not None and r.map_parent in chosen}
             if only_failed:
                 chosen = {k for k in chosen if rows[k].state in (T.FAILED.value, T.UPSTREAM_FAILED.value)}
-            mapped = sorted(k for k in chosen if rows[k].mapped or rows[k].map_parent is not None)
-            if mapped:
-                raise OperatorError(
-                    f"task {mapped[0]!r} is a map or a map's child: clearing maps is not built yet (retry its"
-                    " failed children, or rerun the run)"
-                )
             if not chosen:
                 raise OperatorError("nothing to clear: no task of those is FAILED or UPSTREAM_FAILED")
             cleared = sorted(chosen)

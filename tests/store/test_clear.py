@@ -154,13 +154,64 @@ def test_bad_input_is_refused_with_a_named_error_and_nothing_written(orc: Orches
         orc.clear(cancelled.id, "extract")
 
 
-def test_clearing_a_map_is_refused_for_now(orc: Orchestrator) -> None:
+def mapped_run() -> DAG:
     dag = DAG("mapped")
     dag.task("ls", "t")
     dag.map("m", "t", over="ls", kwarg="x")
-    d = drive(orc, dag, lambda k, kw, up: [1, 2] if k == "ls" else 1)
-    with pytest.raises(OperatorError, match="not built yet"):
-        orc.clear(d.run_id, "ls", downstream=True)
+    dag.task("join", "up", upstream=["m"])
+    return dag
+
+
+def items(listing: list[Any], broken: set[str]) -> Any:
+    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
+        if key in broken:
+            raise Fail(key)
+        if key == "ls":
+            return listing
+        return kw["x"] * 10 if key.startswith("m[") else up
+
+    return body
+
+
+def test_clearing_a_map_runs_its_children_again(orc: Orchestrator) -> None:
+    broken = {"m[1]"}
+    d = drive(orc, mapped_run(), items([1, 2, 3], broken))
+    assert d.states()["m"] == "FAILED" and d.states()["join"] == "UPSTREAM_FAILED"
+    broken.clear()
+    cleared = orc.clear(d.run_id, "m", downstream=True)
+    assert cleared == ["join", "m", "m[0]", "m[1]", "m[2]"]
+    assert orc.task(d.run_id, "m").state.value == "MAPPED"
+    d = drive(orc, mapped_run(), items([1, 2, 3], broken), run_id=d.run_id)
+    assert d.run_state() == "SUCCEEDED" and d.ran[-1] == ("join", {}, {"m": [10, 20, 30]})
+    assert orc.task(d.run_id, "m[0]").attempt == 2
+    assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_clearing_one_failed_child_reopens_its_map(orc: Orchestrator) -> None:
+    broken = {"m[1]"}
+    d = drive(orc, mapped_run(), items([1, 2, 3], broken))
+    broken.clear()
+    assert orc.clear(d.run_id, "m", downstream=True, only_failed=True) == ["join", "m", "m[1]"]
+    assert orc.task(d.run_id, "m[0]").attempt == 1  # the others are not run again
+    d = drive(orc, mapped_run(), items([1, 2, 3], broken), run_id=d.run_id)
+    assert d.run_state() == "SUCCEEDED" and d.ran[-1] == ("join", {}, {"m": [10, 20, 30]})
+    assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_clearing_a_maps_source_expands_it_again_and_removes_the_old_children(orc: Orchestrator) -> None:
+    listing = [1, 2, 3]
+    d = drive(orc, mapped_run(), items(listing, set()))
+    listing[:] = [5, 6]  # the source's data changed
+    orc.clear(d.run_id, "ls", downstream=True, by="dave")
+    assert orc.task(d.run_id, "m").state.value == "PENDING"
+    assert not [t for t in orc.tasks(d.run_id) if t.map_parent == "m"]
+    d = drive(orc, mapped_run(), items(listing, set()), run_id=d.run_id)
+    assert d.run_state() == "SUCCEEDED" and d.ran[-1] == ("join", {}, {"m": [50, 60]})
+    assert sorted(k for k in d.states() if k.startswith("m[")) == ["m[0]", "m[1]"]
+    removed = [e for e in orc.events(d.run_id) if e.kind == "removed"]
+    assert sorted(e.key for e in removed) == ["m[0]", "m[1]", "m[2]"]  # kept in the ledger, never counted
+    assert orc.run(d.run_id).status().task_count == 3 + 2
+    assert check_runs(orc.store, [d.run_id]) == []
 
 
 def test_rerun_runs_the_same_snapshot_and_params_again_linked_to_the_first(orc: Orchestrator) -> None:

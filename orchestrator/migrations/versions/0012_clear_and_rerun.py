@@ -1223,11 +1223,15 @@ $$;
 -- orc_clear_v1: an operator's clear: the tasks p_keys go back to be run again.
 --
 -- Under the run's row lock, each task of p_keys (the caller has resolved --downstream /
--- --upstream / --only-failed into the list, and refused maps) moves to PENDING with attempt + 1,
--- whatever it held: a QUEUED or RUNNING attempt is fenced by the new attempt (its claim, its
--- heartbeat and its outcome are refused and recorded), and an outcome it had stays in its ledger
--- row (the event's result). Then orc_redecide_v1 counts, reopens and decides. Returns how many
--- tasks it cleared.
+-- --upstream / --only-failed into the list) moves to PENDING with attempt + 1, whatever it held:
+-- a QUEUED or RUNNING attempt is fenced by the new attempt (its claim, its heartbeat and its
+-- outcome are refused and recorded), and an outcome it had stays in its ledger row (the event's
+-- result). Maps: a map cleared with the parent it maps over is expanded again when that parent
+-- succeeds again (its children removed now, each with a "removed" ledger row, never counted
+-- again; the maps chained on it too); a map cleared without it stays MAPPED and runs again the
+-- children in p_keys (the caller lists them: all, or the failed ones); a map child cleared on its
+-- own runs again and its map, closed or not, counts it out (MAPPED). Then orc_redecide_v1
+-- counts, reopens and decides. Returns how many tasks it cleared.
 
 CREATE OR REPLACE FUNCTION orc_clear_v1(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
  RETURNS integer
@@ -1235,12 +1239,46 @@ CREATE OR REPLACE FUNCTION orc_clear_v1(p_run text, p_keys text[], p_actor text,
  SET plan_cache_mode TO 'force_generic_plan'
 AS $$
 DECLARE
+    keys text[] := p_keys;
+    again text[];
+    removed int := 0;
     n int;
+    h record;
 BEGIN
     PERFORM 1 FROM orc_runs WHERE id = p_run FOR UPDATE;
+    -- a map cleared with what it maps over is expanded again (and the maps chained item by item
+    -- on it): its children are removed (their ledger rows stay, with a "removed" row each)
+    again := ARRAY(
+        WITH RECURSIVE r(key) AS (
+            SELECT t.key FROM orc_tasks t
+            WHERE t.run_id = p_run AND t.key = ANY (keys) AND t.map_spec IS NOT NULL AND EXISTS (
+                SELECT 1 FROM json_array_elements(t.map_spec->'args') a WHERE a->>'from' = ANY (keys))
+            UNION
+            SELECT d.key FROM r JOIN orc_tasks d ON d.run_id = p_run AND d.map_spec->>'per_item' = r.key
+        )
+        SELECT key FROM r);
+    keys := ARRAY(SELECT DISTINCT k FROM unnest(keys || again) AS k);
+    IF cardinality(again) > 0 THEN
+        WITH gone AS (
+            DELETE FROM orc_tasks c WHERE c.run_id = p_run AND c.map_parent = ANY (again)
+            RETURNING c.key, c.state, c.attempt, c.result
+        ), logged AS (
+            INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted,
+                                         at, kind, result)
+            SELECT p_run, g.key, g.attempt, g.state, g.state, p_actor, p_by,
+                   'removed: its map is expanded again (' || p_reason || ')', true, now(), 'removed', g.result
+            FROM gone g
+            RETURNING 1
+        )
+        SELECT count(*) INTO removed FROM logged;
+        UPDATE orc_tasks t SET map_total = 0, map_done = 0, map_ok = 0, map_failed = 0, map_skipped = 0,
+            map_items = NULL, map_next = NULL, map_refill = NULL, map_max_active = NULL
+        WHERE t.run_id = p_run AND t.key = ANY (again);
+        UPDATE orc_runs SET task_count = task_count - removed WHERE id = p_run;
+    END IF;
     WITH old AS (
         SELECT t.key, t.state, t.attempt, t.result FROM orc_tasks t
-        WHERE t.run_id = p_run AND t.key = ANY (p_keys) ORDER BY t.key FOR UPDATE
+        WHERE t.run_id = p_run AND t.key = ANY (keys) ORDER BY t.key FOR UPDATE
     ), moved AS (
         UPDATE orc_tasks t SET state = 'PENDING', attempt = t.attempt + 1, result = NULL, error = NULL,
             finished_at = NULL, started_at = NULL, dispatched_at = NULL, heartbeat_at = NULL,
@@ -1255,7 +1293,30 @@ BEGIN
         RETURNING 1
     )
     SELECT count(*) INTO n FROM logged;
-    PERFORM orc_redecide_v1(p_run, p_keys, p_actor, p_by, p_reason);
+    -- an expanded map whose children run again stays MAPPED, its counts taken again from them;
+    -- so does a map some of whose children were cleared on their own (a closed one reopens)
+    FOR h IN SELECT t.key, t.state, t.attempt FROM orc_tasks t
+             WHERE t.run_id = p_run AND t.map_total > 0 AND NOT (t.key = ANY (again))
+               AND (t.key = ANY (keys) OR t.key IN (SELECT c.map_parent FROM orc_tasks c
+                                                  WHERE c.run_id = p_run AND c.key = ANY (keys)))
+             ORDER BY t.key LOOP
+        UPDATE orc_tasks t SET state = 'MAPPED', finished_at = NULL,
+            map_done = x.done, map_ok = x.ok, map_failed = x.failed, map_skipped = x.skipped
+        FROM (SELECT count(*) FILTER (WHERE c.state IN ('SUCCEEDED', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')) AS done,
+                     count(*) FILTER (WHERE c.state = 'SUCCEEDED') AS ok,
+                     count(*) FILTER (WHERE c.state IN ('FAILED', 'UPSTREAM_FAILED')) AS failed,
+                     count(*) FILTER (WHERE c.state = 'SKIPPED') AS skipped
+              FROM orc_tasks c WHERE c.run_id = p_run AND c.map_parent = h.key) AS x
+        WHERE t.run_id = p_run AND t.key = h.key;
+        IF h.state <> 'MAPPED' THEN
+            INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted,
+                                         at)
+            VALUES (p_run, h.key, (SELECT t.attempt FROM orc_tasks t WHERE t.run_id = p_run AND t.key = h.key),
+                    CASE WHEN h.key = ANY (keys) THEN 'PENDING' ELSE h.state END, 'MAPPED', p_actor, p_by,
+                    'its children run again (' || p_reason || ')', true, now());
+        END IF;
+    END LOOP;
+    PERFORM orc_redecide_v1(p_run, keys, p_actor, p_by, p_reason);
     RETURN n;
 END
 $$;
@@ -1314,7 +1375,8 @@ END
 $$;
 
 -- orc_redecide_v1: after a clear or a mark, the counters of p_keys and of their PENDING
--- children are counted again from their parents' states (edges: never the whole run), the run's
+-- children are counted again from their parents' states (edges and map rows: never the whole
+-- run; n_upstream too, a map expanded or not), the run's
 -- open tasks recounted and a final run reopened (RUNNING, with its event) when it has tasks to
 -- run again or its outcome changed, then each PENDING
 -- task of p_keys and their children is decided by its rule (orc_decide_v2; a root or an
@@ -1334,30 +1396,52 @@ DECLARE
     run_row record;
     readied int := 0;
 BEGIN
+    -- the tasks and their children (by each row's children: a map's child has no edges)
     targets := ARRAY(
         SELECT DISTINCT k FROM (
             SELECT unnest(p_keys) AS k
-            UNION SELECT e.child_key FROM orc_edges e WHERE e.run_id = p_run AND e.parent_key = ANY (p_keys)
+            UNION SELECT c.k FROM orc_tasks t, json_array_elements_text(coalesce(t.children, '[]'::json)) AS c(k)
+                  WHERE t.run_id = p_run AND t.key = ANY (p_keys)
         ) AS x ORDER BY k);
-    UPDATE orc_tasks c SET
-        n_done = coalesce(x.done, 0), n_succeeded = coalesce(x.ok, 0), n_failed = coalesce(x.failed, 0),
-        n_upstream_failed = coalesce(x.upstream_failed, 0), n_skipped = coalesce(x.skipped, 0),
-        n_setup_ok = coalesce(x.setup_ok, 0), n_setup_skipped = coalesce(x.setup_skipped, 0)
-    FROM (
-        SELECT k.key,
-               count(p.key) FILTER (WHERE p.state IN ('SUCCEEDED', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')) AS done,
-               count(p.key) FILTER (WHERE p.state = 'SUCCEEDED') AS ok,
-               count(p.key) FILTER (WHERE p.state = 'FAILED') AS failed,
-               count(p.key) FILTER (WHERE p.state = 'UPSTREAM_FAILED') AS upstream_failed,
-               count(p.key) FILTER (WHERE p.state = 'SKIPPED') AS skipped,
-               count(p.key) FILTER (WHERE p.state = 'SUCCEEDED' AND p.role = 'setup') AS setup_ok,
-               count(p.key) FILTER (WHERE p.state = 'SKIPPED' AND p.role = 'setup') AS setup_skipped
-        FROM unnest(targets) AS k(key)
-        LEFT JOIN orc_edges e ON e.run_id = p_run AND e.child_key = k.key
-        LEFT JOIN orc_tasks p ON p.run_id = p_run AND p.key = e.parent_key
-        GROUP BY k.key
-    ) AS x
-    WHERE c.run_id = p_run AND c.key = x.key AND c.state = 'PENDING';
+    -- counted again from the parents: an expanded map counts as its children (relevant
+    -- upstream), a chained map's child has its item's task as its parent, another map's child
+    -- none (its map's parents were done when it was made)
+    WITH tk AS (
+        SELECT t.key, t.map_parent, t.map_item_from FROM orc_tasks t
+        WHERE t.run_id = p_run AND t.key = ANY (targets) AND t.state = 'PENDING'
+    ), par AS (
+        SELECT tk.key AS child, e.parent_key AS parent FROM tk
+        JOIN orc_edges e ON e.run_id = p_run AND e.child_key = tk.key WHERE tk.map_parent IS NULL
+        UNION ALL SELECT tk.key, tk.map_item_from FROM tk WHERE tk.map_item_from IS NOT NULL
+    ), units AS (
+        SELECT par.child, p.state, p.role = 'setup' AS setup FROM par
+        JOIN orc_tasks p ON p.run_id = p_run AND p.key = par.parent
+        WHERE NOT (p.map_spec IS NOT NULL AND p.map_total > 0 AND p.state <> 'PENDING')
+        UNION ALL
+        SELECT par.child, c.state, false FROM par
+        JOIN orc_tasks p ON p.run_id = p_run AND p.key = par.parent
+        JOIN orc_tasks c ON c.run_id = p_run AND c.map_parent = p.key
+        WHERE p.map_spec IS NOT NULL AND p.map_total > 0 AND p.state <> 'PENDING'
+    ), sizes AS (
+        SELECT par.child, sum(CASE WHEN p.map_spec IS NOT NULL AND p.map_total > 0 AND p.state <> 'PENDING'
+                                   THEN p.map_total ELSE 1 END) AS n
+        FROM par JOIN orc_tasks p ON p.run_id = p_run AND p.key = par.parent GROUP BY par.child
+    ), x AS (
+        SELECT tk.key, coalesce(z.n, 0) AS n,
+               count(u.state) FILTER (WHERE u.state IN ('SUCCEEDED', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')) AS done,
+               count(u.state) FILTER (WHERE u.state = 'SUCCEEDED') AS ok,
+               count(u.state) FILTER (WHERE u.state = 'FAILED') AS failed,
+               count(u.state) FILTER (WHERE u.state = 'UPSTREAM_FAILED') AS upstream_failed,
+               count(u.state) FILTER (WHERE u.state = 'SKIPPED') AS skipped,
+               count(u.state) FILTER (WHERE u.state = 'SUCCEEDED' AND u.setup) AS setup_ok,
+               count(u.state) FILTER (WHERE u.state = 'SKIPPED' AND u.setup) AS setup_skipped
+        FROM tk LEFT JOIN units u ON u.child = tk.key LEFT JOIN sizes z ON z.child = tk.key
+        GROUP BY tk.key, z.n
+    )
+    UPDATE orc_tasks c SET n_upstream = x.n,
+        n_done = x.done, n_succeeded = x.ok, n_failed = x.failed, n_upstream_failed = x.upstream_failed,
+        n_skipped = x.skipped, n_setup_ok = x.setup_ok, n_setup_skipped = x.setup_skipped
+    FROM x WHERE c.run_id = p_run AND c.key = x.key AND c.state = 'PENDING';
     UPDATE orc_runs u SET open_tasks = (
         SELECT count(*) FROM orc_tasks t WHERE t.run_id = p_run
           AND t.state NOT IN ('SUCCEEDED', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED', 'CANCELLED'))
