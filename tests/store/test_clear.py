@@ -227,3 +227,23 @@ def test_rerun_runs_the_same_snapshot_and_params_again_linked_to_the_first(orc: 
     assert linked == d.run_id
     d2 = drive(orc, dag, lambda k, kw, up: k, run_id=again.id)
     assert d2.run_state() == "SUCCEEDED"
+
+
+def test_clearing_below_a_branch_keeps_its_choice_unless_the_branch_is_cleared(orc: Orchestrator) -> None:
+    dag = DAG("branch")
+    dag.task("pick", "t", branch=True)
+    dag.task("a", "t", upstream=["pick"])
+    dag.task("b", "t", upstream=["pick"])
+    choice = ["a"]
+    body = lambda k, kw, up: choice[0] if k == "pick" else k  # noqa: E731
+    d = drive(orc, dag, body)
+    assert d.states() == {"pick": "SUCCEEDED", "a": "SUCCEEDED", "b": "SKIPPED"}
+    orc.clear(d.run_id, "a", "b")
+    d = drive(orc, dag, body, run_id=d.run_id)
+    assert d.states() == {"pick": "SUCCEEDED", "a": "SUCCEEDED", "b": "SKIPPED"}  # the choice stands
+    assert orc.task(d.run_id, "b").skip_reason == "branch_not_taken"
+    choice[0] = "b"
+    orc.clear(d.run_id, "pick", downstream=True)
+    d = drive(orc, dag, body, run_id=d.run_id)
+    assert d.states() == {"pick": "SUCCEEDED", "a": "SKIPPED", "b": "SUCCEEDED"}  # chosen again
+    assert check_runs(orc.store, [d.run_id]) == []

@@ -1380,7 +1380,8 @@ $$;
 -- open tasks recounted and a final run reopened (RUNNING, with its event) when it has tasks to
 -- run again or its outcome changed, then each PENDING
 -- task of p_keys and their children is decided by its rule (orc_decide_v2; a root or an
--- "always" is READY), a terminal verdict settled (orc_settle_v2 cascades it and closes the run
+-- "always" is READY; a child that a branch not cleared did not follow is SKIPPED again,
+-- branch_not_taken), a terminal verdict settled (orc_settle_v2 cascades it and closes the run
 -- when nothing is left open).
 
 CREATE OR REPLACE FUNCTION orc_redecide_v1(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
@@ -1465,6 +1466,20 @@ BEGIN
                                            r.n_upstream_failed, r.n_skipped, r.n_setup, r.n_setup_ok,
                                            r.n_setup_skipped, r.min_success_ratio) END;
         CONTINUE WHEN verdict IS NULL;
+        -- a branch that was not cleared keeps its choice: a child it did not follow is skipped again
+        IF EXISTS (SELECT 1 FROM orc_edges e JOIN orc_tasks p ON p.run_id = e.run_id AND p.key = e.parent_key
+                   WHERE e.run_id = p_run AND e.child_key = r.key AND p.flow = 'branch' AND p.state = 'SUCCEEDED'
+                     AND NOT (p.result::jsonb = to_jsonb(r.key)
+                              OR (jsonb_typeof(p.result::jsonb) = 'array' AND p.result::jsonb ? r.key))) THEN
+            UPDATE orc_tasks t SET state = 'SKIPPED', finished_at = now(), skip_reason = 'branch_not_taken'
+            WHERE t.run_id = p_run AND t.key = r.key AND t.state = 'PENDING'
+            RETURNING t.key, t.attempt, t.children INTO m;
+            INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+            VALUES (p_run, m.key, m.attempt, 'PENDING', 'SKIPPED', p_actor, p_by,
+                    'branch_not_taken: its branch keeps its choice (' || p_reason || ')', true, now());
+            readied := readied + orc_settle_v2(p_run, m.key, 'SKIPPED', m.children, p_actor, p_by);
+            CONTINUE;
+        END IF;
         IF verdict = 'READY' AND r.mapped THEN
             m := NULL;
             SELECT (orc_expand_v1(p_run, r.key, p_actor, p_by, p_reason)) AS x INTO m;
