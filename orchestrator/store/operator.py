@@ -300,8 +300,8 @@ class OperatorActions:
             if run.state == RunState.CANCELLED.value:
                 raise OperatorError(f"run {run_id} is CANCELLED: its tasks cannot be marked")
             task = self._task_row(conn, run_id, key)
-            if task.map_spec is not None or task.map_parent is not None:
-                raise OperatorError(f"task {key!r} is a map or a map's child: marking maps is not built yet")
+            if task.map_spec is not None:
+                raise OperatorError(f"task {key!r} is a map: mark its children (its state follows theirs)")
             if task.state == to.value:
                 raise OperatorError(f"task {key!r} is already {to.value}")
             fenced = [task_id(run_id, key, task.attempt)] if task.state in (T.QUEUED.value, T.RUNNING.value) else []

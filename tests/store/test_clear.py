@@ -247,3 +247,15 @@ def test_clearing_below_a_branch_keeps_its_choice_unless_the_branch_is_cleared(o
     d = drive(orc, dag, body, run_id=d.run_id)
     assert d.states() == {"pick": "SUCCEEDED", "a": "SKIPPED", "b": "SUCCEEDED"}  # chosen again
     assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_marking_a_maps_failed_child_closes_the_map_and_runs_the_join(orc: Orchestrator) -> None:
+    d = drive(orc, mapped_run(), items([1, 2, 3], {"m[1]"}))
+    assert d.states()["m"] == "FAILED" and d.states()["join"] == "UPSTREAM_FAILED"
+    orc.mark(d.run_id, "m[1]", "success", by="erin")
+    assert orc.task(d.run_id, "m").state.value == "SUCCEEDED"
+    d = drive(orc, mapped_run(), items([1, 2, 3], set()), run_id=d.run_id)
+    assert d.states()["join"] == "SUCCEEDED" and d.run_state() == "SUCCEEDED"
+    with pytest.raises(OperatorError, match="is a map"):
+        orc.mark(d.run_id, "m", "FAILED")
+    assert check_runs(orc.store, [d.run_id]) == []

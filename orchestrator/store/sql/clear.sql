@@ -103,7 +103,8 @@ $$;
 -- SUCCEEDED, FAILED or SKIPPED. A QUEUED or RUNNING attempt is fenced (attempt + 1). The tasks
 -- below it that its old outcome decided without running them (UPSTREAM_FAILED or SKIPPED by
 -- their rule, never started) go back to PENDING, and orc_redecide_v1 decides them again with
--- its new outcome: its children follow their trigger rules. Returns the state it held.
+-- its new outcome: its children follow their trigger rules. A map's child is counted again into
+-- its map, which closes or reopens as its children say. Returns the state it held.
 
 CREATE OR REPLACE FUNCTION orc_mark_v1(p_run text, p_key text, p_state text, p_actor text, p_by text)
  RETURNS text
@@ -112,11 +113,14 @@ CREATE OR REPLACE FUNCTION orc_mark_v1(p_run text, p_key text, p_state text, p_a
 AS $$
 DECLARE
     t record;
+    hdr record;
     undone text[];
     why text := 'marked ' || p_state || ' by hand';
 BEGIN
     PERFORM 1 FROM orc_runs WHERE id = p_run FOR UPDATE;
-    SELECT x.state, x.attempt, x.children INTO t FROM orc_tasks x WHERE x.run_id = p_run AND x.key = p_key FOR UPDATE;
+    SELECT x.state, x.attempt, x.children, x.map_parent,
+           (SELECT h.state FROM orc_tasks h WHERE h.run_id = p_run AND h.key = x.map_parent) AS header_state
+    INTO t FROM orc_tasks x WHERE x.run_id = p_run AND x.key = p_key FOR UPDATE;
     -- what its outcome decided without running it, transitively
     WITH RECURSIVE below(key) AS (
         SELECT k FROM json_array_elements_text(coalesce(t.children, '[]'::json)) AS k
@@ -146,6 +150,26 @@ BEGIN
     INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
     SELECT p_run, p_key, x.attempt, t.state, p_state, p_actor, p_by, why, true, now()
     FROM orc_tasks x WHERE x.run_id = p_run AND x.key = p_key;
+    IF t.map_parent IS NOT NULL THEN
+        -- a map's child: its map counts it again, and closes (or reopens) as its children say
+        UPDATE orc_tasks h SET map_done = x.done, map_ok = x.ok, map_failed = x.failed, map_skipped = x.skipped,
+            state = CASE WHEN x.done < h.map_total THEN 'MAPPED' WHEN x.failed > 0 THEN 'FAILED'
+                         WHEN x.skipped >= h.map_total THEN 'SKIPPED' ELSE 'SUCCEEDED' END,
+            finished_at = CASE WHEN x.done < h.map_total THEN NULL ELSE now() END
+        FROM (SELECT count(*) FILTER (WHERE c.state IN ('SUCCEEDED', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')) AS done,
+                     count(*) FILTER (WHERE c.state = 'SUCCEEDED') AS ok,
+                     count(*) FILTER (WHERE c.state IN ('FAILED', 'UPSTREAM_FAILED')) AS failed,
+                     count(*) FILTER (WHERE c.state = 'SKIPPED') AS skipped
+              FROM orc_tasks c WHERE c.run_id = p_run AND c.map_parent = t.map_parent) AS x
+        WHERE h.run_id = p_run AND h.key = t.map_parent
+        RETURNING h.key, h.attempt, h.state INTO hdr;
+        IF hdr.state IS DISTINCT FROM t.header_state THEN
+            INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted,
+                                         at)
+            VALUES (p_run, hdr.key, hdr.attempt, t.header_state, hdr.state, p_actor, p_by,
+                    'its child ' || p_key || ' ' || why, true, now());
+        END IF;
+    END IF;
     PERFORM orc_redecide_v1(p_run, ARRAY(SELECT json_array_elements_text(coalesce(t.children, '[]'::json)))
                                    || coalesce(undone, '{}'), p_actor, p_by, why);
     RETURN t.state;
