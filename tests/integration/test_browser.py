@@ -149,6 +149,8 @@ def test_run_page_draws_the_dag_and_retries_a_parked_task(
         shutil.copy(shot, os.environ["ORCHESTRATOR_DOCS_SCREENSHOT"])
 
     driver.find_element(By.CSS_SELECTOR, '#task-transform button[data-action="retry"]').click()  # type: ignore[attr-defined]
+    # the POST answers with the run page again: wait for it (a loaded machine takes a while)
+    wait_for("the action's banner", lambda: driver.find_elements(By.CSS_SELECTOR, ".banner"), timeout=30)  # type: ignore[attr-defined]
     banner = driver.find_element(By.CSS_SELECTOR, ".banner.ok").text  # type: ignore[attr-defined]
     assert "transform: retry done" in banner
     assert run.wait(timeout=60).state is RunState.SUCCEEDED
