@@ -81,3 +81,51 @@ def skip(self: Any, reason: str = "nothing to do") -> None:
     """Raise :class:`orchestrator.Skip`: the task ends SKIPPED."""
     _effect()
     raise Skip(reason)
+
+
+class GateClosed(RuntimeError):
+    """Raised by :func:`gated` while its flag file does not exist."""
+
+
+@app.task(bind=True)
+def gated(self: Any, flag: str = "", first_seconds: float = 0.0) -> dict[str, Any]:
+    """Fail with :class:`GateClosed` while the file ``flag`` does not exist (a bug an operator
+    fixes before clearing the task), else return the attempt and the process that ran it. The
+    first attempt sleeps ``first_seconds`` before that (a body to kill or clear while it runs);
+    later attempts do not."""
+    _effect()
+    ctx = current_context()
+    attempt = ctx.attempt if ctx else 1
+    if first_seconds and attempt == 1:
+        time.sleep(float(first_seconds))
+    if flag and not os.path.exists(flag):
+        raise GateClosed(f"{flag} does not exist yet (attempt {attempt})")
+    return {"attempt": attempt, "pid": os.getpid()}
+
+
+if app.orchestrator_settings.hazard_probes:
+    # only where asked for (ORCHESTRATOR_HAZARD_PROBES=1), as the hazardous probes
+
+    @app.task(bind=True)
+    def stubborn(self: Any, seconds: float = 5.0) -> dict[str, Any]:
+        """Sleep ``seconds`` ignoring SIGTERM (a revoke with terminate) and swallowing
+        :class:`orchestrator.worker.LeaseLost`, then return anyway: a body that will not be stopped,
+        whose late result the orchestrator must refuse once its attempt was fenced."""
+        import signal
+
+        from orchestrator.worker import LeaseLost
+
+        _effect()
+        ctx = current_context()
+        interrupted = 0
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            deadline = time.monotonic() + float(seconds)
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    time.sleep(min(left, 0.1))
+                except LeaseLost:
+                    interrupted += 1
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return {"attempt": ctx.attempt if ctx else 1, "interrupted": interrupted}
