@@ -6,7 +6,11 @@ Pages (server-rendered, no build step, nothing from a CDN):
 * ``/runs/RUN_ID`` - the run: its DAG drawn (:mod:`orchestrator.graph`; a big one in counted
   groups), the task table (paged, with a state filter and a key search) with the reason each
   waiting task waits (:mod:`orchestrator.explain`), the ledger (paged), and operator
-  actions (retry / skip / fail a task, cancel the run) as POST forms with an XSRF token. A map
+  actions as POST forms with an XSRF token: retry / skip / fail a task, clear it (with its
+  downstream or not) or mark it success / failed / skipped, cancel the run or rerun it (a new
+  run, linked to it, whose page the browser goes on to). A refused action answers its error
+  page (400 / 404 / 409 with the reason): a refused clear, mark or rerun writes nothing (a
+  refused retry, skip, fail or cancel leaves its refusal in the ledger). A map
   is one box counting its children (``resize \u00d710,000 · 9,990 ok · 10 failed``); a click on it
   draws its children (``/runs/RUN_ID?part=map&key=KEY``, the first :data:`MAP_CELLS`); a map
   child's key (``resize[3]``) pages, searches and acts like any other (URL-encoded in paths).
@@ -20,8 +24,11 @@ JSON for scripts (the pages' data, same addresses under ``/api``):
 * ``GET /api/runs/RUN_ID/changes?after=EVENT_ID`` - what changed since a ledger id (the run page
   polls it instead of reloading);
 * ``GET /api/runs/RUN_ID/graph?format=svg|dot|mermaid`` - the picture;
-* ``POST /api/runs/RUN_ID/cancel`` and ``POST /api/runs/RUN_ID/tasks/KEY/retry|skip|fail`` -
-  ``{"ok": true, ...}``, or ``{"error": ...}`` with 400/403/404/409;
+* ``POST /api/runs/RUN_ID/cancel|rerun`` and ``POST /api/runs/RUN_ID/tasks/KEY/retry|skip|fail|clear|mark``
+  (``clear``: ``downstream=1`` to clear the task's descendants too; ``mark``:
+  ``state=success|failed|skipped``, as form fields or query parameters) - ``{"ok": true, ...}``
+  (a clear adds ``cleared``, the keys; a mark ``was``, the state the task held; a rerun
+  ``rerun``, the new run's id, and ``url``, its page), or ``{"error": ...}`` with 400/403/404/409;
 * ``GET /metrics`` - Prometheus text (:mod:`orchestrator.metrics`); ``GET /healthz``.
 
 Tenants: the app shows and acts as its orchestrator does. Served by an orchestrator bound to a
@@ -114,7 +121,11 @@ CHANGES_LIMIT = 500
 SKELETONS = 4
 #: the run page's script (served at /static/run.js)
 RUN_SCRIPT = Path(__file__).parent / "static" / "run.js"
-ACTIONS = ("retry", "skip", "fail")
+ACTIONS = ("retry", "skip", "fail", "clear", "mark")
+#: what a mark may set (the form's ``state``): the page's words, and the states' own names
+MARKS = {"success": TaskState.SUCCEEDED, "failed": TaskState.FAILED, "skipped": TaskState.SKIPPED}
+#: the most cleared keys a clear's banner names (the JSON answer holds them all)
+CLEARED_SHOWN = 10
 #: the longest URL (request target) answered: longer is 414
 MAX_URL_BYTES = 8 * 1024
 #: the most bytes of request headers answered: more is 431
@@ -306,6 +317,8 @@ class _Base(tornado.web.RequestHandler):
     api = False
     #: a person's page: without a session, a GET goes to the login form (else: 401)
     page = True
+    #: where an error page links back to (an action's run), besides the runs list
+    back: str | None = None
 
     @property
     def orc(self) -> Orchestrator:
@@ -420,7 +433,12 @@ class _Base(tornado.web.RequestHandler):
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps({"error": message, "status": status_code}))
         else:
-            self.finish(render("error.html", title=f"{status_code}", status=status_code, message=message, handler=self))
+            self.finish(
+                render(
+                    "error.html", title=f"{status_code}", status=status_code, message=message, back=self.back,
+                    handler=self,
+                )
+            )  # fmt: skip
 
     def _handle_request_exception(self, e: BaseException) -> None:
         status = _status_of(e)
@@ -784,6 +802,22 @@ def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[
     }
 
 
+def _flash(signed: bytes | None) -> dict[str, Any]:
+    """The one-time banner an action left (its signed cookie): ``text``, and ``from``, the run a
+    rerun repeats (``None`` otherwise). Nothing, or anything unreadable: no banner."""
+    empty: dict[str, Any] = {"text": "", "from": None}
+    if not signed:
+        return empty
+    try:
+        found = json.loads(signed.decode())
+    except (UnicodeDecodeError, ValueError):
+        return empty
+    if not isinstance(found, dict) or not isinstance(found.get("text"), str):
+        return empty
+    origin = found.get("from")
+    return {"text": found["text"], "from": origin if isinstance(origin, str) else None}
+
+
 def safe_next(target: str) -> str:
     """Where the login form may send the browser: a path of this app, nothing else."""
     parts = urlsplit(target)
@@ -896,9 +930,10 @@ class RunPage(_Base):
         tq = _task_query(self, TASK_ROWS)
         events_before = _opt_int(self, "events_before")
         doc, svg = await self.blocking(run_page_data, self.orc, run_id, tq, events_before)
-        done = self.get_signed_cookie("orc_done", max_age_days=1)
-        if done is not None:
+        flash = self.get_signed_cookie("orc_done", max_age_days=1)
+        if flash is not None:
             self.clear_cookie("orc_done")
+        done = _flash(flash)
         here = f"/runs/{quote(run_id)}?"
         filters = tq.params(TASK_ROWS)
         page = doc["page"]
@@ -915,11 +950,13 @@ class RunPage(_Base):
                 svg=svg,
                 final=RunState(doc["run"]["state"]).terminal,
                 colours=drawing.COLOURS,
-                done=done.decode() if done else "",
+                done=done["text"],
+                done_from=done["from"],
                 ledger_rows=LEDGER_ROWS,
                 task_rows=TASK_ROWS,
                 query=tq,
                 task_states=list(TaskState),
+                marks=[(word, state.value) for word, state in MARKS.items()],
                 links={
                     "first": tasks_link() if tq.after or tq.before else None,
                     "next": tasks_link(after=page["tasks_after"]) if page["tasks_after"] else None,
@@ -933,24 +970,79 @@ class RunPage(_Base):
         )
 
 
+def _flag(handler: _Base, name: str) -> bool:
+    """A yes/no form field or query parameter (a checkbox sends ``on`` or its value; absent: no)."""
+    raw = handler.get_argument(name, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValidationError(f"{name} must be 1 or 0 (true or false), not {raw[:40]!r}")
+
+
+def _mark_state(handler: _Base) -> TaskState:
+    raw = handler.get_argument("state", "").strip()
+    found = MARKS.get(raw.lower())
+    if found is None and raw.upper() in {s.value for s in MARKS.values()}:
+        found = TaskState(raw.upper())
+    if found is None:
+        shown = f"not {raw[:40]!r}" if raw else "it is missing"
+        raise ValidationError(f"a mark's state must be success, failed or skipped ({shown})")
+    return found
+
+
+@dataclass(frozen=True)
+class Done:
+    """An action's outcome: the banner's words, what the JSON answer adds, and the run whose page
+    the browser goes on to (a rerun's new run; else the run acted on)."""
+
+    text: str
+    run_id: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
 class _Act(_Base):
-    async def act(self, run_id: str, key: str | None, action: str) -> str:
+    """The run page's forms and the JSON API's POSTs: one action each, as the credential's
+    orchestrator (its tenant's runs only), recorded with :meth:`by`."""
+
+    async def act(self, run_id: str, key: str | None, action: str) -> Done:
         self.require_write()
+        self.back = f"/runs/{quote(run_id)}"  # the error page links back to the run
         by = self.by()
+        orc = self.orc
+        if key is None and action == "rerun":
+            handle = await self.blocking(orc.rerun, run_id)
+            url = f"/runs/{quote(handle.id)}"
+            return Done(f"new run {handle.id}: a rerun of {run_id}", handle.id, {"rerun": handle.id, "url": url})
         if key is None:
-            revoked = await self.blocking(self.orc.cancel, run_id, by=by)
-            return f"run cancelled; {revoked} task(s) revoked"
-        fn = {"retry": self.orc.retry_task, "skip": self.orc.skip_task, "fail": self.orc.fail_task}[action]
+            revoked = await self.blocking(orc.cancel, run_id, by=by)
+            return Done(f"run cancelled; {revoked} task(s) revoked", run_id)
+        if action == "clear":
+            downstream = _flag(self, "downstream")
+            cleared: list[str] = await self.blocking(orc.clear, run_id, key, downstream=downstream, by=by)
+            shown = ", ".join(cleared[:CLEARED_SHOWN]) + (
+                f" and {len(cleared) - CLEARED_SHOWN:,} more" if len(cleared) > CLEARED_SHOWN else ""
+            )
+            what = " with its downstream" if downstream else ""
+            return Done(f"{key}: cleared{what}, {len(cleared):,} task(s) to run again: {shown}", run_id,
+                        {"cleared": cleared, "downstream": downstream})  # fmt: skip
+        if action == "mark":
+            to = _mark_state(self)
+            held: TaskState = await self.blocking(orc.mark, run_id, key, to, by=by)
+            return Done(f"{key}: marked {to.value} (was {held.value})", run_id, {"state": to.value, "was": held.value})
+        fn = {"retry": orc.retry_task, "skip": orc.skip_task, "fail": orc.fail_task}[action]
         await self.blocking(fn, run_id, key, by=by)
-        return f"{key}: {action} done"
+        return Done(f"{key}: {action} done", run_id)
 
 
 class RunAction(_Act):
     async def post(self, run_id: str, key: str | None = None, action: str = "cancel") -> None:
         done = await self.act(run_id, key, action)
-        # the outcome travels in a signed one-time cookie: a link cannot put words in the banner
-        self.set_signed_cookie("orc_done", done, expires_days=None, httponly=True, samesite="Strict")
-        self.redirect(f"/runs/{quote(run_id)}", status=303)
+        # the outcome travels in a signed one-time cookie: a link cannot put words in the banner;
+        # a rerun's banner links back to the run it repeats
+        flash = {"text": done.text, "from": run_id if done.run_id != run_id else None}
+        self.set_signed_cookie("orc_done", json.dumps(flash), expires_days=None, httponly=True, samesite="Strict")
+        self.redirect(f"/runs/{quote(done.run_id)}", status=303)
 
 
 class ApiRuns(_Base):
@@ -1037,7 +1129,7 @@ class ApiAction(_Act):
 
     async def post(self, run_id: str, key: str | None = None, action: str = "cancel") -> None:
         done = await self.act(run_id, key, action)
-        self.write({"ok": True, "run": run_id, "key": key, "action": action, "done": done})
+        self.write({"ok": True, "run": run_id, "key": key, "action": action, "done": done.text, **done.extra})
 
 
 class Metrics(_Base):
@@ -1054,8 +1146,11 @@ class Metrics(_Base):
 RUN_ID = r"([A-Za-z0-9_-]{1,32})"
 #: a task's key in a path: a map child's ``node[key]`` arrives as is or percent-encoded (Tornado
 #: decodes the group); the store finds the task or answers 404
-KEY = r"([A-Za-z0-9_.,:=%\[\]-]{1,400})"
-VERB = r"(retry|skip|fail)"
+KEY_CHARS = r"[A-Za-z0-9_.,:=%\[\]-]{1,400}"
+#: the actions' addresses (named groups: a run's own action has no task key); a task's
+#: action is one of :data:`ACTIONS`
+RUN_ACTION = r"/runs/(?P<run_id>[A-Za-z0-9_-]{1,32})/(?P<action>cancel|rerun)"
+TASK_ACTION = rf"/runs/(?P<run_id>[A-Za-z0-9_-]{{1,32}})/tasks/(?P<key>{KEY_CHARS})/(?P<action>{'|'.join(ACTIONS)})"
 
 
 def make_app(orc: Orchestrator, *, auth: str = "", bind: str = "127.0.0.1", cookie_secret: str | None = None) -> Any:
@@ -1071,15 +1166,15 @@ def make_app(orc: Orchestrator, *, auth: str = "", bind: str = "127.0.0.1", cook
             (r"/metrics", Metrics),
             (r"/runs/?", RunsPage),
             (rf"/runs/{RUN_ID}", RunPage),
-            (rf"/runs/{RUN_ID}/cancel", RunAction),
-            (rf"/runs/{RUN_ID}/tasks/{KEY}/{VERB}", RunAction),
+            (RUN_ACTION, RunAction),
+            (TASK_ACTION, RunAction),
             (r"/api/runs/?", ApiRuns),
             (rf"/api/runs/{RUN_ID}", ApiRun),
             (rf"/api/runs/{RUN_ID}/graph", ApiGraph),
             (rf"/api/runs/{RUN_ID}/changes", ApiChanges),
             (r"/static/run\.js", RunScript),
-            (rf"/api/runs/{RUN_ID}/cancel", ApiAction),
-            (rf"/api/runs/{RUN_ID}/tasks/{KEY}/{VERB}", ApiAction),
+            ("/api" + RUN_ACTION, ApiAction),
+            ("/api" + TASK_ACTION, ApiAction),
         ],
         orc=orc,
         access=access,

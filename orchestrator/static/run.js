@@ -1,6 +1,7 @@
 // The run page's script (served from /static/run.js: the Content-Security-Policy runs scripts of
-// this origin only, and no inline handler). It zooms the drawing, confirms a cancel, and keeps
-// the page current without reloading it: every few seconds it asks
+// this origin only, and no inline handler). It zooms the drawing, asks before a cancel, a clear,
+// a mark or a rerun (the buttons' data-confirm), and keeps the page current without reloading
+// it: every few seconds it asks
 // /api/runs/RUN_ID/changes?after=LAST_EVENT_ID what changed (bounded: at most 500 ledger rows
 // a time) and updates the run's state and counts, the rows of the tasks shown, the drawn boxes
 // (a task's state, a group's counts, a map's children's counts) and the ledger. A map's box

@@ -5,7 +5,9 @@ driven by Selenium against a real ``orchestrator serve`` process, a real worker 
 prints its login URL: the browser logs in through that URL (and is refused without it). The
 run-page test parks a task in DEAD_LETTER, checks that the page draws every node with its state
 from the database, clicks *retry* on the parked task, and follows the run to SUCCEEDED; the
-page's script runs under the Content-Security-Policy (no violation in the console). Its
+page's script runs under the Content-Security-Policy (no violation in the console). Another
+clears a FAILED task with its downstream, reruns the run (landing on the new one) and marks a
+failed task there success, each through the page's forms and their confirmations. Its
 screenshot goes to the test's temporary directory; with ``ORCHESTRATOR_DOCS_SCREENSHOT=PATH``
 it is also copied there (how ``docs/run-page.png`` in the README was made).
 """
@@ -161,8 +163,11 @@ def test_run_page_draws_the_dag_and_retries_a_parked_task(
     driver.get(f"{server.base}/runs/{run.id}")  # type: ignore[attr-defined]
     assert drawn(driver) == dict.fromkeys(states, "SUCCEEDED")
     assert driver.find_element(By.ID, "run-state").text == "SUCCEEDED"  # type: ignore[attr-defined]
-    # a final run offers no actions
-    assert not driver.find_elements(By.CSS_SELECTOR, "button.action, #cancel-run")  # type: ignore[attr-defined]
+    # a final run offers no retry, skip, fail or cancel: a clear or a mark of each task, and a rerun
+    offered = {b.get_attribute("data-action") for b in driver.find_elements(By.CSS_SELECTOR, "button.action")}  # type: ignore[attr-defined]
+    assert offered == {"clear", "mark"} and not driver.find_elements(By.ID, "cancel-run")  # type: ignore[attr-defined]
+    assert len(driver.find_elements(By.CSS_SELECTOR, 'button[data-action="clear"]')) == len(states)  # type: ignore[attr-defined]
+    assert driver.find_elements(By.ID, "rerun-run")  # type: ignore[attr-defined]
     driver.save_screenshot(str(tmp_path / "run-page-final.png"))  # type: ignore[attr-defined]
 
 
@@ -200,4 +205,72 @@ def test_a_map_is_one_box_that_expands_and_a_skip_says_why(
     cells = driver.find_elements(By.CSS_SELECTOR, "#map-view g.child")  # type: ignore[attr-defined]
     assert [c.get_attribute("data-key") for c in cells] == [f"resize[{i}]" for i in range(40)]
     assert {c.get_attribute("data-state") for c in cells} == {"SUCCEEDED"}
+    assert csp_violations(driver) == []
+
+
+def confirm(driver: object) -> None:
+    """Accept the page's confirm() (a clear, a mark, a rerun ask first)."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 10).until(expected_conditions.alert_is_present())  # type: ignore[arg-type]
+    driver.switch_to.alert.accept()  # type: ignore[attr-defined]
+
+
+def banner_of(driver: object) -> str:
+    from selenium.webdriver.common.by import By
+
+    wait_for("the action's banner", lambda: driver.find_elements(By.CSS_SELECTOR, ".banner"), timeout=30)  # type: ignore[attr-defined]
+    return str(driver.find_element(By.CSS_SELECTOR, ".banner").text)  # type: ignore[attr-defined]
+
+
+def test_clear_rerun_and_mark_from_the_run_page(
+    orc: Orchestrator, worker: WorkerProcess, server: Server, browser: object
+) -> None:
+    """A FAILED task cleared with its downstream runs again to SUCCEEDED; Rerun makes a linked
+    run and the browser lands on it; there a failed task marked success lets its children run."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    dag = DAG("clear_page")
+    extract = dag.task("extract", P + "echo")
+    transform = dag.task("transform", P + "flaky", kwargs={"fail_times": 1}, upstream=[extract])
+    load = dag.task("load", P + "echo", upstream=[transform])
+    dag.task("report", P + "echo", upstream=[load], trigger_rule="all_done")
+    run = orc.submit(dag)
+    assert run.wait(timeout=90).state is RunState.FAILED
+    assert run.task("transform").state is TaskState.FAILED and run.task("load").state is TaskState.UPSTREAM_FAILED
+
+    driver = browser
+    driver.get(server.login)  # type: ignore[attr-defined]
+    driver.get(f"{server.base}/runs/{run.id}")  # type: ignore[attr-defined]
+    row = driver.find_element(By.ID, "task-transform")  # type: ignore[attr-defined]
+    assert row.find_element(By.NAME, "downstream").is_selected()  # downstream by default
+    row.find_element(By.CSS_SELECTOR, 'button[data-action="clear"]').click()
+    confirm(driver)
+    assert "transform: cleared with its downstream, 3 task(s)" in banner_of(driver)
+    assert run.wait(timeout=60).state is RunState.SUCCEEDED
+    assert run.task("transform").attempt == 2 and run.task("report").attempt == 2
+    cleared = [e for e in run.events() if e.actor == "operator" and e.key is not None]
+    assert {e.key for e in cleared} == {"transform", "load", "report"}
+    assert {e.by for e in cleared} == {"token (web from 127.0.0.1)"}
+
+    driver.get(f"{server.base}/runs/{run.id}")  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "rerun-run").click()  # type: ignore[attr-defined]
+    confirm(driver)
+    assert "a rerun of " + run.id in banner_of(driver)
+    new_id = driver.find_element(By.ID, "run").get_attribute("data-run")  # type: ignore[attr-defined]
+    assert new_id != run.id and driver.current_url == f"{server.base}/runs/{new_id}"  # type: ignore[attr-defined]
+    assert driver.find_element(By.ID, "rerun-of").get_attribute("href") == f"{server.base}/runs/{run.id}"  # type: ignore[attr-defined]
+    again = orc.run(new_id)
+    assert again.wait(timeout=60).state is RunState.FAILED  # the same snapshot: transform fails once more
+
+    driver.get(f"{server.base}/runs/{new_id}")  # type: ignore[attr-defined]
+    row = driver.find_element(By.ID, "task-transform")  # type: ignore[attr-defined]
+    Select(row.find_element(By.NAME, "state")).select_by_value("success")
+    row.find_element(By.CSS_SELECTOR, 'button[data-action="mark"]').click()
+    confirm(driver)
+    assert "transform: marked SUCCEEDED (was FAILED)" in banner_of(driver)
+    assert again.wait(timeout=60).state is RunState.SUCCEEDED
+    assert again.task("transform").attempt == 1 and again.task("load").state is TaskState.SUCCEEDED
     assert csp_violations(driver) == []

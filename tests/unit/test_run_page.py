@@ -374,6 +374,27 @@ class TestMapsOnTheRunPage(WebCase):
         )
         assert missing.code == 404
 
+    def test_a_maps_children_are_cleared_and_marked_by_their_encoded_keys(self) -> None:
+        d = drive(self.orc, mapped_dag(), mapped_body(5, {3}))
+        run = d.run_id
+        assert d.states()["resize"] == "FAILED"
+        html = self.get(f"/runs/{run}?q=resize").body.decode()
+        assert f'action="/runs/{run}/tasks/resize%5B3%5D/clear"' in html
+        assert f'action="/runs/{run}/tasks/resize%5B3%5D/mark"' in html
+        header = html.split('<tr id="task-resize"')[1].split("</tr>")[0]
+        assert f'action="/runs/{run}/tasks/resize/clear"' in header and "/mark" not in header  # mark its children
+        token, headers = self.xsrf()
+        marked = self.post(f"/runs/{run}/tasks/resize%5B3%5D/mark", {"_xsrf": token, "state": "success"}, **headers)
+        assert marked.code == 303, marked.body
+        assert self.orc.task(run, "resize[3]").state.value == "SUCCEEDED"
+        assert self.orc.task(run, "resize").state.value == "SUCCEEDED"  # the map counts it again and closes
+        cleared = self.fetch(
+            f"/api/runs/{run}/tasks/resize/clear?downstream=1", method="POST", body="", headers=bearer(TOKEN)
+        )
+        assert cleared.code == 200, cleared.body
+        assert json.loads(cleared.body)["cleared"] == ["join", "resize"] + [f"resize[{i}]" for i in range(5)]
+        assert self.orc.task(run, "resize").state.value == "MAPPED"
+
     def test_changes_repaint_a_maps_box_from_its_children(self) -> None:
         d = drive(self.orc, mapped_dag(), mapped_body(40, set()), until=lambda d: "resize[0]" in d.states())
         run = d.run_id

@@ -374,6 +374,210 @@ class TestLocal(WebCase):
         assert self.get("/api/runs", **{"X-Big": "a" * 20_000}).code == 200
 
 
+def pipeline() -> DAG:
+    """extract -> transform -> load -> report (all_done): tests/store/test_clear.py's shape."""
+    dag = DAG("pipeline")
+    dag.task("extract", "t.ok")
+    dag.task("transform", "t.ok", upstream=["extract"])
+    dag.task("load", "t.ok", upstream=["transform"])
+    dag.task("report", "t.ok", upstream=["load"], trigger_rule="all_done")
+    return dag
+
+
+def breaking(*keys: str) -> Any:
+    """A :func:`tests.store.dynamic.drive` body failing ``keys`` until ``body.broken`` is cleared."""
+    from tests.store.dynamic import Fail
+
+    broken = set(keys)
+
+    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
+        if key in broken:
+            raise Fail(f"{key} is broken")
+        return key
+
+    body.broken = broken  # type: ignore[attr-defined]
+    return body
+
+
+class TestClearMarkRerun(WebCase):
+    """The run page's Clear (with or without its downstream), Mark (success / failed / skipped)
+    and Rerun, and the same through the JSON API: as the other actions (XSRF, Origin, the
+    credential's tenant, ``by``), and a refusal is a named error that writes nothing."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.session = {"Cookie": self.log_in(self.generated)}
+
+    def broken_run(self) -> tuple[str, Any]:
+        from tests.store.dynamic import drive
+
+        body = breaking("transform")
+        d = drive(self.orc, pipeline(), body)
+        assert d.states() == {"extract": "SUCCEEDED", "transform": "FAILED", "load": "UPSTREAM_FAILED",
+                              "report": "SUCCEEDED"}  # fmt: skip
+        return d.run_id, body
+
+    def written(self, run_id: str) -> tuple[int, dict[str, tuple[str, int]], int]:
+        """What an action would write: the run's ledger length, its tasks (state, attempt), and
+        how many runs there are."""
+        tasks = {t.key: (t.state.value, t.attempt) for t in self.orc.tasks(run_id)}
+        return len(self.orc.events(run_id)), tasks, len(self.orc.runs(1000))
+
+    def banner(self, response: Any) -> str:
+        """The page a form's POST goes on to, and its banner."""
+        assert response.code == 303, (response.code, response.body[:300])
+        flash = re.search(r"orc_done=([^;]+)", response.headers["Set-Cookie"])
+        assert flash is not None
+        page = self.get(response.headers["Location"], Cookie=f"orc_done={flash.group(1)}")
+        found = re.search(r'<div class="banner ok">(.*?)</div>', page.body.decode())
+        assert found is not None
+        return found.group(1)
+
+    def test_clear_with_downstream_runs_a_failed_task_and_its_downstream_again(self) -> None:
+        from orchestrator.invariants import check_runs
+        from tests.store.dynamic import drive
+
+        run_id, body = self.broken_run()
+        html = self.get(f"/runs/{run_id}").body.decode()
+        form = f'action="/runs/{run_id}/tasks/transform/clear"'
+        assert form in html and 'name="downstream" value="1" checked' in html
+        assert f'action="/runs/{run_id}/tasks/transform/mark"' in html
+        assert f'action="/runs/{run_id}/rerun"' in html
+        # the FAILED task offers every mark but FAILED
+        row = html.split('<tr id="task-transform"')[1].split("</tr>")[0]
+        assert re.findall(r'<option value="([a-z]+)"', row) == ["success", "skipped"]
+        token, headers = self.xsrf()
+        assert self.post(f"/runs/{run_id}/tasks/transform/clear", {"downstream": "1"}).code == 403  # no XSRF
+        body.broken.clear()  # the bug is fixed
+        done = self.post(f"/runs/{run_id}/tasks/transform/clear", {"_xsrf": token, "downstream": "1"}, **headers)
+        assert done.headers["Location"] == f"/runs/{run_id}"
+        banner = self.banner(done)
+        assert banner == "transform: cleared with its downstream, 3 task(s) to run again: load, report, transform"
+        assert self.orc.run_state(run_id).value == "RUNNING"
+        clears = [e for e in self.orc.events(run_id) if e.actor == "operator"]
+        assert {e.key for e in clears} == {"transform", "load", "report", None}  # None: the run reopened
+        assert {e.by for e in clears} == {"token (web from 127.0.0.1)"}
+        d = drive(self.orc, pipeline(), body, run_id=run_id)
+        assert set(d.states().values()) == {"SUCCEEDED"} and d.run_state() == "SUCCEEDED"
+        assert self.orc.task(run_id, "report").attempt == 2 and self.orc.task(run_id, "extract").attempt == 1
+        assert check_runs(self.orc.store, [run_id]) == []
+        # the JSON API: without downstream, the task alone; the keys in the answer
+        api = self.post(f"/api/runs/{run_id}/tasks/load/clear", {"_xsrf": token}, **headers)
+        assert api.code == 200, api.body
+        answer = json.loads(api.body)
+        assert answer["ok"] is True and answer["cleared"] == ["load"] and answer["downstream"] is False
+        assert self.orc.task(run_id, "report").attempt == 2  # not cleared
+
+    def test_mark_success_lets_the_children_run(self) -> None:
+        from tests.store.dynamic import drive
+
+        run_id, body = self.broken_run()
+        token, headers = self.xsrf()
+        done = self.post(f"/runs/{run_id}/tasks/transform/mark", {"_xsrf": token, "state": "success"}, **headers)
+        assert self.banner(done) == "transform: marked SUCCEEDED (was FAILED)"
+        assert self.orc.task(run_id, "load").state.value in ("READY", "QUEUED")
+        marked = [e for e in self.orc.events(run_id) if e.actor == "operator"]
+        assert marked and {e.by for e in marked} == {"token (web from 127.0.0.1)"}
+        d = drive(self.orc, pipeline(), body, run_id=run_id)  # transform is not run again
+        assert set(d.states().values()) == {"SUCCEEDED"} and d.run_state() == "SUCCEEDED"
+        assert [k for k, _, _ in d.ran] == ["load"]  # report (all_done) had run: it stands
+        # through the API (a bearer token: no XSRF), by a state's own name too
+        api = self.post(f"/api/runs/{run_id}/tasks/report/mark?state=SKIPPED", anonymous=True, **bearer(self.generated))
+        assert api.code == 200, api.body
+        assert json.loads(api.body) | {"done": ""} == {
+            "ok": True, "run": run_id, "key": "report", "action": "mark", "done": "", "state": "SKIPPED",
+            "was": "SUCCEEDED",
+        }  # fmt: skip
+        assert self.orc.task(run_id, "report").skip_reason == "user"
+
+    def test_rerun_creates_a_linked_run_and_goes_to_it(self) -> None:
+        run_id, _ = self.broken_run()
+        token, headers = self.xsrf()
+        done = self.post(f"/runs/{run_id}/rerun", {"_xsrf": token}, **headers)
+        assert done.code == 303
+        new = done.headers["Location"].removeprefix("/runs/")
+        assert new != run_id and self.orc.run(new).status().dag == "pipeline"
+        with self.orc.store.engine.connect() as conn:
+            linked = conn.exec_driver_sql("SELECT rerun_of FROM orc_runs WHERE id = %s", (new,)).scalar_one()
+        assert linked == run_id
+        banner = self.banner(done)
+        assert banner.startswith(f"new run {new}: a rerun of {run_id}")
+        assert f'<a id="rerun-of" href="/runs/{run_id}">run {run_id}</a>' in banner  # a link back
+        assert self.orc.run_state(run_id).value == "FAILED"  # the first run is left as it was
+        api = json.loads(self.post(f"/api/runs/{run_id}/rerun", {"_xsrf": token}, **headers).body)
+        assert api["ok"] is True and api["action"] == "rerun" and api["url"] == f"/runs/{api['rerun']}"
+        assert api["rerun"] not in (run_id, new)
+
+    def test_refusals_are_named_errors_that_write_nothing(self) -> None:
+        from tests.store.dynamic import drive
+
+        token, headers = self.xsrf()
+        # a CANCELLED run: no Clear or Mark offered, and a POST anyway is refused by name
+        cancelled = self.orc.submit(pipeline()).id
+        self.orc.cancel(cancelled)
+        html = self.get(f"/runs/{cancelled}").body.decode()
+        assert '/clear"' not in html and '/mark"' not in html and f'action="/runs/{cancelled}/rerun"' in html
+        before = self.written(cancelled)
+        for path, form, message in (
+            (
+                "tasks/extract/clear",
+                {"downstream": "1"},
+                "is CANCELLED: its tasks cannot be cleared (rerun it instead)",
+            ),
+            ("tasks/extract/mark", {"state": "success"}, "is CANCELLED: its tasks cannot be marked"),
+        ):
+            page = self.post(f"/runs/{cancelled}/{path}", {"_xsrf": token, **form}, **headers)
+            assert page.code == 400 and message in page.body.decode(), (path, page.code)
+            assert 'class="banner error"' in page.body.decode() and f'href="/runs/{cancelled}"' in page.body.decode()
+            api = self.post(f"/api/runs/{cancelled}/{path}", {"_xsrf": token, **form}, **headers)
+            assert api.code == 400 and message in json.loads(api.body)["error"], path
+        assert self.written(cancelled) == before
+        # a map: its children are marked, not the map itself (its row offers no Mark)
+        dag = DAG("mapped")
+        dag.task("ls", "t.ok")
+        dag.map("m", "t.ok", over="ls", kwarg="x")
+        dag.task("join", "t.ok", upstream=["m"])
+        mapped = drive(self.orc, dag, lambda k, kw, up: [1, 2, 3] if k == "ls" else k).run_id
+        row = self.get(f"/runs/{mapped}?q=m").body.decode().split('<tr id="task-m"')[1].split("</tr>")[0]
+        assert '/tasks/m/clear"' in row and '/mark"' not in row
+        before = self.written(mapped)
+        page = self.post(f"/runs/{mapped}/tasks/m/mark", {"_xsrf": token, "state": "failed"}, **headers)
+        assert page.code == 400 and "task &#x27;m&#x27; is a map: mark its children" in page.body.decode()
+        assert self.written(mapped) == before
+        # bad input: a state a mark cannot set, no state, an unknown task, a bad flag
+        run_id, _ = self.broken_run()
+        before = self.written(run_id)
+        for path, form, code, message in (
+            ("tasks/transform/mark", {"state": "RUNNING"}, 400, "a mark's state must be success, failed or skipped"),
+            ("tasks/transform/mark", {}, 400, "(it is missing)"),
+            ("tasks/transform/mark", {"state": "failed"}, 400, "task 'transform' is already FAILED"),
+            ("tasks/nope/clear", {}, 404, "has no task 'nope'"),
+            ("tasks/transform/clear", {"downstream": "maybe"}, 400, "downstream must be 1 or 0"),
+        ):
+            api = self.post(f"/api/runs/{run_id}/{path}", {"_xsrf": token, **form}, **headers)
+            assert api.code == code and message in json.loads(api.body)["error"], (path, form, api.body)
+        assert self.post("/api/runs/nope/rerun", {"_xsrf": token}, **headers).code == 404
+        assert self.written(run_id) == before
+
+    def test_a_post_from_another_origin_is_refused(self) -> None:
+        run_id, _ = self.broken_run()
+        token, headers = self.xsrf()
+        before = self.written(run_id)
+        for path, form in (
+            ("tasks/transform/clear", {"downstream": "1"}),
+            ("tasks/transform/mark", {"state": "success"}),
+            ("rerun", {}),
+        ):
+            for extra in ({"Origin": "http://127.0.0.1:8000"}, {"Sec-Fetch-Site": "cross-site"}):
+                for prefix in ("", "/api"):
+                    refused = self.post(f"{prefix}/runs/{run_id}/{path}", {"_xsrf": token, **form}, **extra, **headers)
+                    assert refused.code == 403, (prefix, path, extra)
+        assert self.written(run_id) == before
+        own = {"Origin": "http://127.0.0.1", "Sec-Fetch-Site": "same-origin"}
+        done = self.post(f"/runs/{run_id}/tasks/transform/mark", {"_xsrf": token, "state": "success"}, **own, **headers)
+        assert done.code == 303
+
+
 class TestBasicAuth(WebCase):
     auth = "admin:pa55word"
     bind = "0.0.0.0"
@@ -463,9 +667,15 @@ class TestTenantBound(WebCase):
                 f"/api/runs/{theirs}/tasks/b/retry",
                 f"/api/runs/{theirs}/tasks/b/skip",
                 f"/api/runs/{theirs}/tasks/b/fail",
+                f"/runs/{theirs}/tasks/b/clear",
+                f"/runs/{theirs}/tasks/b/mark",
+                f"/runs/{theirs}/rerun",
+                f"/api/runs/{theirs}/tasks/b/clear",
+                f"/api/runs/{theirs}/tasks/b/mark",
+                f"/api/runs/{theirs}/rerun",
             ):
                 cookie = " ".join(v for k, v in xsrf_headers.items() if k == "Cookie")
-                acted = self.post(path, {"_xsrf": token}, Cookie=cookie)
+                acted = self.post(path, {"_xsrf": token, "state": "success", "downstream": "1"}, Cookie=cookie)
                 assert acted.code == 404, (path, acted.code)
             # /metrics: the tenant's families only
             scrape = self.get("/metrics")
@@ -479,6 +689,8 @@ class TestTenantBound(WebCase):
             assert tenants == {"acme"}, tenants
         assert self.orc.run(theirs).state.value == "FAILED"
         assert not [e for e in self.orc.run(theirs).events() if e.actor == "operator"]
+        assert {t.attempt for t in self.orc.tasks(theirs)} == {1}
+        assert len(self.orc.runs(100)) == 2  # no rerun made
         # its own run: it acts, and the ledger says who
         self.session = basic("alice", "alice-pass")
         done = self.post(f"/api/runs/{mine}/tasks/b/retry", {"_xsrf": token}, **xsrf_headers)
@@ -494,6 +706,16 @@ class TestTenantBound(WebCase):
             assert self.get(f"/runs/{theirs}").code == 200
         # a password is checked with its user: alice's password is not bob's
         assert self.get("/api/runs", anonymous=True, **basic("bob", "alice-pass")).code == 401
+        # clear, mark and rerun of its own run too, as alice
+        self.session = basic("alice", "alice-pass")
+        finish(self.orc, fail={"b"})
+        cleared = self.post(f"/runs/{mine}/tasks/a/clear", {"_xsrf": token, "downstream": "1"}, **xsrf_headers)
+        assert cleared.code == 303, cleared.body
+        marked = self.post(f"/api/runs/{mine}/tasks/d/mark", {"_xsrf": token, "state": "failed"}, **xsrf_headers)
+        assert marked.code == 200, marked.body
+        assert {e.by for e in self.orc.run(mine).events() if e.actor == "operator"} == {"alice (web from 127.0.0.1)"}
+        again = self.post(f"/runs/{mine}/rerun", {"_xsrf": token}, **xsrf_headers)
+        assert again.code == 303 and self.orc.run(again.headers["Location"][6:]).status().tenant == "acme"
 
 
 def test_credentials_are_checked_at_start(tmp_path: Path) -> None:
