@@ -15,11 +15,14 @@ from typing import Any
 from .backoff import Backoff, Jitter
 from .config import Settings
 from .dag import DAG, Limits, MapArg, MapSpec, Node, OnDeadline, SizeLimits, load_spec
+from .dag_registry import DagDiff, DagRegistry, DagVersion, RegisteredDag
 from .engine import Orchestrator, RunHandle
 from .errors import (
     ConfigurationError,
     ConflictError,
     CycleError,
+    DagNotFound,
+    DagVersionNotFound,
     IdempotencyConflict,
     OperatorError,
     OrchestratorError,
@@ -55,6 +58,18 @@ def submit(dag: DAG, **options: Any) -> RunHandle:
     return default().submit(dag, **options)
 
 
+def register(dag: DAG, **options: Any) -> DagVersion:
+    """Register ``dag`` with the default orchestrator (a new version when its content changed);
+    see :meth:`Orchestrator.register`."""
+    return default().register(dag, **options)
+
+
+def submit_registered(name: str, version: int | None = None, **options: Any) -> RunHandle:
+    """A run of the registered DAG ``name`` (its latest version, or ``version``) with the default
+    orchestrator; see :meth:`Orchestrator.submit_registered`."""
+    return default().submit_registered(name, version, **options)
+
+
 def get_run(run_id: str) -> RunHandle:
     """A handle on an existing run; raises :class:`RunNotFound`."""
     return default().run(run_id)
@@ -66,6 +81,11 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "CycleError",
+    "DagDiff",
+    "DagNotFound",
+    "DagRegistry",
+    "DagVersion",
+    "DagVersionNotFound",
     "FactoryNotAllowed",
     "IdempotencyConflict",
     "Jitter",
@@ -78,6 +98,7 @@ __all__ = [
     "Orchestrator",
     "OrchestratorError",
     "Priority",
+    "RegisteredDag",
     "RunHandle",
     "RunNotFound",
     "RunState",
@@ -98,5 +119,7 @@ __all__ = [
     "default",
     "get_run",
     "load_spec",
+    "register",
     "submit",
+    "submit_registered",
 ]

@@ -304,8 +304,29 @@ def _ready_store() -> Orchestrator:
     return _orc().ready()  # migrates the embedded default, checks any other schema
 
 
+def _param(values: tuple[str, ...]) -> dict[str, Any] | None:
+    """``--param KEY=VALUE`` options as params: each VALUE read as JSON, else as text."""
+    if not values:
+        return None
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--param takes KEY=VALUE, not {item[:60]!r}")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw
+    return out
+
+
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False), required=False)
+@click.option("--dag", "registered", metavar="NAME[@N]", help="Run the registered DAG NAME (its latest version, or N).")
+@click.option(
+    "--param", "params", multiple=True, metavar="KEY=VALUE",
+    help="With --dag: a param laid over the DAG's own (VALUE read as JSON, else as text); repeatable.",
+)  # fmt: skip
 @click.option("--tenant", help="Run for this tenant instead of the spec's.")
 @click.option("--idempotency-key", help="Submitting the same key again returns the same run.")
 @click.option(
@@ -315,15 +336,38 @@ def _ready_store() -> Orchestrator:
     help="Follow the run (a live view on a terminal, one line per change when piped); exit 0 only if it SUCCEEDED.",
 )
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after this many seconds.")
-def submit(file: str, tenant: str | None, idempotency_key: str | None, wait_: bool, timeout: float | None) -> None:
-    """Submit the DAG spec FILE (YAML or JSON); prints the run id first, and each warning about
-    the DAG (a join below a branch that keeps all_success, ...) on stderr as `warning: ...`."""
+def submit(
+    file: str | None,
+    registered: str | None,
+    params: tuple[str, ...],
+    tenant: str | None,
+    idempotency_key: str | None,
+    wait_: bool,
+    timeout: float | None,
+) -> None:
+    """Submit the DAG spec FILE (YAML or JSON), or the registered DAG named with --dag NAME[@N]
+    (`orchestrator dag register`); prints the run id first, and each warning about the DAG (a
+    join below a branch that keeps all_success, a paused DAG run by hand, ...) on stderr as
+    `warning: ...`."""
     from .dag import load_spec
+    from .dag_registry import parse_ref
     from .demo import follow
 
-    dag = load_spec(file)
-    orc = _ready_store()
-    run = orc.submit(dag, tenant=tenant, idempotency_key=idempotency_key)
+    if (file is None) == (registered is None):
+        raise click.UsageError("give a spec FILE or --dag NAME[@N] (one of them)")
+    if params and registered is None:
+        raise click.UsageError("--param goes with --dag (a spec file holds its params)")
+    if registered is not None:
+        name, version = parse_ref(registered)
+        orc = _ready_store()
+        run = orc.submit_registered(
+            name, version, params=_param(params), idempotency_key=idempotency_key, tenant=tenant
+        )
+    else:
+        assert file is not None
+        dag = load_spec(file)
+        orc = _ready_store()
+        run = orc.submit(dag, tenant=tenant, idempotency_key=idempotency_key)
     click.echo(run.id)
     for warning in run.warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -357,8 +401,11 @@ def status(run_id: str, as_json: bool) -> None:
     attention = "  (needs attention)" if view.needs_attention else ""
     fired = f"  schedule {view.schedule}" if view.schedule else ""
     logical = f"  logical date {view.logical_date}" if view.logical_date else ""
+    version = f"  version {view.dag_version}" if view.dag_version is not None else ""
+    again = f"  rerun of {view.rerun_of}" if view.rerun_of else ""
     click.echo(
-        f"run {view.id}  dag {view.dag}  tenant {view.tenant}  state {view.state.value}{attention}{fired}{logical}"
+        f"run {view.id}  dag {view.dag}{version}  tenant {view.tenant}  state {view.state.value}{attention}{fired}"
+        f"{logical}{again}"
     )
     click.echo(format_task_table(tasks))
 
@@ -369,19 +416,24 @@ def status(run_id: str, as_json: bool) -> None:
 @click.option("--offset", default=0, show_default=True, help="Skip this many newer runs (paging).")
 @click.option("--tenant", default=None, help="Only this tenant's runs.")
 @click.option("--dag", default=None, help="Only runs of this DAG.")
+@click.option("--version", "version", type=int, default=None, help="With --dag: only runs of this registered version.")
 @click.option("--state", default=None, help="Only runs in this state (RUNNING, SUCCEEDED, FAILED, CANCELLED).")
-def runs(as_json: bool, limit: int, offset: int, tenant: str | None, dag: str | None, state: str | None) -> None:
-    """List recent runs, newest first."""
-    views = _ready_store().runs(limit, tenant=tenant, dag=dag, state=state, offset=offset)
+def runs(
+    as_json: bool, limit: int, offset: int, tenant: str | None, dag: str | None, version: int | None,
+    state: str | None,
+) -> None:  # fmt: skip
+    """List recent runs, newest first (a run of a registered DAG with its version, `etl@3`)."""
+    if version is not None and dag is None:
+        raise click.UsageError("--version goes with --dag NAME")
+    views = _ready_store().runs(limit, tenant=tenant, dag=dag, state=state, offset=offset, dag_version=version)
     if as_json:
         _dump({"runs": [v.to_json() for v in views]})
         return
     for v in views:
         created = v.created_at.isoformat(timespec="seconds") if v.created_at else "-"
         attention = "  (needs attention)" if v.needs_attention else ""
-        click.echo(
-            f"{v.id}  {v.state.value:<9}  {v.dag}  tenant={v.tenant}  tasks={v.task_count}  {created}{attention}"
-        )
+        name = v.dag if v.dag_version is None else f"{v.dag}@{v.dag_version}"
+        click.echo(f"{v.id}  {v.state.value:<9}  {name}  tenant={v.tenant}  tasks={v.task_count}  {created}{attention}")
 
 
 @main.command()
@@ -628,7 +680,111 @@ def limit_remove(key: str) -> None:
 
 @main.group()
 def dag() -> None:
-    """Limits of a DAG across its runs (one tenant's: orchestrator --tenant T dag ...)."""
+    """The DAG registry (register, versions, show, diff, pause) and limits of a DAG across its
+    runs; one tenant's: orchestrator --tenant T dag ... (else tenant `default`)."""
+
+
+def _dags() -> Any:
+    return _ready_store().dags
+
+
+@dag.command("register")
+@click.argument("spec_file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the version as JSON (with created: true|false).")
+def dag_register(spec_file: str, as_json: bool) -> None:
+    """Register the DAG spec SPEC_FILE under its name: a new version only when its content
+    differs from the latest (registering the same content again returns the same version, exit
+    0). Validated as a submit is; nothing is stored when it would not submit. Prints `NAME vN`."""
+    from .dag import load_spec
+
+    dag_obj = load_spec(spec_file)
+    found = _ready_store().register(dag_obj, by=_by())
+    if as_json:
+        _dump({**found.to_json(), "created": found.created})
+        return
+    click.echo(f"{found.name} v{found.version}")
+    note = "registered" if found.created else "unchanged: the latest version holds this content"
+    click.echo(f"{note} (tenant {found.tenant}, sha256 {found.content_hash[:12]})", err=True)
+
+
+@dag.command("versions")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help='Print {"dag": ..., "versions": [...]}.')
+def dag_versions(name: str, as_json: bool) -> None:
+    """The versions of the registered DAG NAME, oldest first: number, when, by whom, content hash."""
+    dags = _dags()
+    found = dags.get(name)
+    versions = dags.versions(name)
+    if as_json:
+        _dump({"dag": found.to_json(), "versions": [v.to_json() for v in versions]})
+        return
+    paused = "  (paused)" if found.paused else ""
+    click.echo(f"{found.name}  tenant {found.tenant}  latest v{found.latest_version}{paused}")
+    for v in versions:
+        when = v.registered_at.isoformat(timespec="seconds") if v.registered_at else "-"
+        click.echo(f"v{v.version}  {when}  {v.registered_by or '-'}  sha256 {v.content_hash[:12]}")
+
+
+@dag.command("show")
+@click.argument("name")
+@click.option("--version", "version", type=int, default=None, help="This version (default: the latest).")
+@click.option("--json", "as_json", is_flag=True, help="Print the version with its spec as JSON.")
+def dag_show(name: str, version: int | None, as_json: bool) -> None:
+    """Show a version of the registered DAG NAME: its nodes with their tasks and upstream (the
+    spec with --json)."""
+    dags = _dags()
+    found = dags.version(name, version)
+    if as_json:
+        _dump(found.to_json())
+        return
+    registered = dags.get(name)
+    paused = "  (paused)" if registered.paused else ""
+    spec = found.spec or {}
+    when = found.registered_at.isoformat(timespec="seconds") if found.registered_at else "-"
+    click.echo(
+        f"{found.name} v{found.version} of {registered.latest_version}  tenant {found.tenant}{paused}"
+        f"  registered {when} by {found.registered_by or '-'}  sha256 {found.content_hash[:12]}"
+    )
+    if spec.get("params"):
+        click.echo(f"params {json.dumps(spec['params'], sort_keys=True)}")
+    for node in spec.get("nodes", []):
+        upstream = node.get("upstream") or []
+        after = f"  after {', '.join(upstream)}" if upstream else ""
+        mapped = "  (map)" if node.get("map") else ""
+        click.echo(f"  {node.get('key')}  {node.get('task')}{mapped}{after}")
+
+
+@dag.command("diff")
+@click.argument("name")
+@click.argument("a", type=int)
+@click.argument("b", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the differences as JSON.")
+def dag_diff(name: str, a: int, b: int, as_json: bool) -> None:
+    """What changed from version A to B of the registered DAG NAME: DAG fields, nodes and edges
+    added (+), removed (-) and changed (~, field by field)."""
+    found = _dags().diff(name, a, b)
+    if as_json:
+        _dump(found.to_json())
+        return
+    for line in found.lines():
+        click.echo(line)
+
+
+@dag.command("pause")
+@click.argument("name")
+def dag_pause(name: str) -> None:
+    """Pause the registered DAG NAME: schedules (and events) start no run of it, their firings
+    recorded as skipped; a submit by hand still runs, with a warning."""
+    found = _dags().pause(name, by=_by())
+    click.echo(f"DAG {found.name} (tenant {found.tenant}) paused: schedules start no run of it")
+
+
+@dag.command("unpause")
+@click.argument("name")
+def dag_unpause(name: str) -> None:
+    """Unpause the registered DAG NAME: its schedules fire again from their next instant."""
+    found = _dags().unpause(name, by=_by())
+    click.echo(f"DAG {found.name} (tenant {found.tenant}) unpaused")
 
 
 @dag.command("set")
@@ -649,10 +805,32 @@ def dag_set(name: str, max_running: int | None, no_max_running: bool) -> None:
 
 
 @dag.command("list")
-def dag_list() -> None:
-    """DAGs with a limit across their runs."""
-    for (tenant_name, name), most in sorted(_ready_store().dag_limits().items()):
-        click.echo(f"{tenant_name}  {name}  max running {most}")
+@click.option("--json", "as_json", is_flag=True, help='Print {"dags": [...]}.')
+def dag_list(as_json: bool) -> None:
+    """Registered DAGs (latest version, paused) and DAGs with a limit across their runs."""
+    orc = _ready_store()
+    registered = {(d.tenant, d.name): d for d in orc.dags.list()}
+    limits = orc.dag_limits()
+    if orc.tenant is not None:
+        limits = {k: v for k, v in limits.items() if k[0] == orc.tenant}
+    keys = sorted(set(registered) | set(limits))
+    if as_json:
+        _dump({
+            "dags": [
+                {"tenant": t, "name": n, "latest_version": registered[(t, n)].latest_version if (t, n) in registered
+                 else None, "paused": bool((t, n) in registered and registered[(t, n)].paused),
+                 "max_running": limits.get((t, n))}
+                for t, n in keys
+            ]
+        })  # fmt: skip
+        return
+    for tenant_name, name in keys:
+        found = registered.get((tenant_name, name))
+        version = f"  v{found.latest_version}" if found else ""  # a limit alone: not registered
+        paused = "  paused" if found and found.paused else ""
+        most = limits.get((tenant_name, name))
+        limit_text = f"  max running {most}" if most else ""
+        click.echo(f"{tenant_name}  {name}{version}{paused}{limit_text}")
 
 
 @main.command()
@@ -809,10 +987,11 @@ def _when(value: str | None) -> str:
 def schedule() -> None:
     """Cron and interval schedules (stored in the database; fired by `orchestrator beat`).
 
-    A schedule names what to run (a spec file, snapshotted when added, or a DAG factory
-    module:function(logical_date, params)) and when: a cron expression in an IANA time zone with
-    a DST policy, or every N seconds. Each firing is an ordinary run whose logical date is the
-    scheduled instant, one run per instant however many beats run."""
+    A schedule names what to run (a spec file, snapshotted when added, a DAG factory
+    module:function(logical_date, params), or a registered DAG NAME[@N]) and when: a cron
+    expression in an IANA time zone with a DST policy, or every N seconds. Each firing is an
+    ordinary run whose logical date is the scheduled instant, one run per instant however many
+    beats run."""
 
 
 @schedule.command("add")
@@ -822,6 +1001,10 @@ def schedule() -> None:
 @click.option("--tz", default="UTC", show_default=True, help="IANA time zone of the cron expression.")
 @click.option("--spec", "spec_file", default=None, help="A DAG spec file (YAML/JSON), snapshotted now.")
 @click.option("--dag", "factory", default=None, help="Or: a factory module:function(logical_date, params) -> DAG.")
+@click.option(
+    "--registered", default=None, metavar="NAME[@N]",
+    help="Or: a DAG of the registry (orchestrator dag register): its latest version when it fires, or N.",
+)  # fmt: skip
 @click.option("--params", default=None, help="JSON object: the factory's params / the spec's params.")
 @click.option(
     "--dst-gap",
@@ -860,8 +1043,8 @@ def schedule() -> None:
 )
 def schedule_add(
     name: str, cron: str | None, every: float | None, tz: str, spec_file: str | None, factory: str | None,
-    params: str | None, dst_gap: str, dst_fold: str, catchup: str, max_catchup: int, overlap: str,
-    max_active_runs: int | None, paused: bool | None,
+    registered: str | None, params: str | None, dst_gap: str, dst_fold: str, catchup: str, max_catchup: int,
+    overlap: str, max_active_runs: int | None, paused: bool | None,
 ) -> None:  # fmt: skip
     """Add the schedule NAME, or replace its definition (its place is kept if its timing is
     the same)."""
@@ -872,7 +1055,8 @@ def schedule_add(
     except ValueError as exc:
         raise ScheduleError(f"--params is not JSON: {exc}") from None
     found = _schedules().add(
-        name, cron=cron, every=every, tz=tz, spec=spec_file, dag=factory, params=parsed, dst_gap=dst_gap,
+        name, cron=cron, every=every, tz=tz, spec=spec_file, dag=factory, registered=registered, params=parsed,
+        dst_gap=dst_gap,
         dst_fold=dst_fold, catchup=catchup, max_catchup=max_catchup, overlap=overlap,
         max_active_runs=max_active_runs, paused=paused,
     )  # fmt: skip
@@ -883,8 +1067,8 @@ def schedule_add(
 @schedule.command("apply")
 @click.argument("file", type=click.Path(dir_okay=False))
 def schedule_apply(file: str) -> None:
-    """Upsert every schedule of FILE (YAML/JSON: {"schedules": [{name, cron|every, tz, spec|dag,
-    params, dst_gap, dst_fold, catchup, max_catchup, overlap, max_active_runs, paused}]}; a spec
+    """Upsert every schedule of FILE (YAML/JSON: {"schedules": [{name, cron|every, tz,
+    spec|dag|registered, params, dst_gap, dst_fold, catchup, max_catchup, overlap, max_active_runs, paused}]}; a spec
     path is relative to FILE). Every entry is checked before any is written."""
     for found in _schedules().apply(file):
         click.echo(f"schedule {found.name}: {found.timing.describe()}, {found.what}")
@@ -921,6 +1105,7 @@ def schedule_show(name: str, as_json: bool, limit: int) -> None:
             "kind": f.kind,
             "run_id": f.run_id,
             "reason": f.reason,
+            "dag_version": f.dag_version,
         }
         for f in sched.firings(name, limit)
     ]
@@ -934,7 +1119,10 @@ def schedule_show(name: str, as_json: bool, limit: int) -> None:
         click.echo(f"{field + ':':<17} {shown}")
     click.echo(f"firings ({len(firings)}, newest first):" if firings else "firings: none yet")
     for f in firings:
-        click.echo(f"{f['logical_date']}  {f['state']:<8} {f['kind']:<9} {f['run_id'] or ''}  {f['reason'] or ''}")
+        version = f" v{f['dag_version']}" if f["dag_version"] is not None else ""
+        click.echo(
+            f"{f['logical_date']}  {f['state']:<8} {f['kind']:<9} {f['run_id'] or ''}{version}  {f['reason'] or ''}"
+        )
 
 
 @schedule.command("pause")

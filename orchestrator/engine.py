@@ -51,6 +51,7 @@ from .store.operator import OperatorActions
 from .store.reads import Reads
 
 if TYPE_CHECKING:
+    from .dag_registry import DagRegistry, DagVersion
     from .scheduling import Schedules
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,7 @@ class Orchestrator:
         tenant: str | None = None,
         logical_date: str | None = None,
         schedule: str | None = None,
+        dag_version: int | None = None,
     ) -> RunHandle:
         """Validate ``dag``, store it as a run in one transaction, then admit and publish
         what live workers can take (a second transaction, after the run is committed).
@@ -209,8 +211,11 @@ class Orchestrator:
         handle of the run it created first; and on (``schedule``, ``logical_date``): the
         scheduler's firings and backfills create one run per instant however often they try.
         ``schedule`` (the scheduler's, :mod:`orchestrator.schedules`) must name an existing
-        schedule of the run's tenant, with a ``logical_date``. Raises :class:`ValidationError`
-        (nothing is written or published) for bad input.
+        schedule of the run's tenant, with a ``logical_date``. ``dag_version`` is the registered
+        version the DAG was built from (:meth:`submit_registered`, a schedule on a registered DAG;
+        recorded on the run). A run by hand of a DAG that is registered and paused still runs;
+        its handle's ``warnings`` say so. Raises :class:`ValidationError` (nothing is written or
+        published) for bad input.
         """
         dag = self.check(dag, tenant=tenant)
         if idempotency_key is not None:
@@ -242,10 +247,48 @@ class Orchestrator:
             idempotency_key=idempotency_key,
             logical_date=logical_date,
             schedule=schedule,
+            dag_version=dag_version,
         )
         if created:
             self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-        return RunHandle(self, run_id, warnings=dag.lint())
+        warnings = dag.lint()
+        if schedule is None and self.store.dags.is_paused(dag.tenant, dag.name):
+            warnings.append(
+                f"DAG {dag.name!r} is paused: schedules and events start no run of it; this submit by hand does"
+                f" (orchestrator dag unpause {dag.name})"
+            )
+        return RunHandle(self, run_id, warnings=warnings)
+
+    @cached_property
+    def dags(self) -> DagRegistry:
+        """The DAG registry (:mod:`orchestrator.dag_registry`): register, versions, diff,
+        pause, and runs by name."""
+        from .dag_registry import DagRegistry
+
+        return DagRegistry(self)
+
+    def register(self, dag: DAG, *, by: str | None = None) -> DagVersion:
+        """Store ``dag`` in the registry under its name for its tenant: a new version when its
+        content differs from the latest, else the latest (``created`` false). Validated as a
+        submit is; nothing stored when it would not submit. See :class:`DagRegistry`."""
+        return self.dags.register(dag, by=by or local_by())
+
+    def submit_registered(
+        self,
+        name: str,
+        version: int | None = None,
+        *,
+        params: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> RunHandle:
+        """A run of the registered DAG ``name`` at ``version`` (None: its latest), ``params``
+        laid over the DAG's own; the run records the version it was made from. Raises
+        :class:`DagNotFound` / :class:`DagVersionNotFound`, or what :meth:`submit` raises."""
+        handle: RunHandle = self.dags.submit(
+            name, version, params=params, idempotency_key=idempotency_key, tenant=tenant
+        )
+        return handle
 
     def check(self, dag: DAG, *, tenant: str | None = None) -> DAG:
         """Everything :meth:`submit` checks before it writes: the DAG itself, its task names,
@@ -472,7 +515,7 @@ class Orchestrator:
         longer validates here (a task no longer registered)."""
         first = self.reads.rerun_source(run_id)
         dag = dag_from_spec(first.snapshot)
-        handle = self.submit(dag, tenant=first.tenant)
+        handle = self.submit(dag, tenant=first.tenant, dag_version=first.dag_version)
         self.store.submission.link_rerun(handle.id, run_id)
         return handle
 
@@ -685,9 +728,11 @@ class Orchestrator:
         dag: str | None = None,
         state: RunState | str | None = None,
         offset: int = 0,
+        dag_version: int | None = None,
     ) -> list[RunView]:
         """Recent runs, newest first: of ``tenant``, or of every tenant; a bound orchestrator
-        lists its own tenant's only. ``dag`` and ``state`` filter, ``offset`` pages back."""
+        lists its own tenant's only. ``dag``, ``dag_version`` (the registered version a run was
+        made from; with ``dag``) and ``state`` filter, ``offset`` pages back."""
         if isinstance(state, str):
             try:
                 state = RunState(state.upper())
@@ -695,7 +740,9 @@ class Orchestrator:
                 raise ValidationError(f"unknown run state {state!r}; one of {', '.join(RunState)}") from None
         if limit < 1 or offset < 0:
             raise ValidationError("limit must be at least 1 and offset not negative")
-        return self.reads.list_runs(limit, tenant=tenant, dag=dag, state=state, offset=offset)
+        if dag_version is not None and dag is None:
+            raise ValidationError("a version filter needs the DAG's name (dag=)")
+        return self.reads.list_runs(limit, tenant=tenant, dag=dag, state=state, offset=offset, dag_version=dag_version)
 
 
 class RunHandle:

@@ -83,6 +83,15 @@ class TaskNotFound(OrchestratorError):
     """The run has no task with the given key."""
 
 
+class DagNotFound(OrchestratorError):
+    """The registry has no DAG of that name for the tenant (``orchestrator dag register``), or
+    not the version asked for (:class:`DagVersionNotFound`)."""
+
+
+class DagVersionNotFound(DagNotFound):
+    """The registered DAG has no such version."""
+
+
 class SchemaMissingError(ConfigurationError):
     """The database has no orchestrator schema; run ``orchestrator db upgrade``."""
 

@@ -165,6 +165,11 @@ class RunView:
     logical_date: str | None = None
     #: the name of the schedule that fired the run, or ``None``
     schedule: str | None = None
+    #: the registered version of the DAG the run was made from (``submit --dag NAME[@N]``), or
+    #: ``None`` (a spec or a DAG object submitted as is)
+    dag_version: int | None = None
+    #: the run this one runs again (``orchestrator rerun``), or ``None``
+    rerun_of: str | None = None
 
     @property
     def needs_attention(self) -> bool:
@@ -187,6 +192,8 @@ class RunView:
             "finished_at": _iso(self.finished_at),
             "logical_date": self.logical_date,
             "schedule": self.schedule,
+            "dag_version": self.dag_version,
+            "rerun_of": self.rerun_of,
         }
 
 

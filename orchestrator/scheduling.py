@@ -54,11 +54,15 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
     from .config import Settings
+    from .dag_registry import DagRegistry
 
 log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 PLACEHOLDERS = ("logical_date", "ds")
+#: firings made by a person (``schedule trigger``, ``backfill``): they run a paused DAG, as a
+#: submit by hand does
+BY_HAND = ("manual", "backfill")
 #: firings left pending this long are finished by any beat (the one that wrote them died)
 PENDING_AFTER = 15.0
 #: the reason of a pending firing whose decision was to cancel the running runs first (overlap
@@ -80,6 +84,10 @@ class Schedule:
     params: dict[str, Any]
     paused: bool
     next_at: dt.datetime
+    #: a DAG of the registry (``orchestrator dag register``) and its version (None: the latest
+    #: when it fires)
+    registered: str | None = None
+    registered_version: int | None = None
     last_at: dt.datetime | None = None
     buffered_at: dt.datetime | None = None
     last_run_id: str | None = None
@@ -91,6 +99,9 @@ class Schedule:
     def what(self) -> str:
         if self.factory:
             return f"factory {self.factory}"
+        if self.registered:
+            pinned = f"@{self.registered_version}" if self.registered_version is not None else " (latest)"
+            return f"registered {self.registered}{pinned}"
         name = (self.spec or {}).get("name", "?")
         return f"spec {name} ({(self.spec_hash or '')[:12]})"
 
@@ -111,6 +122,8 @@ class Schedule:
             "runs": self.what,
             "spec_hash": self.spec_hash,
             "factory": self.factory,
+            "registered": self.registered,
+            "registered_version": self.registered_version,
             "params": self.params,
             "paused": self.paused,
             "next_fire": iso(self.next_at) if not self.paused else None,
@@ -133,6 +146,8 @@ class Fired:
     run_id: str | None
     created: bool
     error: str | None = None
+    #: why the instant ran nothing although it was due (its DAG is paused)
+    skipped: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -300,7 +315,11 @@ class SchedulerPort(Protocol):
         tenant: str | None = None,
         logical_date: str | None = None,
         schedule: str | None = None,
+        dag_version: int | None = None,
     ) -> _Submitted: ...
+
+    @property
+    def dags(self) -> DagRegistry: ...
 
     def cancel(self, run_id: str, *, by: str | None = None) -> int: ...
 
@@ -344,6 +363,7 @@ class Schedules:
         tz: str = "UTC",
         spec: str | Path | Mapping[str, Any] | DAG | None = None,
         dag: str | None = None,
+        registered: str | None = None,
         params: Mapping[str, Any] | None = None,
         dst_gap: str = "shift",
         dst_fold: str = "first",
@@ -356,7 +376,9 @@ class Schedules:
         """Create the schedule ``name`` or replace its definition. ``spec`` is a spec file's
         path, a parsed spec or a :class:`DAG` (snapshotted now); ``dag`` a factory
         ``module:function`` (its runs are the schedule's tenant's: this orchestrator's, or
-        ``default``). ``paused``: ``None`` keeps a replaced schedule's flag (a new one starts
+        ``default``); ``registered`` a DAG of the registry, ``NAME`` (its latest version each
+        time it fires: a re-registration takes effect from the next instant) or ``NAME@N``
+        (pinned), of the schedule's tenant. ``paused``: ``None`` keeps a replaced schedule's flag (a new one starts
         unpaused). Raises :class:`ScheduleError` / :class:`ValidationError` naming the problem
         (bad cron, unknown zone, missing spec, unimportable factory, …); nothing is written
         then."""
@@ -371,10 +393,13 @@ class Schedules:
         if paused is not None and not isinstance(paused, bool):
             raise ScheduleError(f"paused must be true or false, not {paused!r}")
         params = dict(params or {})
-        if (spec is None) == (dag is None):
-            raise ScheduleError("give what to run: a spec or a DAG factory module:function (one of them)")
+        if sum(x is not None for x in (spec, dag, registered)) != 1:
+            raise ScheduleError(
+                "give what to run: a spec, a DAG factory module:function or a registered DAG NAME[@N] (one of them)"
+            )
         snapshot: dict[str, Any] | None = None
         factory: str | None = None
+        ref: tuple[str, int | None] | None = None
         tenant = self.orc.tenant or "default"
         now = self.rows.now()
         first = next_instant(timing, now)
@@ -386,6 +411,8 @@ class Schedules:
             tenant = self.orc.tenant or str(snapshot.get("tenant") or "default")
             # the spec as it would fire at its first instant must be a valid DAG for this deployment
             self.orc.check(self._build_spec(snapshot, first, timing), tenant=tenant)
+        elif registered is not None:
+            ref = self._check_registered(registered, first, timing, params, tenant)
         else:
             assert dag is not None
             load_factory(dag, self._factory_modules)
@@ -409,6 +436,8 @@ class Schedules:
             "spec": snapshot,
             "spec_hash": spec_hash(snapshot) if snapshot is not None else None,
             "factory": factory,
+            "registered": ref[0] if ref else None,
+            "registered_version": ref[1] if ref else None,
             "params": params,
             "paused": bool(existing.paused) if paused is None and existing is not None else bool(paused),
             "next_at": first,
@@ -419,7 +448,7 @@ class Schedules:
 
     def apply(self, path: str | Path) -> list[Schedule]:
         """Upsert every schedule of a YAML/JSON file ``{"schedules": [{name, cron|every, tz,
-        spec (a path relative to the file) | dag, params, dst_gap, dst_fold, catchup,
+        spec (a path relative to the file) | dag | registered (NAME or NAME@N), params, dst_gap, dst_fold, catchup,
         max_catchup, overlap, max_active_runs, paused}]}``. Every entry is checked before any
         is written. An entry without ``paused`` keeps the schedule's flag (a paused schedule
         stays paused; a new one starts unpaused)."""
@@ -433,8 +462,8 @@ class Schedules:
         if not isinstance(entries, list):
             raise ScheduleError(f"{p}: expected a mapping with a 'schedules' list")
         allowed = {
-            "name", "cron", "every", "tz", "spec", "dag", "params", "dst_gap", "dst_fold", "catchup", "max_catchup",
-            "overlap", "max_active_runs", "paused",
+            "name", "cron", "every", "tz", "spec", "dag", "registered", "params", "dst_gap", "dst_fold", "catchup",
+            "max_catchup", "overlap", "max_active_runs", "paused",
         }  # fmt: skip
         prepared = []
         for i, entry in enumerate(entries):
@@ -464,8 +493,18 @@ class Schedules:
         paused = kwargs.get("paused")
         if paused is not None and not isinstance(paused, bool):
             raise ScheduleError(f"schedule {name!r}: paused must be true or false, not {paused!r}")
+        given = [k for k in ("spec", "dag", "registered") if kwargs.get(k) is not None]
+        if len(given) > 1:
+            raise ScheduleError(f"schedule {name!r}: give one of 'spec', 'dag' and 'registered', not {given}")
         if kwargs.get("dag") is not None:
             load_factory(kwargs["dag"], self._factory_modules)
+        elif kwargs.get("registered") is not None:
+            first = next_instant(timing, self.rows.now())
+            params = kwargs.get("params") or {}
+            if not isinstance(params, Mapping):
+                raise ScheduleError(f"schedule {name!r}: params must be a mapping")
+            if first is not None:
+                self._check_registered(kwargs["registered"], first, timing, params, self.orc.tenant or "default")
         elif kwargs.get("spec") is not None:
             snapshot = self._snapshot(kwargs["spec"])
             check_placeholders(snapshot)
@@ -473,7 +512,23 @@ class Schedules:
             if first is not None:
                 self.orc.check(self._build_spec(snapshot, first, timing), tenant=self.orc.tenant)
         else:
-            raise ScheduleError(f"schedule {name!r}: give 'spec' or 'dag'")
+            raise ScheduleError(f"schedule {name!r}: give 'spec', 'dag' or 'registered'")
+
+    def _check_registered(
+        self, ref: Any, first: dt.datetime, timing: Timing, params: Mapping[str, Any], tenant: str
+    ) -> tuple[str, int | None]:
+        """``NAME`` or ``NAME@N`` of a registered DAG of ``tenant`` that builds and would submit
+        at the schedule's first instant; raises :class:`DagNotFound`, :class:`ValidationError`."""
+        from .dag_registry import parse_ref
+
+        if not isinstance(ref, str):
+            raise ScheduleError(f"registered must be NAME or NAME@N, not {type(ref).__name__}")
+        name, version = parse_ref(ref)
+        found = self.orc.dags.version(name, version, tenant=tenant)
+        spec = {**(found.spec or {}), "tenant": tenant}
+        check_placeholders(spec)
+        self.orc.check(self._build_spec(spec, first, timing, params), tenant=tenant)
+        return name, version
 
     def _snapshot(self, spec: str | Path | Mapping[str, Any] | DAG) -> dict[str, Any]:
         if isinstance(spec, DAG):
@@ -675,7 +730,13 @@ class Schedules:
             if before is not None:  # made already: by a backfill, or by a beat that died after it
                 run_id = before[0]
             else:
-                dag = self.orc.check(self.build(sched, d.at), tenant=sched.tenant)
+                built, version = self.build_versioned(sched, d.at)
+                dag = self.orc.check(built, tenant=sched.tenant)
+                if d.kind not in BY_HAND and self.orc.dags.is_paused(dag.name, sched.tenant):
+                    # a paused DAG: the instant is decided (skipped), nothing runs, nothing is cancelled
+                    reason = f"dag_paused: DAG {dag.name!r} is paused (orchestrator dag unpause {dag.name})"
+                    rows.finish(sched.name, d.at, d.kind, skipped=reason, dag_version=version)
+                    return Fired(sched.name, d.at, None, False, skipped=reason)
                 if d.cancel_running:
                     self._cancel_previous(sched, d.at)
                 run_id = self.orc.submit(
@@ -684,6 +745,7 @@ class Schedules:
                     idempotency_key=f"schedule:{sched.name}:{logical}",
                     logical_date=logical,
                     schedule=sched.name,
+                    dag_version=version,
                 ).id
         except Exception as exc:  # noqa: BLE001 - a broken schedule must never break beat
             if self.orc.is_transient(exc):
@@ -693,7 +755,7 @@ class Schedules:
             error = f"{type(exc).__name__}: {exc}"
             self._failed(sched.tenant, sched.name, d, error)
             return Fired(sched.name, d.at, None, False, error=error)
-        rows.finish(sched.name, d.at, d.kind, run_id=run_id)
+        rows.finish(sched.name, d.at, d.kind, run_id=run_id, dag_version=before[2] if before else version)
         return Fired(sched.name, d.at, run_id, before is None)
 
     def _cancel_previous(self, sched: Schedule, at: dt.datetime) -> None:
@@ -736,6 +798,18 @@ class Schedules:
 
     def build(self, sched: Schedule, at: dt.datetime) -> DAG:
         """The DAG a schedule runs for instant ``at``."""
+        return self.build_versioned(sched, at)[0]
+
+    def build_versioned(self, sched: Schedule, at: dt.datetime) -> tuple[DAG, int | None]:
+        """The DAG a schedule runs for instant ``at`` and, for a registered DAG, the version it
+        was built from (the pinned one, or the latest now)."""
+        if sched.registered:
+            found = self.orc.dags.version(sched.registered, sched.registered_version, tenant=sched.tenant)
+            spec = {**(found.spec or {}), "tenant": sched.tenant}
+            return self._build_spec(spec, at, sched.timing, sched.params), found.version
+        return self._build(sched, at), None
+
+    def _build(self, sched: Schedule, at: dt.datetime) -> DAG:
         if sched.factory:
             # declared and allowed now, by this beat's settings: never call anything else
             made = load_factory(sched.factory, self._factory_modules)(at, dict(sched.params))
@@ -837,6 +911,8 @@ def _view(row: Any, last: tuple[str, str] | None) -> Schedule:
         spec=row.spec,
         spec_hash=row.spec_hash,
         factory=row.factory,
+        registered=row.registered,
+        registered_version=row.registered_version,
         params=dict(row.params or {}),
         paused=bool(row.paused),
         next_at=next_at,

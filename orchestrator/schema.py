@@ -45,6 +45,10 @@ runs = sa.Table(
     sa.Column("deadline_missed_at", TS, nullable=True),
     #: ``orchestrator rerun``: the run this one runs again (the same DAG snapshot and params)
     sa.Column("rerun_of", sa.String(32), nullable=True),
+    #: the registered version (``orc_dag_versions``) the run was made from: ``submit --dag
+    #: NAME[@N]``, ``submit_registered`` or a schedule on a registered DAG; null for a DAG
+    #: submitted as a spec or an object
+    sa.Column("dag_version", sa.Integer, nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
     #: per tenant: two tenants' schedules may share a name (``orc_schedules`` is keyed by both)
     sa.UniqueConstraint("tenant", "schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
@@ -346,6 +350,10 @@ schedules = sa.Table(
     sa.Column("spec", sa.JSON, nullable=True),
     sa.Column("spec_hash", sa.String(64), nullable=True),
     sa.Column("factory", sa.String(255), nullable=True),
+    #: or a DAG of the registry (``orc_dags``, the schedule's tenant's), at ``registered_version``
+    #: or, when that is null, at its latest version when the schedule fires
+    sa.Column("registered", sa.String(200), nullable=True),
+    sa.Column("registered_version", sa.Integer, nullable=True),
     sa.Column("params", sa.JSON, nullable=False),
     sa.Column("paused", sa.Boolean, nullable=False),
     #: the next instant to look at (UTC; due when the database clock passes it)
@@ -377,4 +385,43 @@ firings = sa.Table(
     sa.Column("run_id", sa.String(32), nullable=True),
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("at", TS, nullable=False),
+    #: a registered DAG's schedule: the version the firing ran
+    sa.Column("dag_version", sa.Integer, nullable=True),
 )
+
+dags = sa.Table(
+    "orc_dags",
+    metadata,
+    #: the DAG registry (``orchestrator dag register``, ``Orchestrator.register``): a DAG's name
+    #: per tenant, its newest version, and whether schedules (and events) may start runs of it
+    sa.Column("tenant", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("latest_version", sa.Integer, nullable=False),
+    #: ``orchestrator dag pause``: schedules and events start no run (a submit by hand does)
+    sa.Column("paused", sa.Boolean, nullable=False),
+    sa.Column("paused_at", TS, nullable=True),
+    sa.Column("paused_by", sa.String(255), nullable=True),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+)
+
+dag_versions = sa.Table(
+    "orc_dag_versions",
+    metadata,
+    #: each version of a registered DAG: its definition (the spec without its tenant) and the
+    #: SHA-256 of it; a new version only when the definition differs from the latest
+    sa.Column("tenant", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("spec", sa.JSON, nullable=False),
+    sa.Column("registered_at", TS, nullable=False),
+    sa.Column("registered_by", sa.String(255), nullable=True),
+    sa.ForeignKeyConstraint(
+        ["tenant", "name"], ["orc_dags.tenant", "orc_dags.name"], name="fk_orc_dag_versions_dag", ondelete="CASCADE"
+    ),
+)
+#: "which version has this content" (a submit of a spec that is registered; register's check)
+sa.Index("ix_orc_dag_versions_hash", dag_versions.c.tenant, dag_versions.c.name, dag_versions.c.content_hash)
+#: ``runs --dag NAME --version N``
+sa.Index("ix_orc_runs_dag_version", runs.c.dag_name, runs.c.dag_version, runs.c.created_at)

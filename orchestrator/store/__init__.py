@@ -46,6 +46,7 @@ from .. import schema as s
 from .admission import Admission
 from .attempts import Attempts
 from .backend import make_engine
+from .dags import DagRows
 from .database import Database, new_run_id
 from .deadlines import Deadlines
 from .deliveries import Deliveries
@@ -97,6 +98,7 @@ class Store:
         self.tenants = Tenants(self.db)
         self.limits = Limits(self.db)
         self.schedule_rows = ScheduleRows(self.db)
+        self.dags = DagRows(self.db)
         self.deadlines = Deadlines(self.db, self.ledger)
 
     @property

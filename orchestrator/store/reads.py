@@ -123,6 +123,7 @@ class Reads:
         dag: str | None = None,
         state: RunState | None = None,
         offset: int = 0,
+        dag_version: int | None = None,
     ) -> list[RunView]:
         """The newest runs with their per-state task counts (so ``needs_attention`` is true),
         optionally of one tenant, DAG or run state; ``offset`` pages further back. Scoped reads
@@ -141,6 +142,8 @@ class Reads:
             q = q.where(t_runs.c.tenant == tenant)
         if dag:
             q = q.where(t_runs.c.dag_name == dag)
+        if dag_version is not None:
+            q = q.where(t_runs.c.dag_version == dag_version)
         if state is not None:
             q = q.where(t_runs.c.state == state.value)
 
@@ -181,7 +184,9 @@ class Reads:
     def rerun_source(self, run_id: str) -> Any:
         """The run's DAG snapshot (with its params) and tenant, to run it again; raise
         :class:`RunNotFound`."""
-        q = sa.select(t_runs.c.dag_snapshot.label("snapshot"), t_runs.c.tenant).where(*self._run_where(run_id))
+        q = sa.select(t_runs.c.dag_snapshot.label("snapshot"), t_runs.c.tenant, t_runs.c.dag_version).where(
+            *self._run_where(run_id)
+        )
         with self.db.engine.connect() as conn:
             row = conn.execute(q).first()
         if row is None:

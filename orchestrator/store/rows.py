@@ -49,6 +49,8 @@ def run_view(row: Any, counts: dict[str, int]) -> RunView:
         counts=counts,
         logical_date=row.logical_date,
         schedule=row.schedule,
+        dag_version=row.dag_version,
+        rerun_of=row.rerun_of,
     )
 
 

@@ -204,13 +204,17 @@ class ScheduleRows:
         reason: str | None = None,
         run_id: str | None = None,
         overwrite: bool = True,
+        dag_version: int | None = None,
     ) -> bool:
         """Write the firing of ``name`` (of these rows' tenant) at ``at`` (an existing one is
         overwritten, or with ``overwrite=False`` kept as it is); returns whether this call wrote
         it. The insert is insert-if-absent: two writers of one instant (two beats finishing a
         pending firing, a beat and a backfill) never fail on the primary key."""
         where = (*self._firing(name), t_firings.c.logical_date == at)
-        values = {"state": state, "kind": kind, "reason": reason, "run_id": run_id, "at": db_now()}
+        values = {
+            "state": state, "kind": kind, "reason": reason, "run_id": run_id, "at": db_now(),
+            "dag_version": dag_version,
+        }  # fmt: skip
         if overwrite and conn.execute(t_firings.update().where(*where).values(**values)).rowcount:
             return True
         query = (
@@ -230,14 +234,25 @@ class ScheduleRows:
         return bool(self.db.transaction(lambda conn: self.record(conn, name, at, "pending", kind, reason=reason)))
 
     def finish(
-        self, name: str, at: dt.datetime, kind: str, *, run_id: str | None = None, error: str | None = None
+        self,
+        name: str,
+        at: dt.datetime,
+        kind: str,
+        *,
+        run_id: str | None = None,
+        error: str | None = None,
+        dag_version: int | None = None,
+        skipped: str | None = None,
     ) -> None:
-        """A pending firing's outcome: ``fired`` with its run, or ``failed`` with the error (also
+        """A pending firing's outcome: ``fired`` with its run (and the registered version it
+        ran), ``skipped`` with the reason (its DAG is paused), or ``failed`` with the error (also
         kept on the schedule as ``last_error`` until a firing succeeds)."""
 
         def tx(conn: Connection) -> None:
-            if error is None:
-                self.record(conn, name, at, "fired", kind, run_id=run_id)
+            if skipped is not None:
+                self.record(conn, name, at, "skipped", kind, reason=skipped, dag_version=dag_version)
+            elif error is None:
+                self.record(conn, name, at, "fired", kind, run_id=run_id, dag_version=dag_version)
                 conn.execute(
                     t_schedules.update()
                     .where(*self._key(name))
@@ -274,16 +289,16 @@ class ScheduleRows:
             query = query.where(c.tenant == self.tenant)
         return list(self.db.read(lambda conn: conn.execute(query).all()))
 
-    def run_for(self, name: str, logical_date: str, tenant: str | None = None) -> tuple[str, str] | None:
-        """The run (id, state) the schedule has for an instant, if any: of ``tenant`` (default
-        these rows' tenant) only, when known (the schedule's own runs)."""
+    def run_for(self, name: str, logical_date: str, tenant: str | None = None) -> tuple[str, str, int | None] | None:
+        """The run (id, state, registered version) the schedule has for an instant, if any: of
+        ``tenant`` (default these rows' tenant) only, when known (the schedule's own runs)."""
         c = t_runs.c
-        query = sa.select(c.id, c.state).where(c.schedule == name, c.logical_date == logical_date)
+        query = sa.select(c.id, c.state, c.dag_version).where(c.schedule == name, c.logical_date == logical_date)
         tenant = tenant if tenant is not None else self.tenant
         if tenant is not None:
             query = query.where(c.tenant == tenant)
         found = self.db.read(lambda conn: conn.execute(query).first())
-        return (found.id, found.state) if found is not None else None
+        return (found.id, found.state, found.dag_version) if found is not None else None
 
     def last_runs(self, keys: Collection[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, str]]:
         """Each schedule's newest run (``keys``: (tenant, name) pairs): (run id, state)."""

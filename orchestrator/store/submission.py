@@ -38,6 +38,7 @@ class Submission:
         idempotency_key: str | None = None,
         logical_date: str | None = None,
         schedule: str | None = None,
+        dag_version: int | None = None,
     ) -> tuple[str, bool]:
         """Insert the run, its tasks, edges and first events in one transaction.
 
@@ -102,6 +103,7 @@ class Submission:
                     max_active_tasks=dag.max_active_tasks,
                     created_at=now,
                     schedule=schedule,
+                    dag_version=dag_version,
                     deadline_seconds=dag.deadline,
                     deadline_at=due.get(None),
                     on_deadline=dag.on_deadline.value if dag.has_deadlines else None,

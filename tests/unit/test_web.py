@@ -176,6 +176,16 @@ class TestLocal(WebCase):
         assert bad.code == 400 and "unknown run state" in json.loads(bad.body)["error"]
         assert self.get("/runs?page=0").code == 400
 
+    def test_a_registered_runs_version_on_its_page_and_in_the_list(self) -> None:
+        self.orc.register(diamond("reg"))
+        run = self.orc.submit_registered("reg")
+        html = self.get(f"/runs/{run.id}").body.decode()
+        assert '<span id="dag-version">v1</span>' in html
+        assert "reg v1" in self.get("/runs").body.decode()
+        assert json.loads(self.get(f"/api/runs/{run.id}").body)["run"]["dag_version"] == 1
+        again = self.orc.rerun(run.id)
+        assert f'id="rerun-source" href="/runs/{run.id}"' in self.get(f"/runs/{again.id}").body.decode()
+
     def test_run_page_and_json(self) -> None:
         run_id = self.failed_run()
         page = self.get(f"/runs/{run_id}")
