@@ -88,7 +88,7 @@ TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     (T.DEAD_LETTER, T.SKIPPED): frozenset({"operator"}),
 }
 # an operator's clear (any state back to PENDING, attempt + 1, to be run again) and mark (an
-# outcome set by hand); a clear or mark decides tasks again from PENDING (orc_redecide_v1)
+# outcome set by hand); a clear or mark decides tasks again from PENDING (orc_redecide_v2)
 for _s in TaskState:
     TRANSITIONS.setdefault((_s, T.PENDING), frozenset())
     TRANSITIONS[(_s, T.PENDING)] = TRANSITIONS[(_s, T.PENDING)] | {"operator"}

@@ -245,21 +245,31 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         except BaseException as exc:
             hb.untrack(token)
             fp, evidence = fingerprint(exc)
-            fenced = isinstance(exc, LeaseLost) or not tracked
-            retryable = not isinstance(exc, (ResultNotSerializable, ValidationError, LeaseLost))
-            error = "LeaseLost: the lease was taken over; body stopped" if fenced else f"{_describe(exc)} [{evidence}]"
+            # a terminate signal (a revoke of a fenced attempt, or a shutdown) is a fence when the
+            # attempt no longer holds the task, the lease check the heartbeat makes
+            terminated = _terminated_by(exc)
+            fenced = isinstance(exc, LeaseLost) or not tracked or (terminated is not None and not _holds(orc, token))
+            retryable = not isinstance(exc, (ResultNotSerializable, ValidationError, LeaseLost)) and not fenced
+            if terminated is not None and fenced:
+                error = f"LeaseLost: the attempt was fenced (cleared or cancelled); body terminated ({terminated})"
+            elif terminated is not None:
+                error = f"Terminated: body stopped by {terminated} (its worker is stopping)"
+            elif fenced:
+                error = "LeaseLost: the lease was taken over; body stopped"
+            else:
+                error = f"{_describe(exc)} [{evidence}]"
             orc.fail_attempt(
                 token,
                 error=error,
                 exc_types=exception_names(exc),
-                # an attempt taken over, or an outage, says nothing about the task's code
-                fingerprint=None if fenced or is_infrastructure(exc) else fp,
+                # an attempt taken over, a terminated body or an outage says nothing about the task's code
+                fingerprint=None if fenced or terminated or is_infrastructure(exc) else fp,
                 retryable=retryable,
             )
-            if fenced:
+            if fenced and terminated is None:
                 # the attempt was taken over; its rejected outcome is in the ledger
                 raise Ignore() from None
-            raise
+            raise  # a terminated process goes on exiting
         finally:
             _context.reset(context)
         problem = _result_problem(result, orc.settings.max_result_bytes)
@@ -323,6 +333,37 @@ def verified_token(task: Any, request: Any) -> FencingToken | None:
         count_drop("signature")
         raise Ignore()
     return token
+
+
+def _holds(orc: Orchestrator, token: FencingToken) -> bool:
+    """Whether the attempt still holds its task (the heartbeat's lease check); ``True`` when the
+    database cannot say (its outcome's compare-and-set decides)."""
+    try:
+        return orc.heartbeat(token)
+    except Exception:
+        log.exception("lease check of %s failed", token.task_id)
+        return True
+
+
+def _terminated_by(exc: BaseException) -> str | None:
+    """The signal that stopped the body, when ``exc`` is how it did: in a prefork pool process
+    billiard's terminate handler raises ``SystemExit(signum - 256)`` (a revoke with
+    ``terminate=True``, a cold shutdown); a ``KeyboardInterrupt`` is SIGINT's. ``None`` for
+    anything else, a body's own ``sys.exit()`` included."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "SIGINT"
+    if not isinstance(exc, SystemExit) or not isinstance(exc.code, int) or not -256 < exc.code < 0:
+        return None
+    try:
+        from billiard.common import terminate_handler_fired
+    except ImportError:  # an older billiard: the exit code alone says it
+        terminate_handler_fired = None
+    if terminate_handler_fired is not None and not terminate_handler_fired():
+        return None
+    try:
+        return signal.Signals(exc.code + 256).name
+    except ValueError:
+        return f"signal {exc.code + 256}"
 
 
 def _describe(exc: BaseException) -> str:

@@ -224,7 +224,7 @@ class OperatorActions:
         dry_run: bool = False,
     ) -> tuple[list[str], list[str], list[Any]]:
         """Send ``keys`` (with their descendants / ancestors in the run) back to be run again:
-        ``orc_clear_v1``. Returns (the keys cleared, or that would be with ``dry_run``, in key
+        ``orc_clear_v2``. Returns (the keys cleared, or that would be with ``dry_run``, in key
         order; the Celery task ids of the attempts it fenced, to revoke; the dispatches to
         publish). Raises :class:`TaskNotFound` for a key the run does not have,
         :class:`OperatorError` for a CANCELLED run or nothing to clear, :class:`RunNotFound`
@@ -277,7 +277,7 @@ class OperatorActions:
                 + (" (with its upstream)" if upstream else "")
             )
             conn.execute(
-                sa.text("SELECT orc_clear_v1(:run, :keys, :actor, :by, :reason)"),
+                sa.text("SELECT orc_clear_v2(:run, :keys, :actor, :by, :reason)"),
                 {"run": run_id, "keys": cleared, "actor": actor.role, "by": actor.by, "reason": reason},
             )
             return cleared, fenced, self.admission.admit(conn, window)
@@ -287,7 +287,7 @@ class OperatorActions:
     def mark_task(
         self, run_id: str, key: str, to: TaskState, actor: Actor, window: int
     ) -> tuple[str, list[str], list[Any]]:
-        """Set a task's outcome by hand (``orc_mark_v1``): SUCCEEDED, FAILED or SKIPPED; its
+        """Set a task's outcome by hand (``orc_mark_v2``): SUCCEEDED, FAILED or SKIPPED; its
         children follow their trigger rules. Returns (the state it held, the Celery task id of a
         fenced attempt (or none), the dispatches). Raises as :meth:`clear_tasks`."""
         if to not in (T.SUCCEEDED, T.FAILED, T.SKIPPED):
@@ -306,7 +306,7 @@ class OperatorActions:
                 raise OperatorError(f"task {key!r} is already {to.value}")
             fenced = [task_id(run_id, key, task.attempt)] if task.state in (T.QUEUED.value, T.RUNNING.value) else []
             held = conn.execute(
-                sa.text("SELECT orc_mark_v1(:run, :key, :state, :actor, :by)"),
+                sa.text("SELECT orc_mark_v2(:run, :key, :state, :actor, :by)"),
                 {"run": run_id, "key": key, "state": to.value, "actor": actor.role, "by": actor.by},
             ).scalar_one()
             return str(held), fenced, self.admission.admit(conn, window)

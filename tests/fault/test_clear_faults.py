@@ -179,6 +179,12 @@ def test_clearing_a_running_task_interrupts_its_body(cluster: Cluster) -> None:
     assert time.monotonic() - started < 15
     assert cluster.wait_run(run.id, 30) is RunState.SUCCEEDED
     assert succeeded_once_in_newest_generation(cluster, run.id)[0] == 2
+    # and the refused outcome says it was fenced: a body terminated by the revoke (SIGTERM, a
+    # SystemExit in the pool process) is no failure of the task's code, never to be retried
+    refused = [e.reason or "" for e in rejected(cluster.events(run.id))
+               if e.key == "a" and e.attempt == 1 and e.to_state in ("RETRYING", "FAILED", "DEAD_LETTER")]  # fmt: skip
+    assert all(r.startswith("LeaseLost: ") and "SystemExit" not in r for r in refused), refused
+    assert all("body terminated (SIGTERM)" in r for r in refused if "terminated" in r), refused
     verified(cluster, run.id)
     print(f"attempt 1 stopped: {how}")
 

@@ -249,6 +249,59 @@ def test_clearing_below_a_branch_keeps_its_choice_unless_the_branch_is_cleared(o
     assert check_runs(orc.store, [d.run_id]) == []
 
 
+def short_circuited() -> DAG:
+    dag = DAG("short-circuit")
+    dag.task("gate", "t", short_circuit=True)
+    dag.task("a", "t", upstream=["gate"])
+    dag.task("b", "t", upstream=["a"], trigger_rule="all_done")  # its rule alone would run it
+    dag.task("c", "t", upstream=["b"])
+    return dag
+
+
+def test_clearing_below_a_falsy_short_circuit_keeps_its_choice(orc: Orchestrator) -> None:
+    d = drive(orc, short_circuited(), lambda k, kw, up: False if k == "gate" else k)
+    assert d.states() == {"gate": "SUCCEEDED", "a": "SKIPPED", "b": "SKIPPED", "c": "SKIPPED"}
+    assert d.run_state() == "SUCCEEDED"
+    # a grandchild alone, then a child with its downstream: skipped again, nothing runs
+    for keys, downstream in ((["b"], False), (["a"], True)):
+        cleared = orc.clear(d.run_id, *keys, downstream=downstream, by="alice")
+        assert {k: orc.task(d.run_id, k).state.value for k in cleared} == dict.fromkeys(cleared, "SKIPPED")
+        assert {orc.task(d.run_id, k).skip_reason for k in cleared} == {"short_circuit"}
+        assert d.run_state() == "SUCCEEDED"  # reopened by the clear, closed again at once
+    d = drive(orc, short_circuited(), lambda k, kw, up: False if k == "gate" else k, run_id=d.run_id)
+    assert d.ran == []
+    skips = sorted(e.key for e in orc.events(d.run_id) if e.to_state == "SKIPPED" and e.actor == "operator")
+    assert skips == ["a", "b", "b", "c"]
+    again = [e for e in orc.events(d.run_id) if e.key == "a" and e.to_state == "SKIPPED" and e.actor == "operator"]
+    assert [(e.by, e.reason) for e in again] == [
+        ("alice", "short_circuit: its short circuit keeps its choice (cleared (with its downstream))")
+    ]
+    assert orc.task(d.run_id, "a").attempt == 2 and orc.task(d.run_id, "b").attempt == 3
+    # marking a task below it by hand: what is below that one stays skipped
+    orc.mark(d.run_id, "a", "success")
+    assert orc.task(d.run_id, "b").state.value == "SKIPPED" and orc.task(d.run_id, "b").skip_reason == "short_circuit"
+    assert d.run_state() == "SUCCEEDED"
+    assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_clearing_a_short_circuit_with_its_downstream_decides_again(orc: Orchestrator) -> None:
+    verdict: list[Any] = [0]
+    body = lambda k, kw, up: verdict[0] if k == "gate" else k  # noqa: E731
+    d = drive(orc, short_circuited(), body)
+    assert d.states() == {"gate": "SUCCEEDED", "a": "SKIPPED", "b": "SKIPPED", "c": "SKIPPED"}
+    verdict[0] = {"go": True}
+    orc.clear(d.run_id, "gate", downstream=True)
+    assert d.states() == {"gate": "QUEUED", "a": "PENDING", "b": "PENDING", "c": "PENDING"}
+    d = drive(orc, short_circuited(), body, run_id=d.run_id)
+    assert set(d.states().values()) == {"SUCCEEDED"} and d.run_state() == "SUCCEEDED"
+    verdict[0] = []  # falsy again: its new result skips everything below it once more
+    orc.clear(d.run_id, "gate", downstream=True)
+    d = drive(orc, short_circuited(), body, run_id=d.run_id)
+    assert d.states() == {"gate": "SUCCEEDED", "a": "SKIPPED", "b": "SKIPPED", "c": "SKIPPED"}
+    assert {orc.task(d.run_id, k).skip_reason for k in "abc"} == {"short_circuit"}
+    assert d.run_state() == "SUCCEEDED" and check_runs(orc.store, [d.run_id]) == []
+
+
 def test_marking_a_maps_failed_child_closes_the_map_and_runs_the_join(orc: Orchestrator) -> None:
     d = drive(orc, mapped_run(), items([1, 2, 3], {"m[1]"}))
     assert d.states()["m"] == "FAILED" and d.states()["join"] == "UPSTREAM_FAILED"

@@ -1,4 +1,4 @@
--- orc_clear_v1: an operator's clear: the tasks p_keys go back to be run again.
+-- orc_clear_v2: an operator's clear: the tasks p_keys go back to be run again.
 --
 -- Under the run's row lock, each task of p_keys (the caller has resolved --downstream /
 -- --upstream / --only-failed into the list) moves to PENDING with attempt + 1, whatever it held:
@@ -8,10 +8,10 @@
 -- succeeds again (its children removed now, each with a "removed" ledger row, never counted
 -- again; the maps chained on it too); a map cleared without it stays MAPPED and runs again the
 -- children in p_keys (the caller lists them: all, or the failed ones); a map child cleared on its
--- own runs again and its map, closed or not, counts it out (MAPPED). Then orc_redecide_v1
+-- own runs again and its map, closed or not, counts it out (MAPPED). Then orc_redecide_v2
 -- counts, reopens and decides. Returns how many tasks it cleared.
 
-CREATE OR REPLACE FUNCTION orc_clear_v1(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
+CREATE OR REPLACE FUNCTION orc_clear_v2(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
  RETURNS integer
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -94,19 +94,19 @@ BEGIN
                     'its children run again (' || p_reason || ')', true, now());
         END IF;
     END LOOP;
-    PERFORM orc_redecide_v1(p_run, keys, p_actor, p_by, p_reason);
+    PERFORM orc_redecide_v2(p_run, keys, p_actor, p_by, p_reason);
     RETURN n;
 END
 $$;
 
--- orc_mark_v1: an operator sets a task's outcome by hand (Airflow's Mark Success / Mark Failed):
+-- orc_mark_v2: an operator sets a task's outcome by hand (Airflow's Mark Success / Mark Failed):
 -- SUCCEEDED, FAILED or SKIPPED. A QUEUED or RUNNING attempt is fenced (attempt + 1). The tasks
 -- below it that its old outcome decided without running them (UPSTREAM_FAILED or SKIPPED by
--- their rule, never started) go back to PENDING, and orc_redecide_v1 decides them again with
+-- their rule, never started) go back to PENDING, and orc_redecide_v2 decides them again with
 -- its new outcome: its children follow their trigger rules. A map's child is counted again into
 -- its map, which closes or reopens as its children say. Returns the state it held.
 
-CREATE OR REPLACE FUNCTION orc_mark_v1(p_run text, p_key text, p_state text, p_actor text, p_by text)
+CREATE OR REPLACE FUNCTION orc_mark_v2(p_run text, p_key text, p_state text, p_actor text, p_by text)
  RETURNS text
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -170,23 +170,25 @@ BEGIN
                     'its child ' || p_key || ' ' || why, true, now());
         END IF;
     END IF;
-    PERFORM orc_redecide_v1(p_run, ARRAY(SELECT json_array_elements_text(coalesce(t.children, '[]'::json)))
+    PERFORM orc_redecide_v2(p_run, ARRAY(SELECT json_array_elements_text(coalesce(t.children, '[]'::json)))
                                    || coalesce(undone, '{}'), p_actor, p_by, why);
     RETURN t.state;
 END
 $$;
 
--- orc_redecide_v1: after a clear or a mark, the counters of p_keys and of their PENDING
+-- orc_redecide_v2: after a clear or a mark, the counters of p_keys and of their PENDING
 -- children are counted again from their parents' states (edges and map rows: never the whole
 -- run; n_upstream too, a map expanded or not), the run's
 -- open tasks recounted and a final run reopened (RUNNING, with its event) when it has tasks to
 -- run again or its outcome changed, then each PENDING
 -- task of p_keys and their children is decided by its rule (orc_decide_v2; a root or an
 -- "always" is READY; a child that a branch not cleared did not follow is SKIPPED again,
--- branch_not_taken), a terminal verdict settled (orc_settle_v2 cascades it and closes the run
--- when nothing is left open).
+-- branch_not_taken; a task below a short circuit not cleared that returned a falsy result is
+-- SKIPPED again, short_circuit, whatever its rule, as orc_follow_v1 skipped it), a terminal
+-- verdict settled (orc_settle_v2 cascades it and closes the run when nothing is left open).
+-- v2: v1 knew no short circuit (a task cleared below one ran).
 
-CREATE OR REPLACE FUNCTION orc_redecide_v1(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
+CREATE OR REPLACE FUNCTION orc_redecide_v2(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
  RETURNS integer
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -198,6 +200,7 @@ DECLARE
     verdict text;
     run_row record;
     readied int := 0;
+    held text[];
 BEGIN
     -- the tasks and their children (by each row's children: a map's child has no edges)
     targets := ARRAY(
@@ -258,6 +261,39 @@ BEGIN
         INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
         VALUES (p_run, NULL, 0, run_row.state, 'RUNNING', p_actor, p_by, p_reason, true, now());
     END IF;
+    -- a short circuit that was not cleared keeps its choice: a task below it (through any of its
+    -- ancestors) when it returned a falsy result (null, false, 0, "", [], {}; one marked
+    -- SUCCEEDED by hand has no result and chose nothing) is skipped again whatever its rule, all
+    -- such tasks at once (settling one never decides another by its rule), then settled
+    WITH RECURSIVE up(key, origin) AS (
+        SELECT e.parent_key, e.child_key FROM orc_edges e
+        JOIN orc_tasks c ON c.run_id = p_run AND c.key = e.child_key
+        WHERE e.run_id = p_run AND e.child_key = ANY (targets) AND c.state = 'PENDING'
+        UNION
+        SELECT e.parent_key, up.origin FROM up JOIN orc_edges e ON e.run_id = p_run AND e.child_key = up.key
+    ), skipped AS (
+        UPDATE orc_tasks t SET state = 'SKIPPED', finished_at = now(), skip_reason = 'short_circuit'
+        WHERE t.run_id = p_run AND t.state = 'PENDING' AND t.key IN (
+            SELECT up.origin FROM up JOIN orc_tasks p ON p.run_id = p_run AND p.key = up.key
+            WHERE p.flow = 'short_circuit' AND p.state = 'SUCCEEDED' AND p.result IS NOT NULL
+              AND CASE json_typeof(p.result)
+                  WHEN 'null' THEN true WHEN 'boolean' THEN NOT (p.result #>> '{}')::boolean
+                  WHEN 'number' THEN (p.result #>> '{}')::numeric = 0 WHEN 'string' THEN p.result #>> '{}' = ''
+                  WHEN 'array' THEN json_array_length(p.result) = 0
+                  ELSE NOT EXISTS (SELECT 1 FROM json_object_keys(p.result)) END)
+        RETURNING t.key, t.attempt
+    ), logged AS (
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+        SELECT p_run, s.key, s.attempt, 'PENDING', 'SKIPPED', p_actor, p_by,
+               'short_circuit: its short circuit keeps its choice (' || p_reason || ')', true, now()
+        FROM skipped s
+        RETURNING orc_task_events.key
+    )
+    SELECT array_agg(l.key ORDER BY l.key) INTO held FROM logged l;
+    FOR m IN SELECT t.key, t.children FROM orc_tasks t
+             WHERE t.run_id = p_run AND t.key = ANY (coalesce(held, '{}')) ORDER BY t.key LOOP
+        readied := readied + orc_settle_v2(p_run, m.key, 'SKIPPED', m.children, p_actor, p_by);
+    END LOOP;
     FOR r IN SELECT t.key, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded, t.n_failed, t.n_upstream_failed,
                     t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped, t.min_success_ratio,
                     t.map_spec IS NOT NULL AS mapped

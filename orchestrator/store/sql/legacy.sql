@@ -1,7 +1,9 @@
 -- The names earlier releases call, for their workers still running during a rolling upgrade:
 -- each is a shim over the function that now does the work. The _v1 functions that 0011 replaced
 -- (orc_claim_v1, orc_succeed_v1, orc_settle_v1; orc_decide_v1 is dropped: only settlement
--- called it) keep their signatures; the unversioned names of migrations 0004 to 0006 are the
+-- called it) keep their signatures; so do the _v1 functions of clear.sql that 0014 replaced
+-- (orc_clear_v1, orc_mark_v1 for the previous release's operator commands and web page, and
+-- orc_redecide_v1 that they called); the unversioned names of migrations 0004 to 0006 are the
 -- four that the release before the versioned functions called from Python. Drop them when no
 -- such worker is left (a later migration).
 
@@ -31,6 +33,27 @@ CREATE OR REPLACE FUNCTION orc_settle_v1(p_run text, p_key text, p_state text, p
  LANGUAGE sql
 AS $$
 SELECT orc_settle_v2(p_run, p_key, p_state, p_children, p_actor, p_by)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_clear_v1(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
+ RETURNS integer
+ LANGUAGE sql
+AS $$
+SELECT orc_clear_v2(p_run, p_keys, p_actor, p_by, p_reason)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_mark_v1(p_run text, p_key text, p_state text, p_actor text, p_by text)
+ RETURNS text
+ LANGUAGE sql
+AS $$
+SELECT orc_mark_v2(p_run, p_key, p_state, p_actor, p_by)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_redecide_v1(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
+ RETURNS integer
+ LANGUAGE sql
+AS $$
+SELECT orc_redecide_v2(p_run, p_keys, p_actor, p_by, p_reason)
 $$;
 
 CREATE OR REPLACE FUNCTION orc_claim(p_run text, p_key text, p_attempt integer, p_worker text,
