@@ -39,6 +39,8 @@ from .errors import (
 from .routing import Priority
 from .scheduling import FactoryNotAllowed, dag_factory
 from .states import RunState, SkipReason, TaskState, TriggerRule
+from .store.waits import Emitted
+from .waits import Defer, SensorSpec, WaitSpec
 
 _default: Orchestrator | None = None
 
@@ -70,6 +72,11 @@ def submit_registered(name: str, version: int | None = None, **options: Any) -> 
     return default().submit_registered(name, version, **options)
 
 
+def emit(key: str, payload: dict[str, Any] | None = None, **options: Any) -> Emitted:
+    """Emit the event ``key`` with the default orchestrator; see :meth:`Orchestrator.emit`."""
+    return default().emit(key, payload, **options)
+
+
 def get_run(run_id: str) -> RunHandle:
     """A handle on an existing run; raises :class:`RunNotFound`."""
     return default().run(run_id)
@@ -86,6 +93,8 @@ __all__ = [
     "DagRegistry",
     "DagVersion",
     "DagVersionNotFound",
+    "Defer",
+    "Emitted",
     "FactoryNotAllowed",
     "IdempotencyConflict",
     "Jitter",
@@ -104,6 +113,7 @@ __all__ = [
     "RunState",
     "RunTimeout",
     "SchemaMissingError",
+    "SensorSpec",
     "Settings",
     "SizeLimits",
     "Skip",
@@ -115,8 +125,10 @@ __all__ = [
     "UnknownLimitError",
     "UnknownTaskError",
     "ValidationError",
+    "WaitSpec",
     "dag_factory",
     "default",
+    "emit",
     "get_run",
     "load_spec",
     "register",

@@ -90,6 +90,11 @@ class Settings:
     #: empty: on a loopback bind ``serve`` makes a token at start and prints its login URL, on
     #: any other bind it refuses to start (checked in :mod:`orchestrator.web`)
     ui_auth: str = field(default="", repr=False)
+    #: seconds an event (``orchestrator emit``) is kept: for the lookback of waits that begin
+    #: after it and for de-duplication by event id; the reconciler deletes older ones
+    event_retention_seconds: float = 7 * 86400.0
+    #: the most bytes of JSON an event's payload (or a signal's, an approval's comment) may hold
+    max_event_bytes: int = 64 * 1024
     max_nodes: int = 100_000
     max_node_bytes: int = 64 * 1024
     max_params_bytes: int = 256 * 1024

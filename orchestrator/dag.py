@@ -22,6 +22,7 @@ from .backoff import Backoff, Jitter
 from .errors import CycleError, SpecError, UnknownTaskError, ValidationError
 from .routing import Priority
 from .states import TriggerRule
+from .waits import WAIT_TASK, SensorSpec, WaitSpec, sensor_from_spec, wait_from_spec
 
 # every pattern is matched with fullmatch(): "a\n" is not "a"
 KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,200}")
@@ -217,6 +218,10 @@ class Node:
     fails_run: bool = False
     #: all_success relaxed: READY once this share of the upstream (a map's children) succeeded
     min_success_ratio: float | None = None
+    #: a wait node (``DAG.wait``, ``DAG.approval``): it never runs on a worker, it waits (WAITING)
+    wait: WaitSpec | None = None
+    #: a sensor (``DAG.sensor``): its check task runs until it returns something truthy
+    sensor: SensorSpec | None = None
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -257,6 +262,10 @@ class Node:
                 spec[flag] = True
         if self.min_success_ratio is not None:
             spec["min_success_ratio"] = self.min_success_ratio
+        if self.wait is not None:
+            spec["wait"] = self.wait.to_spec()
+        if self.sensor is not None:
+            spec["sensor"] = self.sensor.to_spec()
         return spec
 
 
@@ -321,6 +330,8 @@ class DAG:
         fails_run: bool = False,
         min_success_ratio: float | None = None,
         mapping: MapSpec | None = None,
+        wait: WaitSpec | None = None,
+        sensor: SensorSpec | None = None,
     ) -> Node:
         """Add a node and return it (pass it in another node's ``upstream``).
 
@@ -345,7 +356,7 @@ class DAG:
         of it succeeded, whatever the tasks between did, and its failure fails the run only
         with ``fails_run=True``. ``min_success_ratio`` (with ``all_success``) lets the task run
         once that share of its upstream, a map's children counted one by one, succeeded.
-        ``mapping`` is :meth:`map`'s.
+        ``mapping`` is :meth:`map`'s, ``wait`` :meth:`wait`'s and ``sensor`` :meth:`sensor`'s.
 
         Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest
         of the checks run in :meth:`validate`.
@@ -417,9 +428,90 @@ class DAG:
             teardown=teardown,
             fails_run=fails_run,
             min_success_ratio=min_success_ratio,
+            wait=wait,
+            sensor=sensor,
         )
         self.nodes[key] = node
         return node
+
+    def wait(
+        self,
+        key: str,
+        *,
+        event: str | None = None,
+        match: Mapping[str, Any] | None = None,
+        until: Any = None,
+        delay: float | None = None,
+        tz: str | None = None,
+        timeout: float | None = None,
+        on_timeout: str = "fail",
+        lookback: float | None = None,
+        upstream: Iterable[Node | str] = (),
+        trigger_rule: TriggerRule | str | None = None,
+        deadline: float | None = None,
+    ) -> Node:
+        """Add a wait node: it runs on no worker and holds no slot while it waits (``WAITING``).
+
+        ``event="order.paid", match={"order_id": 42}``: it waits for an event of its run's tenant
+        (:func:`orchestrator.emit`) or a signal to its run (``run.signal``) with that key whose
+        payload contains ``match`` (JSON containment: data, never code); its result is the
+        payload. An event emitted up to ``lookback`` seconds (default an hour) before the wait
+        began counts too. ``until`` (a datetime or an ISO 8601 instant; or a wall time
+        ``"09:30"`` in ``tz``, the next one after the wait begins) or ``delay`` (seconds): it
+        waits for that instant; its result is ``None``. ``timeout`` (seconds) ends the wait
+        FAILED with ``WaitTimeout``, or SKIPPED with ``on_timeout="skip"``. It begins when its
+        ``trigger_rule`` says (by default all its ``upstream`` succeeded), and its deadline and
+        instant are absolute from then, whatever restarts. Raises :class:`ValidationError`."""
+        spec = WaitSpec.make(
+            event=event, match=match, until=until, delay=delay, tz=tz, timeout=timeout, on_timeout=on_timeout,
+            lookback=lookback, where=(_label(self.name), key if isinstance(key, str) else None),
+        )  # fmt: skip
+        return self.task(key, WAIT_TASK, upstream=upstream, trigger_rule=trigger_rule, deadline=deadline, wait=spec)
+
+    def approval(
+        self,
+        key: str,
+        *,
+        timeout: float | None = None,
+        on_timeout: str = "fail",
+        upstream: Iterable[Node | str] = (),
+        trigger_rule: TriggerRule | str | None = None,
+        deadline: float | None = None,
+    ) -> Node:
+        """Add an approval node: it waits (``WAITING``) until a person answers with ``orchestrator
+        approve RUN KEY`` (it SUCCEEDS, its result ``{"approved": true, "by": ..., "comment":
+        ...}``), ``orchestrator reject RUN KEY`` (it FAILS, ``Rejected: ...``), the run page or
+        :meth:`Orchestrator.approve`; who answered is in the ledger. ``timeout`` as :meth:`wait`."""
+        spec = WaitSpec.make(
+            timeout=timeout, on_timeout=on_timeout, approval=True,
+            where=(_label(self.name), key if isinstance(key, str) else None),
+        )  # fmt: skip
+        return self.task(key, WAIT_TASK, upstream=upstream, trigger_rule=trigger_rule, deadline=deadline, wait=spec)
+
+    def sensor(
+        self,
+        key: str,
+        check: Any,
+        *,
+        every: float,
+        timeout: float | None = None,
+        backoff: float = 1.0,
+        max_every: float | None = None,
+        on_timeout: str = "fail",
+        **options: Any,
+    ) -> Node:
+        """Add a sensor: the task ``check`` runs, and while it returns something falsy it runs
+        again ``every`` seconds later (times ``backoff`` after each "not yet", at most
+        ``max_every``), waiting in between as a row that holds no worker slot (Airflow's
+        reschedule mode), until it returns something truthy (the sensor's result) or
+        ``timeout`` seconds after its first check (``WaitTimeout``, or SKIPPED with
+        ``on_timeout="skip"``). Its retries on an exception are the task's own
+        (``max_attempts``). The other ``options`` are :meth:`task`'s."""
+        spec = SensorSpec.make(
+            every=every, timeout=timeout, backoff=backoff, max_every=max_every, on_timeout=on_timeout,
+            where=(_label(self.name), key if isinstance(key, str) else None),
+        )  # fmt: skip
+        return self.task(key, check, sensor=spec, **options)
 
     def map(
         self,
@@ -660,7 +752,9 @@ def _validate_node(
     if not isinstance(k, str) or not KEY_RE.fullmatch(k):
         label = k if isinstance(k, str) and not text_problem(k, 300) else short(k)
         raise ValidationError(f"node key {short(k)} must be 1-200 letters, digits, '_' or '-'", dag=d, node=label)
-    if known is None or not isinstance(node.task, str) or node.task not in known:
+    if getattr(node, "wait", None) is not None or node.task == WAIT_TASK:
+        _validate_wait(node, fail)
+    elif known is None or not isinstance(node.task, str) or node.task not in known:
         if not isinstance(node.task, str) or not TASK_NAME_RE.fullmatch(node.task):
             raise fail(f"task {short(node.task)} is not a valid Celery task name")
         if node.task.startswith("celery."):
@@ -760,6 +854,25 @@ def _validate_node(
             raise fail("min_success_ratio needs upstream tasks")
     if node.map is not None:
         _validate_map(node, dag, limits, fail)
+    if node.sensor is not None:
+        if not isinstance(node.sensor, SensorSpec):
+            raise fail(f"sensor must be a SensorSpec, not {type(node.sensor).__name__}")
+        for what in ("map", "branch", "short_circuit"):
+            if getattr(node, what):
+                raise fail(f"a sensor cannot be a {what.replace('_', ' ')}")
+
+
+def _validate_wait(node: Node, fail: Callable[[str], ValidationError]) -> None:
+    """A wait node: the wait task name with a :class:`WaitSpec`, nothing a worker would run."""
+    if not isinstance(node.wait, WaitSpec) or node.task != WAIT_TASK:
+        raise fail(f"{WAIT_TASK!r} is the task of a wait node: build it with DAG.wait or DAG.approval")
+    if node.args or node.kwargs:
+        raise fail("a wait node takes no arguments")
+    for what in ("map", "branch", "short_circuit", "setup", "teardown", "sensor", "pool", "rate_limit"):
+        if getattr(node, what):
+            raise fail(f"a wait node cannot have {what.replace('_', ' ')}")
+    if node.wait.match is not None:
+        check_json(dict(node.wait.match), "match", dag=None, node=node.key)
 
 
 def _validate_map(node: Node, dag: DAG, limits: SizeLimits, fail: Callable[[str], ValidationError]) -> None:
@@ -1133,6 +1246,8 @@ NODE_FIELDS = {
     "teardown",
     "fails_run",
     "min_success_ratio",
+    "wait",
+    "sensor",
 }
 MAP_FIELDS = {"over", "kwarg", "combine", "map_key", "on_empty", "max_length", "max_active"}
 DAG_FIELDS = {"name", "tenant", "priority", "params", "max_active_tasks", "deadline", "on_deadline", "nodes"}
@@ -1190,6 +1305,10 @@ def dag_from_spec(spec: Any) -> DAG:
         bad = set(raw) - NODE_FIELDS
         if bad:
             raise SpecError(f"unknown field(s) {sorted(map(str, bad))}", dag=name, node=key)
+        if "wait" in raw:
+            if raw.get("task", WAIT_TASK) != WAIT_TASK:
+                raise SpecError("a wait node has no 'task' (it runs on no worker)", dag=name, node=key)
+            raw = {**raw, "task": WAIT_TASK}
         if "task" not in raw:
             raise SpecError("missing 'task'", dag=name, node=key)
         for field_name, types, what in _SPEC_TYPES:
@@ -1205,6 +1324,10 @@ def dag_from_spec(spec: Any) -> DAG:
             for flag in ("branch", "short_circuit", "setup", "teardown", "fails_run", "min_success_ratio")
             if flag in raw
         }
+        if "wait" in raw:
+            options["wait"] = wait_from_spec(raw["wait"], (name, key))
+        if "sensor" in raw:
+            options["sensor"] = sensor_from_spec(raw["sensor"], (name, key))
         if "map" in raw:
             mapping = options["mapping"] = _map_from_spec(raw["map"], name, key)
             upstream = [*upstream, *(a.source for a in mapping.args if a.source and a.source not in upstream)]

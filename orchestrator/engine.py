@@ -14,9 +14,11 @@ of another tenant is not found wherever it is asked for, by whichever caller.
 from __future__ import annotations
 
 import getpass
+import json
 import logging
 import math
 import time
+import uuid
 from collections.abc import Collection, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -24,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 from .alerts import raise_alert
 from .config import Settings
 from .crashpoints import crash_point
-from .dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, TENANT_RE, dag_from_spec, text_problem
+from .dag import (
+    DAG,
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    MAX_LOGICAL_DATE_CHARS,
+    TENANT_RE,
+    check_json,
+    dag_from_spec,
+    text_problem,
+)
 from .errors import ConfigurationError, ConflictError, OperatorError, RunTimeout, TaskNotFound, ValidationError
 from .explain import Explanation, explain
 from .models import (
@@ -49,12 +59,16 @@ from .states import RunState, TaskState
 from .store import Store
 from .store.operator import OperatorActions
 from .store.reads import Reads
+from .store.waits import Emitted
+from .waits import check_event_key
 
 if TYPE_CHECKING:
     from .dag_registry import DagRegistry, DagVersion
     from .scheduling import Schedules
 
 log = logging.getLogger(__name__)
+#: the longest event id (``emit(..., event_id=...)``)
+MAX_EVENT_ID_CHARS = 200
 
 
 def _iso_problem(value: str) -> str | None:
@@ -259,6 +273,112 @@ class Orchestrator:
             )
         return RunHandle(self, run_id, warnings=warnings)
 
+    # ------------------------------------------------------------------ events, signals, approvals
+
+    def _payload(self, payload: Any, what: str) -> str:
+        """``payload`` as JSON text, checked: plain JSON, an object (or None: ``{}``), at most
+        ORCHESTRATOR_MAX_EVENT_BYTES."""
+        if payload is None:
+            payload = {}
+        if not isinstance(payload, dict):
+            raise ValidationError(f"{what} payload must be a JSON object, not {type(payload).__name__}")
+        check_json(payload, f"{what} payload")
+        body = json.dumps(payload)
+        if len(body.encode()) > self.settings.max_event_bytes:
+            raise ValidationError(
+                f"{what} payload exceeds {self.settings.max_event_bytes} bytes of JSON (ORCHESTRATOR_MAX_EVENT_BYTES)"
+            )
+        return body
+
+    @staticmethod
+    def _event_id(event_id: Any) -> str:
+        if event_id is None:
+            return uuid.uuid4().hex
+        problem = text_problem(event_id, MAX_EVENT_ID_CHARS) if isinstance(event_id, str) else "must be a string"
+        if problem:
+            raise ValidationError(f"event_id {problem}")
+        return str(event_id)
+
+    def emit(
+        self,
+        key: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        event_id: str | None = None,
+        tenant: str | None = None,
+        by: str | None = None,
+    ) -> Emitted:
+        """Emit the event ``key`` with a JSON object ``payload`` for ``tenant`` (a bound
+        orchestrator: its own; else ``tenant`` or ``default``): written once per ``event_id``
+        (a second emit of the same id for the tenant is ignored: ``duplicate``), and every task
+        of the tenant WAITING for that key whose match the payload contains is woken in the
+        same transaction; what they made READY is published after it. Raises
+        :class:`ValidationError` (nothing written) for a bad key, payload or event id."""
+        check_event_key(key)
+        owner = self._tenant_of(tenant)
+        body = self._payload(payload, "event")
+        done = self.store.waits.emit(
+            owner, key, body, self._event_id(event_id), None, by, self.settings.dispatch_window
+        )
+        self.publisher.publish(done.dispatches)
+        return done
+
+    def signal(
+        self, run_id: str, name: str, payload: dict[str, Any] | None = None, *, event_id: str | None = None,
+        by: str | None = None,
+    ) -> Emitted:  # fmt: skip
+        """Send the signal ``name`` to one run: its tasks WAITING for ``name`` (a wait node's
+        ``event=``, a ``Defer(event=...)``) whose match the payload contains are woken; a task of
+        the run that begins to wait for it later finds it (the lookback). Raises
+        :class:`RunNotFound` (another tenant's run too) or :class:`ValidationError`."""
+        check_event_key(name, what="signal")
+        body = self._payload(payload, "signal")
+        view = self.visible(run_id)
+        done = self.store.waits.emit(
+            view.tenant, name, body, self._event_id(event_id), run_id, by, self.settings.dispatch_window
+        )
+        self.publisher.publish(done.dispatches)
+        return done
+
+    def approve(self, run_id: str, key: str, *, by: str | None = None, comment: str | None = None) -> None:
+        """Answer an approval node (``dag.approval``) yes: it SUCCEEDS with ``{"approved": true,
+        "by", "comment"}``, recorded with who answered. Raises :class:`RunNotFound`,
+        :class:`TaskNotFound` or :class:`OperatorError` (the task is not waiting for an
+        approval); nothing is written then."""
+        self._answer(run_id, key, True, by, comment)
+
+    def reject(self, run_id: str, key: str, *, by: str | None = None, comment: str | None = None) -> None:
+        """Answer an approval node no: it FAILS (``Rejected: ...``), its downstream follows its
+        trigger rules. Raises as :meth:`approve`."""
+        self._answer(run_id, key, False, by, comment)
+
+    def _answer(self, run_id: str, key: str, yes: bool, by: str | None, comment: str | None) -> None:
+        who = by or local_by()
+        if comment is not None and (not isinstance(comment, str) or len(comment) > 2000):
+            raise ValidationError("an approval's comment is text of at most 2000 characters")
+        payload = {"approved": yes, "by": who, "comment": comment}
+        what = "approved" if yes else "rejected"
+        reason = f"{what} by {who}" + (f": {comment}" if comment else "")
+        dispatches = self.store.waits.answer(
+            run_id, key, "approve" if yes else "reject", json.dumps(payload), operator(who).by or who, reason,
+            self.settings.dispatch_window, self.tenant,
+        )  # fmt: skip
+        self.publisher.publish(dispatches)
+
+    def _tenant_of(self, tenant: str | None) -> str:
+        """The tenant an emit acts for: a bound orchestrator's own (another is refused), else
+        ``tenant`` or ``default``."""
+        if self.tenant is not None:
+            if tenant is not None and tenant not in (self.tenant, "default"):
+                raise ValidationError(
+                    f"this orchestrator acts as tenant {self.tenant!r}; it cannot emit for {tenant!r}"
+                )
+            return self.tenant
+        owner = tenant or "default"
+        if not isinstance(owner, str) or not TENANT_RE.fullmatch(owner):
+            raise ValidationError(f"tenant {owner!r} must be 1-64 letters, digits, '_' or '-'")
+        return owner
+
     @cached_property
     def dags(self) -> DagRegistry:
         """The DAG registry (:mod:`orchestrator.dag_registry`): register, versions, diff,
@@ -387,6 +507,21 @@ class Orchestrator:
         self._after(outcome, token.run_id, token.key)
         return outcome
 
+    def defer_attempt(self, token: FencingToken, spec: dict[str, Any]) -> bool:
+        """RUNNING -> WAITING for the token's attempt (fenced): the body raised
+        :class:`orchestrator.Defer`, or a sensor's check said "not yet" (``spec``: what
+        ``orc_defer_v1`` takes). Its slot goes to other READY work at once. Returns whether the
+        attempt still held the task (else the refusal is in the ledger)."""
+        check_json(spec, "Defer")
+        body = json.dumps(spec)
+        if len(body) > self.settings.max_event_bytes:
+            raise ValidationError(f"Defer: its state exceeds {self.settings.max_event_bytes} bytes of JSON")
+        accepted, _, dispatches = self.store.waits.defer(
+            token.run_id, token.key, token.attempt, body, self.settings.dispatch_window
+        )
+        self.publisher.publish(dispatches)
+        return accepted
+
     def register_worker(self, name: str, queues: Sequence[str], concurrency: int) -> None:
         """Record a live worker's capacity and fill it with READY work."""
         self.store.workers.register(name, queues, concurrency)
@@ -441,7 +576,15 @@ class Orchestrator:
         (default: the OS user). Raises :class:`ConflictError` (a rejected event is in the
         ledger) when the task's state does not allow it, whether it never did or another writer
         changed it first, :class:`OperatorError` when children were already decided, and
-        :class:`RunNotFound` for a run this orchestrator does not see (nothing written)."""
+        :class:`RunNotFound` for a run this orchestrator does not see (nothing written). A wait
+        node (``dag.wait``, ``dag.approval``) that FAILED (a timeout, a rejection) waits again
+        instead (a clear of it and its downstream: its deadline counts from now)."""
+        from .waits import WAIT_TASK
+
+        task = self.task(run_id, key)
+        if task.task == WAIT_TASK and task.state in (TaskState.FAILED, TaskState.SKIPPED):
+            self.clear(run_id, key, downstream=True, by=by)
+            return
         actor = operator(by or local_by())
         self._operator_done(
             self._operator.retry_task(run_id, key, self.settings.dispatch_window, actor), run_id, key, "retry"
@@ -806,6 +949,18 @@ class RunHandle:
 
     def fail(self, key: str, *, by: str | None = None) -> None:
         self.orchestrator.fail_task(self.id, key, by=by)
+
+    def signal(self, name: str, payload: dict[str, Any] | None = None, *, event_id: str | None = None) -> Emitted:
+        """Send the signal ``name`` to this run (see :meth:`Orchestrator.signal`)."""
+        return self.orchestrator.signal(self.id, name, payload, event_id=event_id)
+
+    def approve(self, key: str, *, by: str | None = None, comment: str | None = None) -> None:
+        """Approve this run's approval node ``key`` (see :meth:`Orchestrator.approve`)."""
+        self.orchestrator.approve(self.id, key, by=by, comment=comment)
+
+    def reject(self, key: str, *, by: str | None = None, comment: str | None = None) -> None:
+        """Reject this run's approval node ``key`` (see :meth:`Orchestrator.reject`)."""
+        self.orchestrator.reject(self.id, key, by=by, comment=comment)
 
     def results(self) -> dict[str, Any]:
         """The stored JSON result of every task that succeeded, by node key."""

@@ -17,8 +17,10 @@ further below their weighted share, so they go first; the run's tenant's slots b
 of higher priority, or older, in any queue the workers of its queue also consume),
 ``window_full`` (the live workers of its queue have every slot in use), ``no_worker`` (no live
 worker consumes its queue), ``queued`` (published, waiting for a worker to take the message),
-``running``, ``retry_at`` (RETRYING until ``not_before``), ``dead_letter`` (parked, waiting for
-a person), ``finished`` (terminal), ``run_cancelled``.
+``running``, ``retry_at`` (RETRYING until ``not_before``), ``waiting`` (WAITING: for which event
+and match, an instant, an approval or a sensor's next check, until when, its deadline; it holds
+no slot), ``dead_letter`` (parked, waiting for a person), ``finished`` (terminal),
+``run_cancelled``.
 
 Dynamic DAGs add: ``skipped`` (why a SKIPPED task was skipped: ``branch_not_taken``,
 ``short_circuit``, ``empty_map``, ``upstream_skipped``, ``user``, with the ledger's reason),
@@ -126,6 +128,7 @@ SKIP_REASONS = {
     "empty_map": "its map had no items (on_empty='skip')",
     "upstream_skipped": "its trigger rule decided SKIPPED from skipped upstream tasks",
     "user": "the task raised orchestrator.Skip",
+    "wait_timeout": "its wait's deadline passed (on_timeout='skip')",
 }
 
 
@@ -183,6 +186,27 @@ def mapped_text(counts: dict[str, int]) -> str:
         f"mapped into {counts['total']:,} task(s): {counts['done']:,} done ({counts['succeeded']:,} succeeded,"
         f" {counts['failed']:,} failed, {counts['skipped']:,} skipped)"
     )
+
+
+def waiting_reason(waiting: dict[str, Any] | None) -> Reason:
+    """What a WAITING task waits for (its ``waiting`` column), as a ``waiting`` reason."""
+    w = dict(waiting or {})
+    kind = w.get("kind")
+    if kind == "approval":
+        what = "an approval: orchestrator approve | reject RUN KEY (or the run page)"
+    elif kind == "sensor":
+        what = "its sensor's next check"
+    elif w.get("event"):
+        what = f"event {w['event']}" + (f" whose payload contains {w['match']}" if w.get("match") else "")
+    else:
+        what = "its time"
+    if w.get("until"):
+        what += f" until {w['until']}"
+    if kind == "defer":
+        what = f"the body deferred: {what}"
+    if w.get("deadline"):
+        what += f"; deadline {w['deadline']} (then {'skipped' if w.get('on_timeout') == 'skip' else 'WaitTimeout'})"
+    return Reason("waiting", f"waits for {what}; it holds no worker slot", {"waiting": w})
 
 
 def skipped_text(reason: str | None, ledger: str | None = None) -> str:
@@ -246,6 +270,8 @@ def _reasons(t: Any, parents: list[str], by_key: dict[str, Any], data: ExplainIn
                 {"not_before": at, "attempt": t.attempt},
             )
         ]
+    if state is T.WAITING:
+        return [waiting_reason(getattr(t, "waiting", None))]
     if state is T.DEAD_LETTER:
         return [
             Reason(

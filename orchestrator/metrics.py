@@ -131,8 +131,8 @@ def families(snap: MetricsSnapshot) -> Iterator[Metric]:
 def _tasks(snap: MetricsSnapshot) -> Iterator[Metric]:
     tasks = GaugeMetricFamily(
         "orchestrator_tasks",
-        "Tasks not yet in a terminal state (PENDING, READY, QUEUED, RUNNING, RETRYING, DEAD_LETTER), by state,"
-        " queue and tenant",
+        "Tasks not yet in a terminal state (PENDING, READY, QUEUED, RUNNING, RETRYING, WAITING, MAPPED,"
+        " DEAD_LETTER), by state, queue and tenant",
         labels=["state", "queue", "tenant"],
     )
     backlog: dict[str, int] = {}
@@ -361,6 +361,8 @@ def reconciler_action(e: WindowEvent) -> str:
         return "run_closed"
     if e.from_state == "RETRYING" and e.to_state == "READY":
         return "retry_released"
+    if e.from_state == "WAITING":
+        return "wait_timed_out" if e.to_state in ("FAILED", "SKIPPED") else "wait_woken"
     if e.from_state == "QUEUED" and e.to_state == "QUEUED":
         return "republished"
     if e.from_state == "RUNNING":

@@ -14,7 +14,7 @@ from .states import RunState, TaskState
 @dataclass(frozen=True)
 class Actor:
     """Who makes a state change: the role (``submit``, ``dispatcher``, ``worker``,
-    ``reconciler``, ``operator``) checked against the transition tables, and for operator
+    ``reconciler``, ``operator``, ``event``) checked against the transition tables, and for operator
     actions the person it acts for (``by``), recorded in the ledger."""
 
     role: str
@@ -22,6 +22,8 @@ class Actor:
 
 
 SUBMIT, DISPATCHER, WORKER, RECONCILER = Actor("submit"), Actor("dispatcher"), Actor("worker"), Actor("reconciler")
+#: an event or a signal that woke waiting tasks (``orchestrator.emit``, ``run.signal``)
+EVENT = Actor("event")
 
 
 def operator(by: str | None) -> Actor:
@@ -77,6 +79,11 @@ class Claim:
     #: the task declares ``upstream`` (decided once, at submit): pass it ``upstream_results``
     wants_upstream: bool = False
     upstream_results: dict[str, Any] = field(default_factory=dict)
+    #: a sensor's polling (``{"kind": "sensor", "every", "timeout", ...}``), or None
+    sensor: dict[str, Any] | None = None
+    #: a body called again after it deferred: ``{"event": payload or None, "state": what it
+    #: saved, "timed_out": false}``; None on a first call
+    resumed: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ ACTIONS = (
     "leases_expired",
     "deadlines_missed",
     "deadline_cancels",
+    "waits_woken",
+    "events_pruned",
     "dispatched",
     "runs_finalized",
     "errors",
@@ -50,6 +52,10 @@ ACTIONS = (
 #: most missed deadlines recorded (and alerted) per pass, of runs and of tasks each; the rest
 #: wait for the next pass
 DEADLINE_BATCH = 100
+#: waits due woken per transaction, and transactions per pass (a burst of sleeps due at one
+#: second is woken within one pass up to their product)
+WAKE_BATCH = 1000
+WAKE_ROUNDS = 20
 
 
 class Reconciler:
@@ -101,6 +107,14 @@ class Reconciler:
             if outcome is not None:
                 report["leases_expired"] += int(outcome.accepted)
                 guarded(f"publishing after {run_id}.{key}", lambda: self.after(outcome, run_id, key))  # noqa: B023
+        for _ in range(WAKE_ROUNDS):
+            woken = guarded("waking the waits due", lambda: self.store.waits.wake_due(WAKE_BATCH)) or 0
+            report["waits_woken"] += woken
+            if woken < WAKE_BATCH:
+                break
+        report["events_pruned"] = (
+            guarded("pruning old events", lambda: self.store.waits.prune_events(s.event_retention_seconds)) or 0
+        )
         # one admission per pass, after everything above made its tasks READY; deadlines after
         # it, so a slow alert webhook never delays dispatch (slots a deadline's cancel frees
         # are admitted by the next pass)

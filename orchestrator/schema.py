@@ -49,6 +49,9 @@ runs = sa.Table(
     #: NAME[@N]``, ``submit_registered`` or a schedule on a registered DAG; null for a DAG
     #: submitted as a spec or an object
     sa.Column("dag_version", sa.Integer, nullable=True),
+    #: the event trigger (``orc_triggers``) that started the run, with the event's id as its
+    #: idempotency key: one run per (trigger, event)
+    sa.Column("trigger", sa.String(200), nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
     #: per tenant: two tenants' schedules may share a name (``orc_schedules`` is keyed by both)
     sa.UniqueConstraint("tenant", "schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
@@ -172,7 +175,30 @@ tasks = sa.Table(
     #: window is inserted (null: none left)
     sa.Column("map_max_active", sa.Integer, nullable=True),
     sa.Column("map_refill", sa.Integer, nullable=True),
+    #: what the node waits for (``dag.wait``: ``{"kind": "event" | "sleep" | "approval", ...}``,
+    #: with ``flow`` = ``wait``: it never runs on a worker) or how it polls (``dag.sensor``:
+    #: ``{"kind": "sensor", "every", "timeout", ...}``: its check task runs on a worker)
+    sa.Column("wait_spec", sa.JSON, nullable=True),
+    #: the wait in progress while WAITING (``orc_wait_begin_v1``, ``orc_defer_v1``): kind, event,
+    #: match, until, deadline, on_timeout, the deferred body's state; null otherwise
+    sa.Column("waiting", postgresql.JSONB, nullable=True),
+    #: while WAITING for an event: its key and the JSON its payload must contain (an emit finds
+    #: the waits by key through ``ix_orc_tasks_waiting_event``)
+    sa.Column("wait_event", sa.String(200), nullable=True),
+    sa.Column("wait_match", postgresql.JSONB, nullable=True),
+    #: while WAITING: the earliest instant the reconciler must look at it (the wait's ``until`` or
+    #: its deadline, whichever comes first; absolute, fixed when the wait began)
+    sa.Column("wake_at", TS, nullable=True),
+    #: what a deferred body gets when it is called again (``current_context().resumed``): the
+    #: event that woke it and the state it saved
+    sa.Column("wait_resume", sa.JSON, nullable=True),
 )
+#: the waits on an event, by tenant and key (partial: only tasks WAITING for an event)
+WAITING_EVENT = "state = 'WAITING' AND wait_event IS NOT NULL"
+sa.Index("ix_orc_tasks_waiting_event", tasks.c.tenant, tasks.c.wait_event, postgresql_where=sa.text(WAITING_EVENT))
+#: the reconciler's pass over waits due (a sleep over, a deadline passed)
+WAITING_DUE = "state = 'WAITING' AND wake_at IS NOT NULL"
+sa.Index("ix_orc_tasks_wake_due", tasks.c.wake_at, postgresql_where=sa.text(WAITING_DUE))
 #: a map's children in map order, those waiting (max_active's next child) and those that
 #: succeeded (the join's results); partial: the tasks of no map are not in it, nor a child while
 #: it is READY, QUEUED or RUNNING (each of those moves would add an index entry: a map's child
@@ -425,3 +451,77 @@ dag_versions = sa.Table(
 sa.Index("ix_orc_dag_versions_hash", dag_versions.c.tenant, dag_versions.c.name, dag_versions.c.content_hash)
 #: ``runs --dag NAME --version N``
 sa.Index("ix_orc_runs_dag_version", runs.c.dag_name, runs.c.dag_version, runs.c.created_at)
+
+emitted = sa.Table(
+    "orc_events",
+    metadata,
+    #: an event (``orchestrator.emit``, ``orchestrator emit``, ``POST /api/events``) or a signal
+    #: to one run (``run.signal``: ``run_id`` set): matched against the waits in the transaction
+    #: that writes it, kept for the lookback of waits that begin after it and for de-duplication
+    #: by ``event_id`` per tenant
+    sa.Column("id", sa.BigInteger, sa.Identity(always=False), primary_key=True),
+    sa.Column("tenant", sa.String(64), nullable=False),
+    sa.Column("key", sa.String(200), nullable=False),
+    sa.Column("event_id", sa.String(200), nullable=False),
+    sa.Column("payload", postgresql.JSONB, nullable=False),
+    sa.Column("run_id", sa.String(32), nullable=True),
+    sa.Column("emitted_at", TS, nullable=False),
+    sa.Column("by", sa.String(255), nullable=True),
+    #: how many waiting tasks it woke when it was written
+    sa.Column("woke", sa.Integer, nullable=False, server_default="0"),
+    sa.UniqueConstraint("tenant", "event_id", name="uq_orc_events_event_id"),
+)
+#: a wait that begins looks back for its event (tenant, key, newest first)
+sa.Index("ix_orc_events_key", emitted.c.tenant, emitted.c.key, emitted.c.emitted_at)
+#: pruning by age
+sa.Index("ix_orc_events_emitted", emitted.c.emitted_at)
+sa.Index("ix_orc_runs_trigger_state", runs.c.tenant, runs.c.trigger, runs.c.state)
+
+triggers = sa.Table(
+    "orc_triggers",
+    metadata,
+    #: an event trigger (``orchestrator on add NAME --event KEY``): each event of ``event_key``
+    #: (of its tenant) whose payload contains ``match`` starts one run of what it names (a spec
+    #: snapshot, a factory or a registered DAG, as a schedule does), the payload laid over its
+    #: params; at most ``max_active_runs`` running at once (the others wait their turn)
+    sa.Column("tenant", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("event_key", sa.String(200), nullable=False),
+    sa.Column("match", postgresql.JSONB, nullable=True),
+    sa.Column("spec", sa.JSON, nullable=True),
+    sa.Column("spec_hash", sa.String(64), nullable=True),
+    sa.Column("factory", sa.String(255), nullable=True),
+    sa.Column("registered", sa.String(200), nullable=True),
+    sa.Column("registered_version", sa.Integer, nullable=True),
+    sa.Column("params", sa.JSON, nullable=False),
+    sa.Column("max_active_runs", sa.Integer, nullable=True),
+    sa.Column("paused", sa.Boolean, nullable=False),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("last_error_at", TS, nullable=True),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+)
+sa.Index("ix_orc_triggers_event", triggers.c.tenant, triggers.c.event_key)
+
+trigger_firings = sa.Table(
+    "orc_trigger_firings",
+    metadata,
+    #: one row per (trigger, event): written with the event (``pending``), then ``fired`` with
+    #: its run, ``waiting`` (the trigger is at max_active_runs: it runs when one ends),
+    #: ``skipped`` (paused) or ``failed``; whoever finds it pending finishes it (the emitter,
+    #: any beat, any serve), the run's idempotency key making it one run
+    sa.Column("tenant", sa.String(64), primary_key=True),
+    sa.Column("trigger", sa.String(200), primary_key=True),
+    sa.Column("event", sa.BigInteger, primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("run_id", sa.String(32), nullable=True),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("dag_version", sa.Integer, nullable=True),
+    sa.Column("at", TS, nullable=False),
+)
+sa.Index(
+    "ix_orc_trigger_firings_open",
+    trigger_firings.c.state,
+    trigger_firings.c.at,
+    postgresql_where=sa.text("state IN ('pending', 'waiting')"),
+)

@@ -26,6 +26,10 @@ class TaskState(enum.StrEnum):
     DEAD_LETTER = "DEAD_LETTER"
     #: a mapped node whose children run (it never runs itself); it closes after the last child
     MAPPED = "MAPPED"
+    #: waiting for an event, an instant, an approval or its sensor's next check (``dag.wait``,
+    #: ``dag.sensor``, ``raise orchestrator.Defer``): a row with an absolute deadline; it holds
+    #: no worker slot, no broker message and no pool or limit slot
+    WAITING = "WAITING"
 
     @property
     def terminal(self) -> bool:
@@ -65,7 +69,6 @@ TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     # a mapped node: expanded when its rule says READY (by whoever settled its last parent, or
     # at submit), then closed after its last child (SUCCEEDED / FAILED / SKIPPED: a summary)
     (T.PENDING, T.MAPPED): frozenset({"worker", "submit", "reconciler", "operator"}),
-    (T.PENDING, T.SUCCEEDED): frozenset({"worker", "submit", "reconciler", "operator"}),
     (T.PENDING, T.FAILED): frozenset({"worker", "submit", "reconciler", "operator"}),
     (T.MAPPED, T.SUCCEEDED): frozenset({"worker", "reconciler", "operator"}),
     (T.MAPPED, T.FAILED): frozenset({"worker", "reconciler", "operator"}),
@@ -86,7 +89,25 @@ TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     (T.FAILED, T.READY): frozenset({"operator"}),
     (T.DEAD_LETTER, T.FAILED): frozenset({"operator"}),
     (T.DEAD_LETTER, T.SKIPPED): frozenset({"operator"}),
+    # waits (store/sql/wait.sql): a wait node begins waiting when its rule says READY (settled by
+    # whoever finished its last parent, or at submit); a body that raised Defer, or a sensor whose
+    # check said "not yet", gives its slot back
+    (T.PENDING, T.WAITING): frozenset({"worker", "submit", "reconciler", "operator", "event"}),
+    (T.RUNNING, T.WAITING): frozenset({"worker"}),
+    # woken: a wait node ends with its event's payload (or None); a deferred body is called again
+    (T.WAITING, T.SUCCEEDED): frozenset({"event", "reconciler", "operator"}),
+    (T.WAITING, T.READY): frozenset({"event", "reconciler", "operator"}),
+    # its deadline passed (WaitTimeout, or on_timeout="skip"); an approval rejected
+    (T.WAITING, T.FAILED): frozenset({"reconciler", "operator"}),
+    (T.WAITING, T.SKIPPED): frozenset({"reconciler", "operator"}),
+    # a wait that begins after its event (the lookback) or past its instant ends at once
+    (T.PENDING, T.SUCCEEDED): frozenset({"worker", "submit", "reconciler", "operator", "event"}),
 }
+# an event or a signal that woke a wait settles it: what follows (children decided, a map's
+# header closed) is the event's doing, as a worker's outcome's is the worker's
+for (_src, _dst), _who in list(TRANSITIONS.items()):
+    if _src in (T.PENDING, T.MAPPED) and "worker" in _who:
+        TRANSITIONS[(_src, _dst)] = _who | {"event"}
 # an operator's clear (any state back to PENDING, attempt + 1, to be run again) and mark (an
 # outcome set by hand); a clear or mark decides tasks again from PENDING (orc_redecide_v2)
 for _s in TaskState:
@@ -116,8 +137,8 @@ def check_transition(src: TaskState, dst: TaskState, actor: str) -> None:
 #: clear or mark reopens a finished run, and a CANCELLED run stays cancelled.
 RUN_TRANSITIONS: dict[tuple[RunState | None, RunState], frozenset[str]] = {
     (None, RunState.RUNNING): frozenset({"submit"}),
-    (RunState.RUNNING, RunState.SUCCEEDED): frozenset({"worker", "submit", "reconciler", "operator"}),
-    (RunState.RUNNING, RunState.FAILED): frozenset({"worker", "submit", "reconciler", "operator"}),
+    (RunState.RUNNING, RunState.SUCCEEDED): frozenset({"worker", "submit", "reconciler", "operator", "event"}),
+    (RunState.RUNNING, RunState.FAILED): frozenset({"worker", "submit", "reconciler", "operator", "event"}),
     # the reconciler cancels a run that missed a deadline when its DAG says on_deadline="cancel"
     (RunState.RUNNING, RunState.CANCELLED): frozenset({"operator", "reconciler"}),
     (RunState.FAILED, RunState.RUNNING): frozenset({"operator"}),
@@ -185,6 +206,8 @@ class SkipReason(enum.StrEnum):
     EMPTY_MAP = "empty_map"
     UPSTREAM_SKIPPED = "upstream_skipped"
     USER = "user"
+    #: a wait (or a sensor, a deferred body) whose deadline passed with ``on_timeout="skip"``
+    WAIT_TIMEOUT = "wait_timeout"
 
 
 def run_outcome(failed_tasks: int) -> RunState:

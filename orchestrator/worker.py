@@ -47,6 +47,7 @@ from .poison import exception_names, fingerprint, is_infrastructure
 from .process import all_orchestrators, current_orchestrator
 from .protocol import FENCING_HEADERS, HEADER_SIGNATURE, FencingToken, MalformedHeaders, read_token, verify
 from .reconciler import ReconcilerService
+from .waits import Defer, SensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class TaskContext:
     upstream: dict[str, Any] = field(default_factory=dict)
     #: reads the run's logical date (one query, the first time it is asked)
     lookup: Callable[[str], str | None] | None = field(default=None, repr=False, compare=False)
+    #: a body called again after it raised :class:`orchestrator.Defer`: ``{"event": the payload
+    #: that woke it, or None; "state": what it saved; "timed_out": False}``; None on a first call
+    resumed: dict[str, Any] | None = None
 
     @property
     def logical_date(self) -> dt.datetime | None:
@@ -228,7 +232,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         hb = _heartbeater(orc)
         hb.track(token)
         context = _context.set(
-            TaskContext(token.run_id, token.key, token.attempt, claim.upstream_results, orc.logical_date)
+            TaskContext(token.run_id, token.key, token.attempt, claim.upstream_results, orc.logical_date, claim.resumed)
         )
         tracked = True
         try:
@@ -241,6 +245,17 @@ class OrchestratedTask(Task):  # type: ignore[misc]
                 # the lease was lost meanwhile: this attempt no longer holds the task
                 raise Ignore() from None
             orc.skip_attempt(token, exc.reason)
+            return None
+        except Defer as exc:
+            if not tracked:
+                raise Ignore() from None
+            try:
+                spec = exc.spec()
+                check_json(spec, "Defer")
+            except ValidationError as bad:
+                orc.fail_attempt(token, error=f"Defer: {bad}", exc_types=["ValidationError"], retryable=False)
+                return None
+            orc.defer_attempt(token, spec)
             return None
         except BaseException as exc:
             hb.untrack(token)
@@ -272,6 +287,10 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             raise  # a terminated process goes on exiting
         finally:
             _context.reset(context)
+        if claim.sensor is not None and not result and tracked:
+            # a sensor's check said "not yet": wait as a row until the next check
+            orc.defer_attempt(token, sensor_defer(claim.sensor, claim.resumed))
+            return None
         problem = _result_problem(result, orc.settings.max_result_bytes)
         if problem is not None:
             orc.fail_attempt(token, error=problem, retryable=False)
@@ -333,6 +352,23 @@ def verified_token(task: Any, request: Any) -> FencingToken | None:
         count_drop("signature")
         raise Ignore()
     return token
+
+
+def sensor_defer(row: dict[str, Any], resumed: dict[str, Any] | None) -> dict[str, Any]:
+    """What a sensor's "not yet" waits for: its next check after the interval its count of
+    checks gives, within the deadline fixed at its first check (carried across checks)."""
+    spec = SensorSpec.from_row(row)
+    state = (resumed or {}).get("state") or {}
+    checks = int(state.get("checks", 0)) + 1
+    out: dict[str, Any] = {
+        "kind": "sensor", "delay": spec.interval(checks), "on_timeout": spec.on_timeout, "state": {"checks": checks},
+    }  # fmt: skip
+    deadline = (resumed or {}).get("deadline")
+    if deadline is not None:
+        out["deadline"] = deadline
+    elif spec.timeout is not None:
+        out["timeout"] = spec.timeout
+    return out
 
 
 def _holds(orc: Orchestrator, token: FencingToken) -> bool:

@@ -59,6 +59,7 @@ from .schedules import ScheduleRows
 from .settlement import Settlement
 from .submission import Submission
 from .tenants import Tenants
+from .waits import Waits
 from .workers import WorkerRegistry
 
 
@@ -99,6 +100,7 @@ class Store:
         self.limits = Limits(self.db)
         self.schedule_rows = ScheduleRows(self.db)
         self.dags = DagRows(self.db)
+        self.waits = Waits(self.db, self.admission)
         self.deadlines = Deadlines(self.db, self.ledger)
 
     @property

@@ -58,7 +58,7 @@ class Attempts:
             return None
         return Claim(
             run_id, key, attempt, list(got["args"]), dict(got["kwargs"]), bool(got["wants_upstream"]),
-            dict(got["upstream"]),
+            dict(got["upstream"]), got.get("sensor"), got.get("resumed"),
         )  # fmt: skip
 
     def heartbeat(self, run_id: str, key: str, attempt: int, lease_seconds: float) -> bool:

@@ -17,7 +17,7 @@ from importlib import resources
 #: ``_v1`` functions are checked when created)
 FILES = (
     "decide", "reject", "limit_held", "admit_from", "pass_slot", "admit", "expand", "settle", "claim", "succeed",
-    "skip", "clear", "legacy",
+    "skip", "clear", "wait", "legacy",
 )  # fmt: skip
 
 

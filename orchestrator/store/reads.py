@@ -378,6 +378,7 @@ class Reads:
                     c.skip_reason, c.n_upstream_failed, c.n_setup, c.n_setup_ok, c.n_setup_skipped,
                     c.min_success_ratio, c.map_spec.is_not(None).label("is_map"), c.map_parent, c.map_index,
                     c.map_key, c.map_item_from, c.map_total, c.map_done, c.map_ok, c.map_failed, c.map_skipped,
+                    c.waiting,
                 )
                 .where(*task_where)
                 .order_by(c.key)

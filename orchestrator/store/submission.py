@@ -112,10 +112,13 @@ class Submission:
             self.ledger.create_run(conn, run_id, SUBMIT)
             self.db.backend.bulk_insert(conn, t_tasks, _task_rows(dag, run_id, now, queues, wants_upstream, due))
             self.db.backend.bulk_insert(conn, t_edges, _edge_rows(dag, run_id))
-            self.ledger.roots_ready(conn, run_id, [n.key for n in dag.nodes.values() if _starts(n) and n.map is None])
+            starting = [n.key for n in dag.nodes.values() if _starts(n) and n.map is None and n.wait is None]
+            self.ledger.roots_ready(conn, run_id, starting)
             for node in dag.nodes.values():
                 if _starts(node) and node.map is not None:
                     self._expand_root(conn, run_id, node.key)
+                elif _starts(node) and node.wait is not None:
+                    self._wait_root(conn, run_id, node.key)
             return run_id, True
 
         try:
@@ -139,6 +142,19 @@ class Submission:
         """Record that ``run_id`` runs ``first`` again (``orchestrator rerun``)."""
         with self.db.engine.begin() as conn:
             conn.execute(t_runs.update().where(t_runs.c.id == run_id).values(rerun_of=first))
+
+    def _wait_root(self, conn: Connection, run_id: str, key: str) -> None:
+        """A wait node that starts with its run begins to wait now (``orc_wait_v1``); one whose
+        event had come or whose instant is past ends at once and is settled."""
+        check_transition(T.PENDING, T.WAITING, SUBMIT.role)
+        out = conn.execute(
+            sa.text("SELECT orc_wait_v1(:run, :key, 'submit', NULL, 'root')"), {"run": run_id, "key": key}
+        ).scalar_one()
+        if out is not None and out["state"] != T.WAITING.value:
+            conn.execute(
+                sa.text("SELECT orc_settle_v2(:run, :key, :state, CAST(:children AS json), 'submit', NULL)"),
+                {"run": run_id, "key": key, "state": out["state"], "children": json.dumps(out.get("children"))},
+            )
 
     def _expand_root(self, conn: Connection, run_id: str, key: str) -> None:
         """A mapped node that starts with its run (its items are literal lists) becomes its
@@ -242,7 +258,14 @@ def _task_rows(
             children.setdefault(parent, []).append(node.key)
     # the columns of maps, branches, skips and setups: in the rows only when a node uses one
     dynamic = any(
-        n.map is not None or n.branch or n.short_circuit or n.setup or n.teardown or n.min_success_ratio is not None
+        n.map is not None
+        or n.branch
+        or n.short_circuit
+        or n.setup
+        or n.teardown
+        or n.min_success_ratio is not None
+        or n.wait is not None
+        or n.sensor is not None
         for n in dag.nodes.values()
     )
     setups = {n.key for n in dag.nodes.values() if n.setup}
@@ -259,7 +282,7 @@ def _task_rows(
     backoffs: dict[Any, dict[str, Any]] = {}
     for node in dag.nodes.values():
         prio = dag.priority_of(node)
-        root = _starts(node) and node.map is None
+        root = _starts(node) and node.map is None and node.wait is None
         backoff = backoffs.get(node.backoff)
         if backoff is None:
             backoff = backoffs[node.backoff] = node.backoff.to_spec()
@@ -304,10 +327,11 @@ def _dynamic_columns(dag: DAG, node: Node, setups: set[str], map_sources: set[st
         "n_setup": sum(1 for p in node.upstream if p in setups),
         "role": "setup" if node.setup else "teardown" if node.teardown else None,
         "decides_run": node.map is None and not (node.teardown and not node.fails_run),
-        "flow": "branch" if node.branch else "short_circuit" if node.short_circuit else None,
+        "flow": "branch" if node.branch else "short_circuit" if node.short_circuit else "wait" if node.wait else None,
         "feeds_map": node.key in map_sources,
         "min_success_ratio": node.min_success_ratio,
         "map_spec": None if node.map is None else node.map.to_row(dag.per_item(node)),
+        "wait_spec": node.wait.to_row() if node.wait else node.sensor.to_row() if node.sensor else None,
     }
 
 

@@ -4,13 +4,14 @@ each task does and reads what the database decided."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
-from orchestrator import DAG, Orchestrator, Settings, Skip
+from orchestrator import DAG, Defer, Orchestrator, Settings, Skip
 from orchestrator.models import Claim
 from orchestrator.publisher import RecordingPublisher
 from orchestrator.registry import StaticRegistry
@@ -32,6 +33,8 @@ class Driven:
     run_id: str
     #: (key, kwargs, upstream) of every attempt run, in order
     ran: list[tuple[str, dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+    #: what each attempt that was called again after it deferred got (key -> resumed, newest)
+    resumed: dict[str, Any] = field(default_factory=dict)
 
     def states(self) -> dict[str, str]:
         return {t.key: t.state.value for t in self.orc.tasks(self.run_id)}
@@ -61,8 +64,9 @@ def drive(
     run_id: str | None = None,
 ) -> Driven:
     """Submit ``dag`` (or take ``run_id``) and run its tasks one at a time in admission order:
-    ``body(key, kwargs, upstream)`` returns the result, or raises :class:`Fail` or
-    :class:`orchestrator.Skip`. Stops when nothing is QUEUED, after ``steps`` attempts, or
+    ``body(key, kwargs, upstream)`` returns the result, or raises :class:`Fail`,
+    :class:`orchestrator.Skip` or :class:`orchestrator.Defer` (a sensor's falsy result waits for
+    its next check, as the worker does). Stops when nothing is QUEUED, after ``steps`` attempts, or
     once ``until`` says so."""
     store = orc.store
     if run_id is None:
@@ -84,12 +88,22 @@ def drive(
         claim = store.attempts.claim(run_id, task.key, task.attempt, "w:1", 60.0, task.task_name)
         assert isinstance(claim, Claim), task.key
         driven.ran.append((task.key, claim.kwargs, claim.upstream_results))
+        if claim.resumed is not None:
+            driven.resumed[task.key] = claim.resumed
         try:
             result = body(task.key, claim.kwargs, claim.upstream_results)
+        except Defer as exc:
+            store.waits.defer(run_id, task.key, task.attempt, json.dumps(exc.spec()), 10_000)
         except Skip as exc:
             store.attempts.skip(run_id, task.key, task.attempt, exc.reason, 10_000)
         except Fail as exc:
             store.attempts.fail(run_id, task.key, task.attempt, error=str(exc), window=10_000, retryable=False)
         else:
+            if claim.sensor is not None and not result:
+                from orchestrator.worker import sensor_defer
+
+                spec = sensor_defer(claim.sensor, claim.resumed)
+                store.waits.defer(run_id, task.key, task.attempt, json.dumps(spec), 10_000)
+                continue
             store.attempts.succeed(run_id, task.key, task.attempt, result, 10_000)
     return driven

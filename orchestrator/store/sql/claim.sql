@@ -6,7 +6,8 @@
 -- children's results in map order, those that succeeded; a child of a map has its map's
 -- parents) or {"claimed": false, "conflict"} with the rejected event written (nothing is
 -- written for an unknown task). A child of a map mapped item by item gets its item, the result
--- of the same key's child of the map before it, as its mapped keyword.
+-- of the same key's child of the map before it, as its mapped keyword. A sensor's claim adds
+-- "sensor" (its polling spec), a deferred body's called again "resumed" (orc_wake_v1).
 
 CREATE OR REPLACE FUNCTION orc_claim_v2(p_run text, p_key text, p_attempt integer, p_worker text,
     p_lease double precision, p_task text)
@@ -26,7 +27,7 @@ BEGIN
                            lease_expires_at = now() + make_interval(secs => p_lease), worker = p_worker
     WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'QUEUED' AND t.attempt = p_attempt
       AND t.task_name = p_task
-    RETURNING t.args, t.kwargs, t.wants_upstream, t.map_parent, t.map_item_from INTO row;
+    RETURNING t.args, t.kwargs, t.wants_upstream, t.map_parent, t.map_item_from, t.wait_spec, t.wait_resume INTO row;
     IF NOT FOUND THEN
         conflict := orc_reject_v1(p_run, p_key, p_attempt, 'RUNNING', 'worker',
                                   'claim by ' || p_worker || ' for a message of ' || p_task);
@@ -50,6 +51,12 @@ BEGIN
         FROM orc_edges e JOIN orc_tasks t ON t.run_id = e.run_id AND t.key = e.parent_key
         WHERE e.run_id = p_run AND e.child_key = coalesce(row.map_parent, p_key)
           AND (t.state = 'SUCCEEDED' OR t.map_spec IS NOT NULL AND t.state IN ('MAPPED', 'FAILED'));
+    END IF;
+    IF row.wait_spec IS NOT NULL OR row.wait_resume IS NOT NULL THEN
+        -- a sensor's polling, and what a body called again after it deferred gets
+        RETURN json_build_object('claimed', true, 'args', row.args, 'kwargs', kwargs,
+                                 'wants_upstream', row.wants_upstream, 'upstream', coalesce(upstream, '{}'::json),
+                                 'sensor', row.wait_spec, 'resumed', row.wait_resume);
     END IF;
     RETURN json_build_object('claimed', true, 'args', row.args, 'kwargs', kwargs,
                              'wants_upstream', row.wants_upstream, 'upstream', coalesce(upstream, '{}'::json));

@@ -61,7 +61,8 @@ BEGIN
         UPDATE orc_tasks t SET state = 'PENDING', attempt = t.attempt + 1, result = NULL, error = NULL,
             finished_at = NULL, started_at = NULL, dispatched_at = NULL, heartbeat_at = NULL,
             lease_expires_at = NULL, worker = NULL, ready_at = NULL, not_before = NULL, skip_reason = NULL,
-            fingerprint = NULL, fingerprint_streak = 0, lease_losses = 0
+            fingerprint = NULL, fingerprint_streak = 0, lease_losses = 0,
+            waiting = NULL, wait_event = NULL, wait_match = NULL, wake_at = NULL, wait_resume = NULL
         FROM old WHERE t.run_id = p_run AND t.key = old.key
         RETURNING t.key, t.attempt, old.state AS was, old.result AS had
     ), logged AS (
@@ -143,6 +144,7 @@ BEGIN
            'PENDING', p_actor, p_by, 'decided again: ' || p_key || ' ' || why, true, now()
     FROM moved m;
     UPDATE orc_tasks x SET state = p_state, finished_at = now(), lease_expires_at = NULL,
+        wait_event = NULL, wait_match = NULL, wake_at = NULL,
         attempt = x.attempt + (x.state IN ('QUEUED', 'RUNNING'))::int,
         skip_reason = CASE WHEN p_state = 'SKIPPED' THEN 'user' END,
         error = CASE WHEN p_state = 'FAILED' THEN coalesce(x.error, why) END
@@ -296,7 +298,7 @@ BEGIN
     END LOOP;
     FOR r IN SELECT t.key, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded, t.n_failed, t.n_upstream_failed,
                     t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped, t.min_success_ratio,
-                    t.map_spec IS NOT NULL AS mapped
+                    t.map_spec IS NOT NULL AS mapped, t.flow = 'wait' AS waits
              FROM orc_tasks t WHERE t.run_id = p_run AND t.key = ANY (targets) AND t.state = 'PENDING'
              ORDER BY t.key LOOP
         verdict := CASE WHEN r.n_upstream = 0 OR r.trigger_rule = 'always' THEN 'READY'
@@ -316,6 +318,14 @@ BEGIN
             VALUES (p_run, m.key, m.attempt, 'PENDING', 'SKIPPED', p_actor, p_by,
                     'branch_not_taken: its branch keeps its choice (' || p_reason || ')', true, now());
             readied := readied + orc_settle_v2(p_run, m.key, 'SKIPPED', m.children, p_actor, p_by);
+            CONTINUE;
+        END IF;
+        IF verdict = 'READY' AND r.waits THEN
+            m := NULL;
+            SELECT (orc_wait_v1(p_run, r.key, p_actor, p_by, p_reason)) AS x INTO m;
+            IF m.x IS NOT NULL AND m.x->>'state' <> 'WAITING' THEN
+                readied := readied + orc_settle_v2(p_run, r.key, m.x->>'state', m.x->'children', p_actor, p_by);
+            END IF;
             CONTINUE;
         END IF;
         IF verdict = 'READY' AND r.mapped THEN

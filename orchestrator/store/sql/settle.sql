@@ -4,7 +4,8 @@
 -- primary key: never a scan of the run), decides the child's trigger rule (orc_decide_v2),
 -- moves decided children PENDING -> READY / SKIPPED / UPSTREAM_FAILED with their ledger rows
 -- (a verdict reached before every parent is done says "early verdict"), expands a mapped child
--- whose rule says READY (orc_expand_v1) instead, and cascades the terminal ones the same way.
+-- whose rule says READY (orc_expand_v1) and begins a wait node's wait (orc_wait_v1) instead,
+-- and cascades the terminal ones the same way.
 -- A finished child of a map is also counted into its map's header: a wide map inserts its next
 -- window of children (orc_map_window_v1), a map held by max_active admits its next waiting
 -- child, and the header closes (MAPPED -> SUCCEEDED / FAILED /
@@ -59,7 +60,7 @@ BEGIN
                 WHERE t.run_id = p_run AND t.key = kid
                 RETURNING t.key, t.state, t.attempt, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded,
                           t.n_failed, t.n_upstream_failed, t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped,
-                          t.min_success_ratio, t.map_spec IS NOT NULL AS mapped INTO r;
+                          t.min_success_ratio, t.map_spec IS NOT NULL AS mapped, t.flow = 'wait' AS waits INTO r;
                 CONTINUE WHEN NOT FOUND OR r.state <> 'PENDING';
                 verdict := orc_decide_v2(r.trigger_rule, r.n_upstream, r.n_done, r.n_succeeded, r.n_failed,
                                          r.n_upstream_failed, r.n_skipped, r.n_setup, r.n_setup_ok,
@@ -81,6 +82,19 @@ BEGIN
                         q_setup := q_setup || false;
                         q_parents := q_parents || NULL::text;
                     END IF;
+                    CONTINUE;
+                END IF;
+                IF verdict = 'READY' AND r.waits THEN
+                    -- a wait node waits as a row (orc_wait_v1); one whose event had come, or
+                    -- whose instant is past, succeeds at once and is cascaded here
+                    expanded := orc_wait_v1(p_run, r.key, p_actor, p_by, why);
+                    CONTINUE WHEN expanded IS NULL OR expanded->>'state' = 'WAITING';
+                    closed := closed + 1;
+                    q_keys := q_keys || r.key;
+                    q_states := q_states || (expanded->>'state');
+                    q_children := q_children || (expanded->'children');
+                    q_setup := q_setup || false;
+                    q_parents := q_parents || NULL::text;
                     CONTINUE;
                 END IF;
                 UPDATE orc_tasks t SET

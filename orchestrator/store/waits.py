@@ -1,0 +1,147 @@
+"""Waits and events (``store/sql/wait.sql``): emit an event or a signal and wake what waits for
+it, defer a running body, answer an approval, wake the waits that are due, prune old events.
+
+Every wake is ``orc_wake_v1``'s compare-and-set on the WAITING row's attempt, in the transaction
+that wrote the event (or found the wait due), so an event is matched exactly once against the
+waits that exist when it commits, and a wait that begins after it finds it by looking back
+(``orc_wait_v1``): the emitter and the waiter serialise on the event key's advisory lock.
+What a wake made READY is admitted in the same transaction; the caller publishes the returned
+dispatches after the commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .. import schema as s
+from ..errors import OperatorError, RunNotFound, TaskNotFound
+from ..models import Dispatch
+from ..states import TaskState as T
+from .admission import Admission
+from .database import Database
+
+t_tasks, t_runs, t_emitted = s.tasks, s.runs, s.emitted
+
+_EMIT = sa.text("SELECT orc_emit_v1(:tenant, :key, CAST(:payload AS jsonb), :event_id, :run, :by)").bindparams(
+    sa.bindparam("payload", type_=sa.String)
+)
+_WAKE_DUE = sa.text("SELECT orc_wake_due_v1(:limit, 'reconciler')")
+_DEFER = sa.text("SELECT orc_defer_v1(:run, :key, :attempt, CAST(:spec AS jsonb), 'worker')")
+_WAKE = sa.text("SELECT orc_wake_v1(:run, :key, :attempt, :how, CAST(:payload AS jsonb), 'operator', :by, :reason)")
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """What an emit did: the event's row id, whether its ``event_id`` was seen before (then it
+    woke nothing), how many waiting tasks it woke and the dispatches to publish."""
+
+    id: int
+    event_id: str
+    duplicate: bool
+    woken: int
+    dispatches: list[Dispatch]
+
+
+class Waits:
+    def __init__(self, db: Database, admission: Admission) -> None:
+        self.db = db
+        self.admission = admission
+
+    def emit(
+        self, tenant: str, key: str, payload_json: str, event_id: str, run_id: str | None, by: str | None, window: int
+    ) -> Emitted:
+        """Write the event and wake its waits (``orc_emit_v1``), then admit what they made READY."""
+
+        def tx(conn: Connection) -> Emitted:
+            out = conn.execute(
+                _EMIT,
+                {"tenant": tenant, "key": key, "payload": payload_json, "event_id": event_id, "run": run_id, "by": by},
+            ).scalar_one()
+            dispatches = self.admission.admit(conn, window) if out["readied"] else []
+            return Emitted(int(out["id"]), event_id, bool(out["duplicate"]), int(out["woken"]), dispatches)
+
+        return self.db.transaction(tx)
+
+    def defer(
+        self, run_id: str, key: str, attempt: int, spec_json: str, window: int
+    ) -> tuple[bool, str | None, list[Dispatch]]:
+        """RUNNING -> WAITING for ``attempt`` (``orc_defer_v1``); the slot it held goes to other
+        READY work at once. Returns (accepted, conflict, dispatches)."""
+
+        def tx(conn: Connection) -> tuple[bool, str | None, list[Dispatch]]:
+            out = conn.execute(_DEFER, {"run": run_id, "key": key, "attempt": attempt, "spec": spec_json}).scalar_one()
+            if not out["accepted"]:
+                return False, out.get("conflict"), []
+            return True, None, self.admission.admit(conn, window)
+
+        return self.db.transaction(tx)
+
+    def answer(
+        self, run_id: str, key: str, how: str, payload_json: str, by: str, reason: str, window: int, tenant: str | None
+    ) -> list[Dispatch]:
+        """A person's answer to an approval node (``approve`` / ``reject``), or an operator's end
+        of any wait: the task must be WAITING for an approval (any wait, for ``how`` ``skip``).
+        Raises :class:`RunNotFound`, :class:`TaskNotFound`, :class:`OperatorError`; nothing is
+        written then."""
+
+        def tx(conn: Connection) -> list[Dispatch]:
+            where = [t_runs.c.id == run_id] + ([t_runs.c.tenant == tenant] if tenant is not None else [])
+            if conn.execute(sa.select(t_runs.c.id).where(*where)).first() is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            row = conn.execute(
+                sa.select(t_tasks.c.state, t_tasks.c.attempt, t_tasks.c.waiting)
+                .where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
+                .with_for_update()
+            ).first()
+            if row is None:
+                raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
+            kind = (row.waiting or {}).get("kind")
+            if row.state != T.WAITING.value or kind != "approval":
+                held = f"{row.state}" + (f" (waiting for {kind})" if kind and kind != "approval" else "")
+                raise OperatorError(f"task {key!r} of run {run_id} is not waiting for an approval: it is {held}")
+            conn.execute(
+                _WAKE,
+                {"run": run_id, "key": key, "attempt": row.attempt, "how": how, "payload": payload_json, "by": by,
+                 "reason": reason},
+            )  # fmt: skip
+            return self.admission.admit(conn, window)
+
+        return self.db.transaction(tx)
+
+    def wake_due(self, limit: int) -> int:
+        """The reconciler's pass: wake (or time out) at most ``limit`` waits due; what they made
+        READY is admitted by the reconciler's admission that follows. Returns how many."""
+
+        def tx(conn: Connection) -> int:
+            return int(conn.execute(_WAKE_DUE, {"limit": limit}).scalar_one()["woken"])
+
+        return self.db.transaction(tx)
+
+    def prune_events(self, older_than_seconds: float, limit: int = 10_000) -> int:
+        """Delete events older than the retention (at most ``limit`` per call, oldest first)."""
+
+        def tx(conn: Connection) -> int:
+            old = (
+                sa.select(t_emitted.c.id)
+                .where(
+                    t_emitted.c.emitted_at < sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, 0, older_than_seconds)
+                )
+                .order_by(t_emitted.c.emitted_at)
+                .limit(limit)
+                .scalar_subquery()
+            )
+            return int(conn.execute(t_emitted.delete().where(t_emitted.c.id.in_(old))).rowcount or 0)
+
+        return self.db.transaction(tx)
+
+    def events(self, tenant: str | None, key: str | None = None, limit: int = 100) -> list[Any]:
+        """The newest events (of ``tenant``; of ``key``), newest first."""
+        query = sa.select(t_emitted).order_by(t_emitted.c.id.desc()).limit(limit)
+        if tenant is not None:
+            query = query.where(t_emitted.c.tenant == tenant)
+        if key is not None:
+            query = query.where(t_emitted.c.key == key)
+        return list(self.db.read(lambda conn: conn.execute(query).all()))
