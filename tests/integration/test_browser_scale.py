@@ -7,9 +7,9 @@ middle layer is moved to SUCCEEDED, 10 of it to FAILED, with one bulk SQL UPDATE
 printed: the run page's size and time to serve (the first request, which lays the DAG out, and a
 second), and Chromium's time to draw it (navigation start to the page's script marking it
 ready). The first view is served without the drawing, which its script fetches (the DAG is laid
-out once per run); later views have it inline. Asserted: < 2 MB, < 2 s to serve (the target, 1 s, is printed), < 5 s to draw;
-the middle layer is one counted box; a task is found through the key search, and through "next"
-paging. ``serve`` runs with ``ORCHESTRATOR_UI_AUTH`` set to a token: the browser logs in with
+out once per run); later views have it inline. Asserted: < 2 MB, < 2 s to serve (the target, 1 s,
+is printed), < 5 s to draw; the middle layer is one counted box; a task is found through the key
+search, and through "next" paging. ``serve`` runs with ``ORCHESTRATOR_UI_AUTH`` set to a token: the browser logs in with
 ``/login?token=``, scripts send ``Authorization: Bearer``.
 """
 
