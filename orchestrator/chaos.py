@@ -20,6 +20,11 @@ rewrites. Eleven kinds of fault:
 - ``clock_jump``: worker ``chaos0``'s clock jumps by 1-10 minutes, forward or back;
 - ``duplicate_publish``: a queued or running task's message published a second time.
 
+About two DAGs in five also wait (``orchestrator.waits``): an event wait with a match, a short
+sleep, a body that raises ``Defer`` until its event, sometimes a sensor whose check says "not yet"
+a few times. The soak emits their events (and a decoy that matches nothing) a random 0-3 s after
+the submit, while the faults go on: retried through a fault under the same event id.
+
 The faults are dealt from a shuffled deck (every kind once per round) so every kind is
 injected early and about as often; a fault that lasts (a pause, a cut, a partition, a restart)
 is healed later by the main loop while other faults go on.
@@ -396,6 +401,8 @@ class Deployment:
 RETRY: dict[str, Any] = {"max_attempts": 10, "backoff": {"base": 0.2, "cap": 1.0}}
 #: the shapes a soak DAG takes beyond its plain probe nodes (``plain``: none)
 SHAPES = ("plain", "map", "branch", "skip")
+#: the share of soak DAGs that also wait (events, a sleep, a deferred body, a sensor)
+WAITING_SHARE = 0.4
 
 
 def random_dag(rng: random.Random, i: int) -> DAG:
@@ -424,6 +431,8 @@ def random_dag(rng: random.Random, i: int) -> DAG:
         _branching(dag, rng, above)
     elif shape == "skip":
         _skipping(dag, rng, above)
+    if rng.random() < WAITING_SHARE:
+        _waiting(dag, rng, rng.sample(keys, k=rng.randint(0, 1)), i)
     return dag
 
 
@@ -465,6 +474,47 @@ def _skipping(dag: DAG, rng: random.Random, above: list[str]) -> None:
     gate = dag.task("gate", D + "item", kwargs={"x": rng.choice([0, 1])}, short_circuit=True, **RETRY)
     after = dag.task("gated", P + "sleep", kwargs={"seconds": 0.1}, upstream=[gate], **RETRY)
     dag.task("gated_after", P + "noop", upstream=[after], **RETRY)
+
+
+def _waiting(dag: DAG, rng: random.Random, above: list[str], i: int) -> None:
+    """ev (an event wait with a match), nap (a short sleep), df (a body deferring until its
+    event, with a saved state), sometimes a sensor; ``woken`` below them (their results)."""
+    ev = dag.wait("ev", event=f"chaos.{i}", match={"i": i}, upstream=above)
+    nap = dag.wait("nap", delay=round(rng.uniform(0.1, 2.0), 2), upstream=above)
+    df = dag.task("df", P + "deferring", kwargs={"event": f"chaos.{i}.resume", "match": {"i": i}, "state": {"i": i},
+                  "seconds": round(rng.uniform(0.0, 0.3), 2)}, upstream=above, **RETRY)  # fmt: skip
+    waits = [ev, nap, df]
+    if rng.random() < 0.5:
+        # (a sensor's backoff is its interval's factor: its retries back off by the default)
+        waits.append(dag.sensor("sense", P + "not_yet", kwargs={"times": rng.randint(0, 2)}, every=0.3,
+                                backoff=1.5, upstream=above, max_attempts=RETRY["max_attempts"]))  # fmt: skip
+    dag.task("woken", P + "echo", upstream=waits, **RETRY)
+
+
+@dataclass(frozen=True)
+class Emit:
+    """An event the soak emits for a waiting DAG (``event_id`` makes a retry a duplicate)."""
+
+    key: str
+    payload: dict[str, Any]
+    tenant: str
+    event_id: str
+
+
+def emits_for(dag: DAG, event_id: str) -> list[Emit]:
+    """The events that wake ``dag``'s event waits and deferred bodies (each payload its match
+    and more), plus a decoy per key that matches none of them."""
+    out: list[Emit] = []
+    for node in dag.nodes.values():
+        if node.wait is not None and node.wait.kind == "event" and node.wait.event is not None:
+            key, match = node.wait.event, dict(node.wait.match or {})
+        elif node.task == P + "deferring":
+            key, match = str(node.kwargs["event"]), dict(node.kwargs.get("match") or {})
+        else:
+            continue
+        out.append(Emit(key, {**match, "from": "chaos"}, dag.tenant, f"{event_id}-{node.key}"))
+        out.append(Emit(key, {"i": -1, "decoy": True}, dag.tenant, f"{event_id}-{node.key}-decoy"))
+    return out
 
 
 @dataclass
@@ -696,6 +746,7 @@ def run_chaos(
     # two generators, so the DAGs do not depend on how the faults interleave with them
     rng = random.Random(seed)
     fault_rng = random.Random(seed + 1_000_003)
+    emit_rng = random.Random(seed + 2_000_003)  # when the events come
     data = Path(tempfile.mkdtemp(prefix="orc-chaos-"))
     pg: PrivatePostgres | None = None
     dep: Deployment | None = None
@@ -734,6 +785,10 @@ def run_chaos(
         finished = 0
         restarts = 0
         pending = list(range(runs))
+        #: (when, event) emits due: each waiting DAG's events, a little after its submit
+        emits: list[tuple[float, Emit]] = []
+        emitted = woken = 0
+        drawn: dict[int, DAG] = {}
         while time.monotonic() - started < timeout:
             injector.heal_due()
             for name in dep.supervise():
@@ -748,12 +803,30 @@ def run_chaos(
                 next_look = time.monotonic() + 0.25
             if up and pending and len(run_ids) - finished < 8:
                 i = pending.pop(0)
+                # a submit a fault interrupted is tried again with the same DAG and key
+                dag = drawn.pop(i, None) or random_dag(rng, i)
                 try:
-                    run_ids.append(orc.submit(random_dag(rng, i), idempotency_key=f"chaos-{seed}-{i}").id)
+                    run_ids.append(orc.submit(dag, idempotency_key=f"chaos-{seed}-{i}").id)
+                    now = time.monotonic()
+                    emits += [(now + 3.0 * emit_rng.random(), e) for e in emits_for(dag, f"chaos-{seed}-{i}")]
                 except Exception as exc:  # noqa: BLE001 - a fault hit the submit; retry the same key later
                     echo(f"submit {i} failed during a fault ({type(exc).__name__}); retrying")
                     pending.insert(0, i)
+                    drawn[i] = dag
                     time.sleep(0.5)
+            if up and emits:
+                due = [pair for pair in emits if pair[0] <= time.monotonic()]
+                for pair in due:
+                    emits.remove(pair)
+                    e = pair[1]
+                    try:
+                        done = orc.emit(e.key, e.payload, event_id=e.event_id, tenant=e.tenant)
+                    except Exception as exc:  # noqa: BLE001 - a fault hit the emit; again, same event id
+                        echo(f"emit {e.key} failed during a fault ({type(exc).__name__}); retrying")
+                        emits.append((time.monotonic() + 0.5, e))
+                        break
+                    emitted += 0 if done.duplicate else 1
+                    woken += done.woken
             enough_faults = sum(injector.counts.values()) >= min_faults
             if not pending and not enough_faults:
                 # faults only mean something while there is work: keep the deployment busy
@@ -764,7 +837,8 @@ def run_chaos(
                 except Exception as exc:  # noqa: BLE001 - a failed injection is reported, the soak goes on
                     echo(f"fault injection failed: {exc!r}")
                 next_fault = time.monotonic() + fault_interval * (0.5 + rng.random())
-            if not pending and enough_faults and not injector.heals and up and _finished(orc, run_ids) == len(run_ids):
+            if (not pending and not emits and enough_faults and not injector.heals and up
+                    and _finished(orc, run_ids) == len(run_ids)):  # fmt: skip
                 break
             time.sleep(0.05)
         injector.heal_due(everything=True)
@@ -776,6 +850,8 @@ def run_chaos(
         problems = _safe_check(orc, run_ids)
         report = _summary(orc, run_ids, problems, injector, recovered, time.monotonic() - started)
         report["restarts"] = restarts
+        report["emitted"], report["woken"] = emitted, woken
+        report["waits"] = _waits(orc, run_ids)
     finally:
         if dep is not None:
             dep.stop()
@@ -814,6 +890,20 @@ def _finished(orc: Orchestrator, run_ids: list[str]) -> int:
     return 0
 
 
+def _waits(orc: Orchestrator, run_ids: list[str]) -> int:
+    """Accepted transitions into WAITING (a wait began, a body deferred, a sensor said not yet)."""
+    query = sa.text(
+        "SELECT count(*) FROM orc_task_events WHERE run_id = ANY(:ids) AND to_state = 'WAITING' AND accepted"
+    )
+    for _ in range(5):
+        try:
+            with orc.store.engine.connect() as conn:
+                return int(conn.execute(query, {"ids": run_ids}).scalar_one())
+        except sa.exc.DBAPIError:
+            time.sleep(0.2)
+    return -1
+
+
 def _safe_check(orc: Orchestrator, run_ids: list[str]) -> list[str]:
     for _ in range(5):
         try:
@@ -830,7 +920,8 @@ def _summary(
     states = reads.task_states(run_ids)
     executions = sum(int(e[3]) for e in reads.snapshot(run_ids).effects)
     rejected = reads.rejected_events(run_ids)
-    stuck = sum(n for st, n in states.items() if st in ("PENDING", "READY", "QUEUED", "RUNNING", "RETRYING", "MAPPED"))
+    unfinished = ("PENDING", "READY", "QUEUED", "RUNNING", "RETRYING", "MAPPED", "WAITING")
+    stuck = sum(n for st, n in states.items() if st in unfinished)
     by_kind: dict[str, dict[str, Any]] = {}
     for kind in sorted(injector.counts):
         waits = [f.recovery for f in injector.faults if f.kind == kind and f.recovery is not None]
@@ -873,6 +964,8 @@ def _format(r: dict[str, Any]) -> list[str]:
         most = "-" if k["recovery_max"] is None else f"{k['recovery_max']}s"
         lines.append(f"  {kind:<18} {k['count']:>5}   {median} / {most}")
     lines += [
+        f"waits begun: {r.get('waits', 0)}  events emitted: {r.get('emitted', 0)}  waits and bodies they woke:"
+        f" {r.get('woken', 0)}",
         f"processes that exited by themselves and were restarted: {r.get('restarts', 0)}",
         f"lost: {r['lost']}  committed twice: {r['committed_twice']}  stuck: {r['stuck']}",
         f"time to recover (last fault's end -> every run final): {r['recovery_seconds']}s  (soak took {r['seconds']}s)",

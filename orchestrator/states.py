@@ -96,7 +96,8 @@ TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     (T.RUNNING, T.WAITING): frozenset({"worker"}),
     # woken: a wait node ends with its event's payload (or None); a deferred body is called again
     (T.WAITING, T.SUCCEEDED): frozenset({"event", "reconciler", "operator"}),
-    (T.WAITING, T.READY): frozenset({"event", "reconciler", "operator"}),
+    # ("worker": a body that defers on an event that had already come is READY again at once)
+    (T.WAITING, T.READY): frozenset({"event", "reconciler", "operator", "worker"}),
     # its deadline passed (WaitTimeout, or on_timeout="skip"); an approval rejected
     (T.WAITING, T.FAILED): frozenset({"reconciler", "operator"}),
     (T.WAITING, T.SKIPPED): frozenset({"reconciler", "operator"}),

@@ -14,6 +14,7 @@ import signal
 import time
 from typing import Any
 
+from orchestrator import Defer
 from orchestrator.celery_app import get_app
 from orchestrator.process import current_orchestrator
 from orchestrator.store.probes import record_effect
@@ -132,3 +133,36 @@ def whoami(self: Any) -> dict[str, Any]:
         return {}
     when = ctx.logical_date
     return {"run_id": ctx.run_id, "key": ctx.key, "attempt": ctx.attempt, "logical_date": when and when.isoformat()}
+
+
+@app.task(bind=True)
+def deferring(
+    self: Any,
+    event: str = "go",
+    match: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+    seconds: float = 0.0,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Until it is resumed, raise :class:`orchestrator.Defer` for ``event`` (a payload
+    containing ``match``) saving ``state`` (on attempt 1, after sleeping ``seconds``); called
+    again after the wait, return what it was resumed with (``current_context().resumed``) and
+    its attempt."""
+    _effect()
+    ctx = current_context()
+    if ctx is None or ctx.resumed is None:
+        if seconds and (ctx is None or ctx.attempt == 1):
+            time.sleep(float(seconds))
+        raise Defer(event=event, match=match, state=state, timeout=timeout)
+    return {"resumed": ctx.resumed, "attempt": ctx.attempt}
+
+
+@app.task(bind=True)
+def not_yet(self: Any, times: int = 2) -> dict[str, Any] | None:
+    """A sensor's check: ``None`` ("not yet") on its first ``times`` checks, then
+    ``{"checks": n}`` (``n`` the "not yet" answers before it, from the sensor's saved state)."""
+    _effect()
+    ctx = current_context()
+    saved = ((ctx.resumed or {}).get("state") or {}) if ctx is not None else {}
+    checks = int(saved.get("checks", 0))
+    return {"checks": checks} if checks >= int(times) else None
