@@ -46,6 +46,7 @@ from .. import schema as s
 from .admission import Admission
 from .attempts import Attempts
 from .backend import make_engine
+from .cleanup import Cleanup
 from .dags import DagRows
 from .database import Database, new_run_id
 from .deadlines import Deadlines
@@ -59,6 +60,7 @@ from .schedules import ScheduleRows
 from .settlement import Settlement
 from .submission import Submission
 from .tenants import Tenants
+from .triggers import TriggerRows
 from .waits import Waits
 from .workers import WorkerRegistry
 
@@ -99,8 +101,10 @@ class Store:
         self.tenants = Tenants(self.db)
         self.limits = Limits(self.db)
         self.schedule_rows = ScheduleRows(self.db)
+        self.triggers = TriggerRows(self.db)
         self.dags = DagRows(self.db)
         self.waits = Waits(self.db, self.admission)
+        self.cleanup = Cleanup(self.db)
         self.deadlines = Deadlines(self.db, self.ledger)
 
     @property
