@@ -7,9 +7,12 @@ django-celery-beat and RedBeat).
 
 Each beat pass runs :meth:`orchestrator.schedules.Schedules.tick`: the due schedules (judged by
 the database clock) fire, each under its row lock, so any number of beats may run side by side
-and an instant still fires once. Schedules added, changed or paused through the CLI or the API
-are read on every pass, at most ``ORCHESTRATOR_BEAT_INTERVAL`` seconds apart: no restart. Entries
-of Celery's own ``beat_schedule`` are not used (the project's app has none).
+and an instant still fires once; then :meth:`orchestrator.triggers.Triggers.tick`: the event
+triggers' firings left open (their emitter died before finishing them, or they wait for room
+under ``max_active_runs``) start their runs, one per (trigger, event). Schedules and triggers
+added, changed or paused through the CLI or the API are read on every pass, at most
+``ORCHESTRATOR_BEAT_INTERVAL`` seconds apart: no restart. Entries of Celery's own
+``beat_schedule`` are not used (the project's app has none).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class DatabaseScheduler(Scheduler):  # type: ignore[misc]
-    """Fires the schedules of ``orc_schedules`` through the app's orchestrator."""
+    """Fires the schedules of ``orc_schedules``, and the event triggers' open firings, through
+    the app's orchestrator."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._orc: Orchestrator | None = None
@@ -46,7 +50,9 @@ class DatabaseScheduler(Scheduler):  # type: ignore[misc]
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One scheduler pass; returns the seconds to sleep before the next."""
         try:
-            return float(self.orchestrator.schedules.tick())
+            wait = float(self.orchestrator.schedules.tick())
+            self.orchestrator.triggers.tick()
+            return wait
         except Exception:
             # a pass must never end beat: log it and try again after the interval
             log.exception("scheduler pass failed")

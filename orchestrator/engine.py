@@ -65,6 +65,7 @@ from .waits import check_event_key
 if TYPE_CHECKING:
     from .dag_registry import DagRegistry, DagVersion
     from .scheduling import Schedules
+    from .triggers import Triggers
 
 log = logging.getLogger(__name__)
 #: the longest event id (``emit(..., event_id=...)``)
@@ -217,6 +218,7 @@ class Orchestrator:
         logical_date: str | None = None,
         schedule: str | None = None,
         dag_version: int | None = None,
+        trigger: str | None = None,
     ) -> RunHandle:
         """Validate ``dag``, store it as a run in one transaction, then admit and publish
         what live workers can take (a second transaction, after the run is committed).
@@ -227,9 +229,10 @@ class Orchestrator:
         ``schedule`` (the scheduler's, :mod:`orchestrator.schedules`) must name an existing
         schedule of the run's tenant, with a ``logical_date``. ``dag_version`` is the registered
         version the DAG was built from (:meth:`submit_registered`, a schedule on a registered DAG;
-        recorded on the run). A run by hand of a DAG that is registered and paused still runs;
-        its handle's ``warnings`` say so. Raises :class:`ValidationError` (nothing is written or
-        published) for bad input.
+        recorded on the run). ``trigger`` names the event trigger that started the run
+        (:mod:`orchestrator.triggers`; recorded on the run). A run by hand of a DAG that is
+        registered and paused still runs; its handle's ``warnings`` say so. Raises
+        :class:`ValidationError` (nothing is written or published) for bad input.
         """
         dag = self.check(dag, tenant=tenant)
         if idempotency_key is not None:
@@ -262,6 +265,7 @@ class Orchestrator:
             logical_date=logical_date,
             schedule=schedule,
             dag_version=dag_version,
+            trigger=trigger,
         )
         if created:
             self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
@@ -321,6 +325,8 @@ class Orchestrator:
             owner, key, body, self._event_id(event_id), None, by, self.settings.dispatch_window
         )
         self.publisher.publish(done.dispatches)
+        if not done.duplicate:  # the event triggers' runs (any beat finishes what this leaves)
+            self.triggers.finish(done.id)
         return done
 
     def signal(
@@ -728,6 +734,14 @@ class Orchestrator:
         from .scheduling import Schedules
 
         return Schedules(self, self.store.schedule_rows.scoped(self.tenant))
+
+    @cached_property
+    def triggers(self) -> Triggers:
+        """The deployment's event triggers (:mod:`orchestrator.triggers`): add, pause, remove,
+        and the pass that ``orchestrator beat`` runs."""
+        from .triggers import Triggers
+
+        return Triggers(self, self.store.triggers.scoped(self.tenant))
 
     # ------------------------------------------------------------------ pools and limits
 

@@ -45,6 +45,7 @@ COLOURS: dict[str, str] = {
     "CANCELLED": "#a9a9a9",
     "DEAD_LETTER": "#8b1a1a",
     "MAPPED": "#8fd3c1",
+    "WAITING": "#c7b8ea",
     "MIXED": "#ffffff",
 }
 #: states drawn with white text (dark fills)

@@ -118,6 +118,9 @@ class TaskView:
     #: a mapped node (its children's header): {"total", "done", "succeeded", "failed",
     #: "skipped"} once it is MAPPED or closed, else None
     map_counts: dict[str, int] | None = None
+    #: what a WAITING task waits for (the row's ``waiting``: ``{"kind": "event" | "sleep" |
+    #: "approval" | "sensor" | "defer", "event", "match", "until", "deadline", ...}``), else None
+    waiting: dict[str, Any] | None = None
 
     @property
     def duration(self) -> float | None:
@@ -151,6 +154,7 @@ class TaskView:
                 else {}
             ),
             **({"map": self.map_counts} if self.map_counts is not None else {}),
+            **({"waiting": self.waiting} if self.waiting is not None else {}),
         }
 
 

@@ -121,7 +121,7 @@ CHANGES_LIMIT = 500
 SKELETONS = 4
 #: the run page's script (served at /static/run.js)
 RUN_SCRIPT = Path(__file__).parent / "static" / "run.js"
-ACTIONS = ("retry", "skip", "fail", "clear", "mark")
+ACTIONS = ("retry", "skip", "fail", "clear", "mark", "approve", "reject")
 #: what a mark may set (the form's ``state``): the page's words, and the states' own names
 MARKS = {"success": TaskState.SUCCEEDED, "failed": TaskState.FAILED, "skipped": TaskState.SKIPPED}
 #: the most cleared keys a clear's banner names (the JSON answer holds them all)
@@ -793,6 +793,7 @@ def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[
                 "box": skeleton.box_of.get(t.map_parent or t.key) if skeleton else None,
                 "skip_reason": t.skip_reason,
                 "map": t.map_counts,
+                "waiting": t.waiting,
             }
             for t in tasks
         },
@@ -1030,6 +1031,11 @@ class _Act(_Base):
             to = _mark_state(self)
             held: TaskState = await self.blocking(orc.mark, run_id, key, to, by=by)
             return Done(f"{key}: marked {to.value} (was {held.value})", run_id, {"state": to.value, "was": held.value})
+        if action in ("approve", "reject"):
+            comment = self.get_argument("comment", "").strip() or None
+            answer = orc.approve if action == "approve" else orc.reject
+            await self.blocking(answer, run_id, key, by=by, comment=comment)
+            return Done(f"{key}: {action}d", run_id, {"comment": comment})
         fn = {"retry": orc.retry_task, "skip": orc.skip_task, "fail": orc.fail_task}[action]
         await self.blocking(fn, run_id, key, by=by)
         return Done(f"{key}: {action} done", run_id)
@@ -1132,6 +1138,41 @@ class ApiAction(_Act):
         self.write({"ok": True, "run": run_id, "key": key, "action": action, "done": done.text, **done.extra})
 
 
+class ApiEvents(_Base):
+    """``POST /api/events`` with a JSON body ``{"key", "payload", "event_id"}``: emit an event
+    as the credential's tenant (a credential bound to a tenant emits for it only; one for every
+    tenant may name ``"tenant"``, else ``default``). Answers ``{"ok": true, "id", "event_id",
+    "duplicate", "woken"}``, or ``{"error"}`` with 400 (bad input) or 403 (another tenant)."""
+
+    api = True
+
+    async def post(self) -> None:
+        self.require_write()
+        orc = self.orc
+        body = self.request.body or b""
+        if len(body) > 2 * orc.settings.max_event_bytes + 4096:
+            raise tornado.web.HTTPError(413, reason="event body too large (ORCHESTRATOR_MAX_EVENT_BYTES)")
+        try:
+            doc = json.loads(body or b"null")
+        except ValueError:
+            raise ValidationError("the body must be a JSON object {key, payload, event_id}") from None
+        if not isinstance(doc, dict):
+            raise ValidationError("the body must be a JSON object {key, payload, event_id}")
+        unknown = set(doc) - {"key", "payload", "event_id", "tenant"}
+        if unknown:
+            raise ValidationError(f"unknown field(s) {sorted(unknown)}; an event has key, payload, event_id")
+        tenant = doc.get("tenant")
+        cred = self.current_user
+        if tenant is not None and cred is not None and cred.tenant is not None and tenant != cred.tenant:
+            raise tornado.web.HTTPError(403, reason=f"this credential emits for tenant {cred.tenant!r} only")
+        done = await self.blocking(
+            orc.emit, doc.get("key"), doc.get("payload"), event_id=doc.get("event_id"), tenant=tenant, by=self.by()
+        )
+        self.write(
+            {"ok": True, "id": done.id, "event_id": done.event_id, "duplicate": done.duplicate, "woken": done.woken}
+        )
+
+
 class Metrics(_Base):
     page = False  # a scraper: 401, never the login form
 
@@ -1175,6 +1216,7 @@ def make_app(orc: Orchestrator, *, auth: str = "", bind: str = "127.0.0.1", cook
             (r"/static/run\.js", RunScript),
             ("/api" + RUN_ACTION, ApiAction),
             ("/api" + TASK_ACTION, ApiAction),
+            (r"/api/events", ApiEvents),
         ],
         orc=orc,
         access=access,

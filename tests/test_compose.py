@@ -8,6 +8,7 @@ turns that off, in which case an ``orchestrator reconcile`` service must exist).
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import shlex
@@ -347,3 +348,22 @@ def test_serve_requires_credentials_and_publishes_on_loopback(services: dict[str
         Access("", host)  # without them, serve would refuse to start there
     assert all(str(p).startswith("127.0.0.1:") for p in serve["ports"])
     assert depends(serve, "migrate") == "service_completed_successfully"
+
+
+def test_the_triggers_file_applies(tmp_path: Path, pg_clean: str) -> None:
+    """``config/triggers.yaml`` (``orchestrator on apply``) is valid, and an event it matches
+    starts a run that would submit."""
+    from orchestrator import Orchestrator
+    from orchestrator.celery_app import create_app
+
+    settings = Settings.from_env({}, data_dir=str(tmp_path), database_url=pg_clean)
+    orc = Orchestrator(settings, app=create_app(settings, main="compose-triggers"))
+    try:
+        applied = orc.triggers.apply(ROOT / "config" / "triggers.yaml")
+        assert [(t.name, t.event, t.factory) for t in applied] == [
+            ("demo-etl-on-landing", "data.landed", "tasks.dags:daily_etl")
+        ]
+        dag, _ = orc.triggers.build(applied[0], dt.datetime.now(dt.UTC), {"source": "demo", "tz": "Europe/Paris"})
+        orc.check(dag)
+    finally:
+        orc.store.dispose()

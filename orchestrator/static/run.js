@@ -13,7 +13,8 @@
   var COLOURS = {
     PENDING: '#f0f0f0', READY: '#d6e4f0', QUEUED: '#b0c4de', RUNNING: '#7fd67f', RETRYING: '#f5d742',
     SUCCEEDED: '#2e8b57', FAILED: '#e0443e', UPSTREAM_FAILED: '#f29d49', SKIPPED: '#f4a6d7',
-    CANCELLED: '#a9a9a9', DEAD_LETTER: '#8b1a1a', MAPPED: '#8fd3c1', MIXED: '#ffffff'
+    CANCELLED: '#a9a9a9', DEAD_LETTER: '#8b1a1a', MAPPED: '#8fd3c1', WAITING: '#c7b8ea',
+    MIXED: '#ffffff'
   };
   var DARK = { SUCCEEDED: 1, FAILED: 1, DEAD_LETTER: 1 };
   var BOX_W = 170, BOX_H = 46;
@@ -104,6 +105,12 @@
     });
   }
 
+  function waitText(w) {
+    if (w.kind === 'approval') return 'an approval';
+    if (w.event) return 'event ' + w.event + (w.match ? ' matching ' + JSON.stringify(w.match) : '');
+    return w.kind + (w.until ? ' until ' + w.until : '');
+  }
+
   function paintRow(key, t) {
     var row = document.getElementById('task-' + key);
     if (!row) return;  // not on this page of the table
@@ -119,8 +126,12 @@
     text(row.querySelector('.c-worker'), t.worker || '');
     var cell = row.querySelector('.c-error');
     if (cell) {
-      cell.textContent = t.error || '';  // a waiting reason is stale once the task moved on
+      // a waiting reason is stale once the task moved on
+      cell.textContent = t.error || (t.waiting ? 'waiting for ' + waitText(t.waiting) : '');
     }
+    row.querySelectorAll('form.approval').forEach(function (f) {
+      f.hidden = !(t.state === 'WAITING' && t.waiting && t.waiting.kind === 'approval');
+    });
   }
 
   function paintCounts(counts) {

@@ -91,6 +91,7 @@ def task_view(r: Any) -> TaskView:
             if r.map_spec is not None and r.state in ("MAPPED", "SUCCEEDED", "FAILED", "SKIPPED")
             else None
         ),
+        waiting=dict(r.waiting) if r.state == "WAITING" and getattr(r, "waiting", None) else None,
     )
 
 

@@ -39,6 +39,7 @@ class Submission:
         logical_date: str | None = None,
         schedule: str | None = None,
         dag_version: int | None = None,
+        trigger: str | None = None,
     ) -> tuple[str, bool]:
         """Insert the run, its tasks, edges and first events in one transaction.
 
@@ -104,6 +105,7 @@ class Submission:
                     created_at=now,
                     schedule=schedule,
                     dag_version=dag_version,
+                    trigger=trigger,
                     deadline_seconds=dag.deadline,
                     deadline_at=due.get(None),
                     on_deadline=dag.on_deadline.value if dag.has_deadlines else None,

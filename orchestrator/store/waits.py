@@ -22,6 +22,7 @@ from ..models import Dispatch
 from ..states import TaskState as T
 from .admission import Admission
 from .database import Database
+from .triggers import record_firings
 
 t_tasks, t_runs, t_emitted = s.tasks, s.runs, s.emitted
 
@@ -60,6 +61,8 @@ class Waits:
                 _EMIT,
                 {"tenant": tenant, "key": key, "payload": payload_json, "event_id": event_id, "run": run_id, "by": by},
             ).scalar_one()
+            if run_id is None and not out["duplicate"]:  # the event triggers' firings, with the event
+                record_firings(conn, tenant, key, payload_json, int(out["id"]))
             dispatches = self.admission.admit(conn, window) if out["readied"] else []
             return Emitted(int(out["id"]), event_id, bool(out["duplicate"]), int(out["woken"]), dispatches)
 

@@ -274,3 +274,32 @@ def test_clear_rerun_and_mark_from_the_run_page(
     assert again.wait(timeout=60).state is RunState.SUCCEEDED
     assert again.task("transform").attempt == 1 and again.task("load").state is TaskState.SUCCEEDED
     assert csp_violations(driver) == []
+
+
+def test_approve_a_waiting_task_from_the_run_page(
+    orc: Orchestrator, worker: WorkerProcess, server: Server, browser: object
+) -> None:
+    """An approval node WAITING is drawn as such and offers Approve / Reject; Approve (after its
+    confirmation) lets the run go on to SUCCEEDED, recorded with who approved."""
+    from selenium.webdriver.common.by import By
+
+    dag = DAG("approve_page")
+    dag.approval("sign-off")
+    dag.task("ship", P + "echo", upstream=["sign-off"])
+    run = orc.submit(dag)
+    wait_for("the approval to wait", lambda: run.task("sign-off").state is TaskState.WAITING, timeout=30)
+
+    driver = browser
+    driver.get(server.login)  # type: ignore[attr-defined]
+    driver.get(f"{server.base}/runs/{run.id}")  # type: ignore[attr-defined]
+    wait_for("the drawing", lambda: drawn(driver).get("sign-off") == "WAITING", timeout=30)
+    row = driver.find_element(By.ID, "task-sign-off")  # type: ignore[attr-defined]
+    assert row.get_attribute("data-state") == "WAITING"
+    assert row.find_elements(By.CSS_SELECTOR, 'button[data-action="reject"]')
+    row.find_element(By.CSS_SELECTOR, 'button[data-action="approve"]').click()
+    confirm(driver)
+    assert "sign-off: approved" in banner_of(driver)
+    assert run.wait(timeout=60).state is RunState.SUCCEEDED
+    answer = run.task("sign-off").result
+    assert answer["approved"] is True and answer["by"] == "token (web from 127.0.0.1)"
+    assert csp_violations(driver) == []

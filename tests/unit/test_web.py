@@ -982,3 +982,87 @@ def test_submit_warns_and_status_shows_maps_and_skips(
     # the drawing of the CLI: one box for the map
     mermaid = CliRunner().invoke(cli.main, ["graph", d.run_id, "--format", "mermaid"]).output
     assert "m \u00d73<br/>3 ok" in mermaid and "m[" not in mermaid and "skipped: branch_not_taken" in mermaid
+
+
+def gate(name: str = "gate") -> DAG:
+    """An approval node and a wait for the event ``go``, then a task after both."""
+    dag = DAG(name)
+    dag.approval("ok")
+    dag.wait("go", event="go", match={"n": 1})
+    dag.task("after", "t.ok", upstream=["ok", "go"])
+    return dag
+
+
+class TestWaitsAndEvents(WebCase):
+    """A WAITING task on the run page (its colour, what it waits for), Approve / Reject (as the
+    other actions: XSRF, ``by``, a refusal that writes nothing), and ``POST /api/events``."""
+
+    auth = TENANTS_AUTH
+    bind = "0.0.0.0"
+
+    def emit(self, doc: Any, **headers: str) -> Any:
+        body = doc if isinstance(doc, (str, bytes)) else json.dumps(doc)
+        return self.fetch(
+            "/api/events", method="POST", body=body,
+            headers=self._headers({"Content-Type": "application/json", **headers}, True), follow_redirects=False,
+        )  # fmt: skip
+
+    def test_approve_and_reject_from_the_run_page_and_the_api(self) -> None:
+        run = self.orc.submit(gate())
+        self.session = {"Cookie": self.log_in(TOKEN)}
+        html = self.get(f"/runs/{run.id}").body.decode()
+        row = html.split('<tr id="task-ok"')[1].split("</tr>")[0]
+        assert 'data-state="WAITING"' in row
+        assert f'action="/runs/{run.id}/tasks/ok/approve"' in row and f'action="/runs/{run.id}/tasks/ok/reject"' in row
+        go = html.split('<tr id="task-go"')[1].split("</tr>")[0]
+        assert "/approve" not in go and "go" in go  # an event wait: no approval buttons
+        assert drawing.COLOURS["WAITING"] in html  # the legend (and the drawing) colour WAITING
+        doc = json.loads(self.get(f"/api/runs/{run.id}").body)
+        waits = {t["key"]: t.get("waiting") for t in doc["tasks"]}
+        assert waits["ok"]["kind"] == "approval" and waits["go"]["event"] == "go" and waits["after"] is None
+        token, headers = self.xsrf()
+        assert self.post(f"/runs/{run.id}/tasks/ok/approve", {"comment": "x"}).code == 403  # no XSRF
+        assert self.orc.task(run.id, "ok").state.value == "WAITING"
+        done = self.post(f"/runs/{run.id}/tasks/ok/approve", {"_xsrf": token, "comment": "ship it"}, **headers)
+        assert done.code == 303 and done.headers["Location"] == f"/runs/{run.id}", done.body
+        ok = self.orc.task(run.id, "ok")
+        assert ok.state.value == "SUCCEEDED" and ok.waiting is None
+        assert ok.result["approved"] is True and ok.result["comment"] == "ship it"
+        assert ok.result["by"].endswith("(web from 127.0.0.1)")
+        # answered already: a named refusal that writes nothing
+        before = len(self.orc.events(run.id))
+        again = self.post(f"/api/runs/{run.id}/tasks/ok/reject", {"_xsrf": token}, **headers)
+        assert again.code == 400 and "not waiting for an approval" in json.loads(again.body)["error"]
+        assert len(self.orc.events(run.id)) == before
+        other = self.orc.submit(gate("gate2"))
+        api = self.post(f"/api/runs/{other.id}/tasks/ok/reject", {"_xsrf": token, "comment": "no"}, **headers)
+        assert api.code == 200, api.body
+        assert json.loads(api.body) | {"done": ""} == {
+            "ok": True, "run": other.id, "key": "ok", "action": "reject", "done": "", "comment": "no",
+        }  # fmt: skip
+        assert self.orc.task(other.id, "ok").state.value == "FAILED"
+
+    def test_post_api_events_emits_as_the_credentials_tenant(self) -> None:
+        mine = self.orc.submit(gate(), tenant="acme")
+        theirs = self.orc.submit(gate(), tenant="bravo")
+        done = self.emit({"key": "go", "payload": {"n": 1}, "event_id": "e1"}, **bearer(ACME_TOKEN))
+        assert done.code == 200, done.body
+        answer = json.loads(done.body)
+        assert answer | {"id": 0} == {"ok": True, "id": 0, "event_id": "e1", "duplicate": False, "woken": 1}
+        assert self.orc.task(mine.id, "go").state.value != "WAITING"
+        assert self.orc.task(theirs.id, "go").state.value == "WAITING"  # another tenant's wait
+        twice = json.loads(self.emit({"key": "go", "payload": {"n": 1}, "event_id": "e1"}, **bearer(ACME_TOKEN)).body)
+        assert twice["duplicate"] is True and twice["woken"] == 0
+        refused = self.emit({"key": "go", "tenant": "bravo"}, **bearer(ACME_TOKEN))
+        assert refused.code == 403 and "acme" in json.loads(refused.body)["error"]
+        for bad in ({"key": "bad key!"}, {"key": "go", "payload": [1]}, {"key": "go", "when": 1}, "[1]", "{nope"):
+            answer = self.emit(bad, **bearer(ACME_TOKEN))
+            assert answer.code == 400 and json.loads(answer.body)["error"], (bad, answer.body)
+        assert self.emit({"key": "go"}).code == 401  # no credential
+        # a credential for every tenant names the tenant (else: default)
+        admin = self.emit({"key": "go", "payload": {"n": 1}, "tenant": "bravo"}, **bearer(TOKEN))
+        assert admin.code == 200 and json.loads(admin.body)["woken"] == 1
+        assert self.orc.task(theirs.id, "go").state.value != "WAITING"
+        events = self.orc.store.waits.events(None)
+        assert {e.tenant for e in events} == {"acme", "bravo"}
+        assert all("(web from 127.0.0.1)" in (e.by or "") for e in events)
