@@ -405,6 +405,7 @@ def status(run_id: str, as_json: bool) -> None:
     logical = f"  logical date {view.logical_date}" if view.logical_date else ""
     version = f"  version {view.dag_version}" if view.dag_version is not None else ""
     again = f"  rerun of {view.rerun_of}" if view.rerun_of else ""
+    again += f"  trigger {view.trigger}" if view.trigger else ""
     click.echo(
         f"run {view.id}  dag {view.dag}{version}  tenant {view.tenant}  state {view.state.value}{attention}{fired}"
         f"{logical}{again}"

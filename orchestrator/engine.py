@@ -205,7 +205,10 @@ class Orchestrator:
 
     @cached_property
     def reconciler(self) -> Reconciler:
-        return Reconciler(self.store, self.publisher, self.settings, after=self._after)
+        return Reconciler(
+            self.store, self.publisher, self.settings, after=self._after,
+            triggers=lambda: sum(1 for f in self.triggers.tick() if f.state == "fired"),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ submit
 

@@ -181,6 +181,8 @@ class RunView:
     dag_version: int | None = None
     #: the run this one runs again (``orchestrator rerun``), or ``None``
     rerun_of: str | None = None
+    #: the event trigger that started the run (``orchestrator on add``), or ``None``
+    trigger: str | None = None
 
     @property
     def needs_attention(self) -> bool:
@@ -205,6 +207,7 @@ class RunView:
             "schedule": self.schedule,
             "dag_version": self.dag_version,
             "rerun_of": self.rerun_of,
+            "trigger": self.trigger,
         }
 
 

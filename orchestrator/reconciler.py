@@ -1,8 +1,10 @@
 """The reconciler: the polling safety net that finds lost work from the database.
 
 A pass (:meth:`Reconciler.run_pass`) releases due retries, re-publishes QUEUED tasks
-unclaimed past the dispatch timeout, fails attempts whose lease deadline passed, judges the
-run and task deadlines that fell due (a miss is recorded once and alerted; a DAG with
+unclaimed past the dispatch timeout, fails attempts whose lease deadline passed, wakes the waits
+whose instant came and times out those whose deadline passed (``orc_wake_due_v1``), deletes
+events past their retention, finishes the event triggers' open firings, judges the run and
+task deadlines that fell due (a miss is recorded once and alerted; a DAG with
 ``on_deadline="cancel"`` has its run cancelled), admits READY work into free capacity and
 closes runs whose counter missed their end. Each item is
 handled on its own: an error is logged and counted, and the pass goes on. Every action is a
@@ -45,6 +47,7 @@ ACTIONS = (
     "deadline_cancels",
     "waits_woken",
     "events_pruned",
+    "trigger_firings",
     "dispatched",
     "runs_finalized",
     "errors",
@@ -71,11 +74,15 @@ class Reconciler:
         settings: Settings,
         *,
         after: Callable[[Outcome, str, str], None] | None = None,
+        triggers: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
         self.settings = settings
         self.after = after or (lambda outcome, run_id, key: self.publisher.publish(outcome.dispatches))
+        #: finishes the event triggers' open firings (left by an emitter that died, or waiting for
+        #: room under max_active_runs), so they never depend on a beat running; returns how many
+        self.triggers = triggers
         #: stale dispatches seen behind an idle slot, and when first (monotonic): re-published
         #: only when a later pass, half a tick on at least, sees them so again
         self._idle_seen: dict[tuple[str, str, int, Any], float] = {}
@@ -123,6 +130,8 @@ class Reconciler:
         )
         if admitted:
             report["dispatched"] += self.publisher.publish(admitted)
+        if self.triggers is not None:
+            report["trigger_firings"] = guarded("finishing event triggers' firings", self.triggers) or 0
         finalized = guarded("closing finished runs", recovery.finalize_runs)
         report["runs_finalized"] = finalized or 0
         self._deadlines(report, guarded)

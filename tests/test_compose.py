@@ -33,7 +33,7 @@ EXPECTED_ENV = {
     "ORCHESTRATOR_BROKER_URL": "redis://redis:6379/0",
     "ORCHESTRATOR_DATA_DIR": "/var/lib/orchestrator",
 }
-PROJECT_SERVICES = ("migrate", "schedules", "worker", "beat", "flower", "serve")
+PROJECT_SERVICES = ("migrate", "schedules", "triggers", "worker", "beat", "flower", "serve")
 
 
 @pytest.fixture(scope="module")
@@ -348,6 +348,11 @@ def test_serve_requires_credentials_and_publishes_on_loopback(services: dict[str
         Access("", host)  # without them, serve would refuse to start there
     assert all(str(p).startswith("127.0.0.1:") for p in serve["ports"])
     assert depends(serve, "migrate") == "service_completed_successfully"
+
+
+def test_the_triggers_service_applies_the_triggers_file(services: dict[str, Any]) -> None:
+    assert argv(services["triggers"]) == ["orchestrator", "on", "apply", "config/triggers.yaml"]
+    assert depends(services["triggers"], "migrate") == "service_completed_successfully"
 
 
 def test_the_triggers_file_applies(tmp_path: Path, pg_clean: str) -> None:

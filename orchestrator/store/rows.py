@@ -51,6 +51,7 @@ def run_view(row: Any, counts: dict[str, int]) -> RunView:
         schedule=row.schedule,
         dag_version=row.dag_version,
         rerun_of=row.rerun_of,
+        trigger=row.trigger,
     )
 
 
