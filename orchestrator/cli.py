@@ -248,6 +248,66 @@ def check() -> None:
     click.echo(f"schema matches orchestrator/schema.py at revision {head}")
 
 
+def _cut_off(text: str) -> Any:
+    """``--before``: an ISO 8601 date or date-time (UTC without an offset), or an age: ``30d``,
+    ``12h``, ``90m``."""
+    import datetime as dt
+    import re
+
+    found = re.fullmatch(r"(\d{1,6})([dhm])", text.strip())
+    if found:
+        unit = {"d": "days", "h": "hours", "m": "minutes"}[found.group(2)]
+        return dt.datetime.now(dt.UTC) - dt.timedelta(**{unit: int(found.group(1))})
+    try:
+        moment = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give an ISO 8601 date or date-time, or an age such as 30d, 12h") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+@db.command("clean")
+@click.option(
+    "--before",
+    "before",
+    required=True,
+    help="Remove runs created and finished before this: a date, a date-time or an age (30d, 12h).",
+)
+@click.option(
+    "--archive",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Append what is removed to this file first (JSON lines, one run with its tasks, edges and ledger each).",
+)
+@click.option("--batch", type=click.IntRange(1, 10_000), default=500, show_default=True, help="Runs per transaction.")
+@click.option("--dry-run", is_flag=True, help="Only count what would be removed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the totals as JSON.")
+def db_clean(before: str, archive: str | None, batch: int, dry_run: bool, as_json: bool) -> None:
+    """Prune the ledger: remove the final runs (SUCCEEDED, FAILED, CANCELLED) created and finished
+    before --before, with their tasks, edges and ledger rows, in short batches (a RUNNING run is
+    never touched; the hot path is not held up). One tenant's only with `orchestrator --tenant T`."""
+    cut = _cut_off(before)
+    orc = _ready_store()
+    cleanup = orc.store.cleanup
+    if dry_run:
+        found = cleanup.count(cut, tenant=orc.tenant)
+    elif archive is not None:
+        with open(archive, "a", encoding="utf-8") as out:
+            found = cleanup.clean(cut, batch=batch, tenant=orc.tenant, archive=out)
+    else:
+        found = cleanup.clean(cut, batch=batch, tenant=orc.tenant)
+    if as_json:
+        _dump({"before": cut.isoformat(), "dry_run": dry_run, **found.to_json()})
+        return
+    what = "would remove" if dry_run else "removed"
+    states = ", ".join(f"{n} {st.lower()}" for st, n in sorted(found.by_state.items())) or "none"
+    click.echo(
+        f"{what} {found.runs:,} run(s) ({states}) created before {cut.isoformat(timespec='seconds')}:"
+        f" {found.tasks:,} task(s), {found.edges:,} edge(s), {found.events:,} ledger row(s)"
+        + ("" if dry_run else f" in {found.batches} batch(es)")
+        + (f"; archived to {archive}" if archive and not dry_run else "")
+    )
+
+
 @main.group()
 def embedded() -> None:
     """The embedded default's PostgreSQL (ORCHESTRATOR_DATABASE_URL unset): the first process

@@ -96,3 +96,28 @@ def test_a_run_reopened_by_a_clear_is_not_removed(orc: Orchestrator) -> None:
     cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
     assert orc.store.cleanup.clean(cut).runs == 0
     assert orc.run_state(run_id).value == "RUNNING"
+
+
+def test_the_db_clean_command(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from orchestrator import cli
+
+    monkeypatch.setattr(cli, "_ready_store", lambda: orc)
+    runner = CliRunner()
+    old = drive(orc, chain()).run_id
+    age(orc, old, 40)
+    keep = drive(orc, chain()).run_id
+    dry = runner.invoke(cli.main, ["db", "clean", "--before", "30d", "--dry-run"])
+    assert dry.exit_code == 0 and dry.stdout.startswith("would remove 1 run(s) (1 succeeded)"), dry.output
+    archive = Path(str(tmp_path)) / "old.jsonl"
+    done = runner.invoke(cli.main, ["db", "clean", "--before", "30d", "--archive", str(archive), "--json"])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout)
+    assert report["runs"] == 1 and report["tasks"] == 2 and report["batches"] == 1
+    assert json.loads(archive.read_text().splitlines()[0])["run"]["id"] == old
+    assert [r.id for r in orc.runs(limit=5)] == [keep]
+    bad = runner.invoke(cli.main, ["db", "clean", "--before", "last tuesday"])
+    assert bad.exit_code == 2 and "ISO 8601" in bad.output
