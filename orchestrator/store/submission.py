@@ -119,8 +119,9 @@ class Submission:
             for node in dag.nodes.values():
                 if _starts(node) and node.map is not None:
                     self._expand_root(conn, run_id, node.key)
-                elif _starts(node) and node.wait is not None:
-                    self._wait_root(conn, run_id, node.key)
+            waits = [n.key for n in dag.nodes.values() if _starts(n) and n.wait is not None]
+            if waits:
+                self._wait_roots(conn, run_id, waits)
             return run_id, True
 
         try:
@@ -145,18 +146,21 @@ class Submission:
         with self.db.engine.begin() as conn:
             conn.execute(t_runs.update().where(t_runs.c.id == run_id).values(rerun_of=first))
 
-    def _wait_root(self, conn: Connection, run_id: str, key: str) -> None:
-        """A wait node that starts with its run begins to wait now (``orc_wait_v1``); one whose
-        event had come or whose instant is past ends at once and is settled."""
+    def _wait_roots(self, conn: Connection, run_id: str, keys: list[str]) -> None:
+        """The wait nodes that start with their run begin to wait now (``orc_wait_v1``, one round
+        trip for all of them); one whose event had come or whose instant is past ends at once and
+        is settled."""
         check_transition(T.PENDING, T.WAITING, SUBMIT.role)
-        out = conn.execute(
-            sa.text("SELECT orc_wait_v1(:run, :key, 'submit', NULL, 'root')"), {"run": run_id, "key": key}
-        ).scalar_one()
-        if out is not None and out["state"] != T.WAITING.value:
-            conn.execute(
-                sa.text("SELECT orc_settle_v2(:run, :key, :state, CAST(:children AS json), 'submit', NULL)"),
-                {"run": run_id, "key": key, "state": out["state"], "children": json.dumps(out.get("children"))},
-            )
+        began = conn.execute(
+            sa.text("SELECT k, orc_wait_v1(:run, k, 'submit', NULL, 'root') FROM unnest(CAST(:keys AS text[])) AS k"),
+            {"run": run_id, "keys": keys},
+        ).all()
+        for key, out in began:
+            if out is not None and out["state"] != T.WAITING.value:
+                conn.execute(
+                    sa.text("SELECT orc_settle_v2(:run, :key, :state, CAST(:children AS json), 'submit', NULL)"),
+                    {"run": run_id, "key": key, "state": out["state"], "children": json.dumps(out.get("children"))},
+                )
 
     def _expand_root(self, conn: Connection, run_id: str, key: str) -> None:
         """A mapped node that starts with its run (its items are literal lists) becomes its

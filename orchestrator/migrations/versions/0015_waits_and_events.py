@@ -27,6 +27,7 @@ TS = sa.DateTime(timezone=True)
 
 NEW_SIGNATURES = (
     "orc_wait_v1(text, text, text, text, text)",
+    "orc_event_lock_v1(text, text)",
     "orc_wait_text_v1(text, text, jsonb, timestamp with time zone, timestamp with time zone)",
     "orc_wait_until_v1(jsonb, timestamp with time zone)",
     "orc_wake_v1(text, text, integer, text, jsonb, text, text, text)",
@@ -763,9 +764,10 @@ $$;
 -- (an instant), "at" + "tz" (the next such wall time in that zone) or "delay" (seconds), or
 -- {"kind": "approval"} (orchestrator approve | reject); any of them with "timeout" (seconds) and
 -- "on_timeout" ("fail" or "skip"). The instant and the deadline are absolute, fixed now. An
--- event wait first takes the key's lock (an emit of that key takes it too: a wait that begins
--- while its event commits sees it) and looks back "lookback" seconds for a matching event: found,
--- the node SUCCEEDS at once with the payload; a sleep already past succeeds at once with null.
+-- event wait first takes the key's lock (orc_event_lock_v1; an emit of that key takes it too: a
+-- wait that begins while its event commits sees it) and looks back "lookback" seconds for a
+-- matching event: found, the node SUCCEEDS at once with the payload; a sleep already past
+-- succeeds at once with null.
 -- Returns {"state": "WAITING"} or {"state": "SUCCEEDED", "children"} (the caller settles it), or
 -- NULL when the task is no longer PENDING.
 
@@ -793,7 +795,7 @@ BEGIN
     until := orc_wait_until_v1(spec, now());
     deadline := CASE WHEN spec ? 'timeout' THEN now() + make_interval(secs => (spec->>'timeout')::float8) END;
     IF kind = 'event' THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended(r.tenant || '/' || (spec->>'event'), 0));
+        PERFORM orc_event_lock_v1(r.tenant, spec->>'event');
         SELECT e.payload INTO found_payload FROM orc_events e
         WHERE e.tenant = r.tenant AND e.key = spec->>'event' AND (e.run_id IS NULL OR e.run_id = p_run)
           AND e.payload @> coalesce(spec->'match', '{}'::jsonb)
@@ -827,6 +829,19 @@ BEGIN
             true, now());
     RETURN json_build_object('state', 'WAITING');
 END
+$$;
+
+-- orc_event_lock_v1: the lock an emit of an event key and a wait that begins on it take, held
+-- to the end of the transaction, so that either the emit sees the wait or the wait sees the
+-- event. Keys share 256 locks (a two-key advisory lock in its own class: never the admission's):
+-- a transaction that begins waits on thousands of keys (a submit, a settlement) holds at most
+-- 256 locks, within the server's shared lock table; two keys of a bucket only serialise.
+
+CREATE OR REPLACE FUNCTION orc_event_lock_v1(p_tenant text, p_key text)
+ RETURNS void
+ LANGUAGE sql
+AS $$
+    SELECT pg_advisory_xact_lock(1869768553, (hashtextextended(p_tenant || '/' || p_key, 0) & 255)::integer)
 $$;
 
 -- orc_wait_text_v1: what a wait waits for, as the ledger and explain say it.
@@ -960,7 +975,7 @@ DECLARE
     readied int := 0;
     n int;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_tenant || '/' || p_key, 0));
+    PERFORM orc_event_lock_v1(p_tenant, p_key);
     INSERT INTO orc_events (tenant, key, event_id, payload, run_id, emitted_at, by)
     VALUES (p_tenant, p_key, p_event_id, p_payload, p_run, now(), p_by)
     ON CONFLICT (tenant, event_id) DO NOTHING
@@ -1069,7 +1084,7 @@ BEGIN
             CASE kind WHEN 'sensor' THEN 'its check said not yet' ELSE 'deferred' END || '; waits for '
             || orc_wait_text_v1(kind, p_spec->>'event', p_spec->'match', until, deadline), true, now());
     IF p_spec ? 'event' THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended(r.tenant || '/' || (p_spec->>'event'), 0));
+        PERFORM orc_event_lock_v1(r.tenant, p_spec->>'event');
         SELECT e.payload INTO found_payload FROM orc_events e
         WHERE e.tenant = r.tenant AND e.key = p_spec->>'event' AND (e.run_id IS NULL OR e.run_id = p_run)
           AND e.payload @> coalesce(p_spec->'match', '{}'::jsonb)
