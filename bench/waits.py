@@ -320,8 +320,8 @@ class WaitsBench:
         runs: dict[int, tuple[str, str]] = {}  # k -> (order, run id)
         errors: list[str] = []
         blocked_sql = sa.text(
-            "select count(*) from pg_locks where locktype = 'advisory' and not granted"
-            " and ((classid::bigint << 32) | objid::bigint) = hashtextextended(:lk, 0)"
+            "select count(*) from pg_locks where locktype = 'advisory' and not granted and objsubid = 2"
+            " and classid::bigint = 1869768553 and objid::bigint = (hashtextextended(:lk, 0) & 255)"
         )
 
         def dag_for(k: int, key: str) -> Any:
@@ -376,7 +376,8 @@ class WaitsBench:
                 if not first_emit:
                     jobs.reverse()
                 with holder_engine.connect() as holder:
-                    holder.execute(sa.text("select pg_advisory_xact_lock(hashtextextended(:lk, 0))"), {"lk": lock_key})
+                    # the key's lock, as orc_emit_v1 and orc_wait_v1 take it (orc_event_lock_v1)
+                    holder.execute(sa.text("select orc_event_lock_v1('default', :key)"), {"key": key})
                     ths = []
                     for queued, job in enumerate(jobs, start=1):
                         th = threading.Thread(target=job)

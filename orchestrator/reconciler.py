@@ -59,6 +59,8 @@ DEADLINE_BATCH = 100
 #: second is woken within one pass up to their product)
 WAKE_BATCH = 1000
 WAKE_ROUNDS = 20
+#: seconds between two deletions of the events past their retention, per reconciler
+PRUNE_EVERY = 60.0
 
 
 class Reconciler:
@@ -83,6 +85,8 @@ class Reconciler:
         #: finishes the event triggers' open firings (left by an emitter that died, or waiting for
         #: room under max_active_runs), so they never depend on a beat running; returns how many
         self.triggers = triggers
+        #: when this reconciler next deletes the events past their retention (monotonic)
+        self._next_prune = 0.0
         #: stale dispatches seen behind an idle slot, and when first (monotonic): re-published
         #: only when a later pass, half a tick on at least, sees them so again
         self._idle_seen: dict[tuple[str, str, int, Any], float] = {}
@@ -119,9 +123,11 @@ class Reconciler:
             report["waits_woken"] += woken
             if woken < WAKE_BATCH:
                 break
-        report["events_pruned"] = (
-            guarded("pruning old events", lambda: self.store.waits.prune_events(s.event_retention_seconds)) or 0
-        )
+        if time.monotonic() >= self._next_prune:  # a delete of a few old rows: once a minute is enough
+            self._next_prune = time.monotonic() + PRUNE_EVERY
+            report["events_pruned"] = (
+                guarded("pruning old events", lambda: self.store.waits.prune_events(s.event_retention_seconds)) or 0
+            )
         # one admission per pass, after everything above made its tasks READY; deadlines after
         # it, so a slow alert webhook never delays dispatch (slots a deadline's cancel frees
         # are admitted by the next pass)
