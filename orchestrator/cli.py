@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -1322,7 +1323,10 @@ def on() -> None:
 @click.option("--event", "event", required=True, help="The event key that starts it.")
 @click.option("--match", default=None, metavar="JSON", help="A JSON object the event's payload must contain.")
 @click.option("--spec", "spec_file", default=None, help="A DAG spec file (YAML/JSON), snapshotted now.")
-@click.option("--dag", "factory", default=None, help="Or: a factory module:function(logical_date, params) -> DAG.")
+@click.option(
+    "--dag", "factory", default=None, metavar="FACTORY|SPEC",
+    help="Or: a factory module:function(logical_date, params) -> DAG, or a spec file.",
+)  # fmt: skip
 @click.option(
     "--registered", default=None, metavar="NAME[@N]",
     help="Or: a DAG of the registry (orchestrator dag register): its latest version when it fires, or N.",
@@ -1338,7 +1342,14 @@ def on_add(
     name: str, event: str, match: str | None, spec_file: str | None, factory: str | None, registered: str | None,
     params: str | None, max_active_runs: int | None, paused: bool | None,
 ) -> None:  # fmt: skip
-    """Add the event trigger NAME, or replace its definition."""
+    """Add the event trigger NAME, or replace its definition. --dag takes a factory
+    module:function or, as --spec does, a spec file (a path ending .yaml, .yml or .json)."""
+    if (
+        factory is not None
+        and spec_file is None
+        and (factory.endswith((".yaml", ".yml", ".json")) or Path(factory).is_file())
+    ):
+        spec_file, factory = factory, None
     found = _triggers().add(
         name, event=event, match=_json_object(match, "--match"), spec=spec_file, dag=factory, registered=registered,
         params=_json_object(params, "--params"), max_active_runs=max_active_runs, paused=paused,

@@ -237,3 +237,87 @@ def test_postgres_restarted_while_a_thousand_tasks_wait(cluster: Cluster, privat
     verified(cluster, *run_ids)
     print(f"\n{total} waiting after {all_waiting:.1f}s; all {RUNS} runs final {finished:.1f}s after the first"
           f" emit; the scenario took {time.monotonic() - started:.1f}s")  # fmt: skip
+
+
+# ---------------------------------------------------------------- event triggers, doubled
+
+
+TRIGGER_TOKEN = "trigger-fault-token-0123456789"
+
+
+def test_two_beats_and_two_serves_start_one_run_per_trigger_and_event(cluster: Cluster, tmp_path: Path) -> None:
+    """An event trigger with everything doubled: two ``orchestrator beat`` (each finishing open
+    firings on its pass), two ``orchestrator serve`` taking ``POST /api/events``, every event
+    posted to both at once (the same event id), and one serve killed with -9 half-way. From the
+    database: one run per (trigger, event), every firing fired, no event stored twice."""
+    import json as jsonlib
+    import threading
+    import urllib.request
+
+    from tests.fault.test_beat import beat
+    from tests.integration.conftest import serving
+
+    spec = tmp_path / "on-order.yaml"
+    spec.write_text("name: on-order\nnodes:\n  - {key: only, task: tasks.probes.noop, kwargs: {}}\n")
+    out = cluster.cli("on", "add", "orders", "--event", "order.new", "--spec", str(spec))
+    assert out.returncode == 0, out.stderr + out.stdout
+    beats = [beat(cluster, "beat-a"), beat(cluster, "beat-b")]
+    env = cluster.env(ORCHESTRATOR_UI_AUTH=TRIGGER_TOKEN)
+    n = 40
+    failures: list[str] = []
+
+    def post(base: str, i: int) -> None:
+        body = jsonlib.dumps({"key": "order.new", "payload": {"order": i}, "event_id": f"order-{i}"}).encode()
+        request = urllib.request.Request(
+            base + "/api/events", data=body, method="POST",
+            headers={"Authorization": f"Bearer {TRIGGER_TOKEN}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                if r.status != 200:
+                    failures.append(f"{base} {i}: {r.status}")
+        except OSError as exc:  # the serve killed below: its half of the pair may fail, the other's counts
+            failures.append(f"{base} {i}: {exc}")
+
+    try:
+        with serving(tmp_path / "serve-a.log", env) as (_, base_a), serving(tmp_path / "serve-b.log", env) as (
+            proc_b, base_b,
+        ):  # fmt: skip
+            for i in range(n):
+                pair = [threading.Thread(target=post, args=(b, i)) for b in (base_a, base_b)]
+                for th in pair:
+                    th.start()
+                for th in pair:
+                    th.join(60)
+                if i == n // 2:
+                    proc_b.send_signal(signal.SIGKILL)  # serve B dies: A (and the beats) carry on
+                    proc_b.wait(10)
+                    base_b = base_a
+        cluster.worker("trigger-worker")
+
+        def all_ran() -> bool:
+            with cluster.store.engine.connect() as conn:
+                done = conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(s.runs)
+                    .where(s.runs.c.trigger == "orders", s.runs.c.state == "SUCCEEDED")
+                ).scalar_one()
+            return bool(done >= n)
+
+        cluster.wait_for(all_ran, 120, "every triggered run to finish")
+        with cluster.store.engine.connect() as conn:
+            runs = conn.execute(
+                sa.select(s.runs.c.idempotency_key, s.runs.c.params).where(s.runs.c.trigger == "orders")
+            ).all()
+            firings = conn.execute(sa.select(s.trigger_firings.c.state, s.trigger_firings.c.run_id)).all()
+            events = conn.execute(sa.select(s.emitted.c.event_id)).scalars().all()
+        assert len(runs) == n and len({r.idempotency_key for r in runs}) == n
+        assert sorted(r.params["order"] for r in runs) == list(range(n))
+        assert len(events) == n == len(set(events))  # each event stored once, whatever posted it twice
+        assert [f.state for f in firings] == ["fired"] * n and len({f.run_id for f in firings}) == n
+        assert not [f for f in failures if base_a in f], failures
+        verify = cluster.cli("verify", *[f.run_id for f in firings])
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+    finally:
+        for b in beats:
+            b.stop()

@@ -94,6 +94,9 @@ def test_on_add_list_show_pause_resume_remove(use_cli: CliRunner, orc: Orchestra
          "--params", '{"n": 1}', "--max-active-runs", "2"],
     )  # fmt: skip
     assert added.exit_code == 0 and added.stdout.startswith("trigger orders: on orders.new, spec etl"), added.output
+    as_dag = use_cli.invoke(cli.main, ["on", "add", "by-dag", "--event", "orders.new", "--dag", str(spec)])
+    assert as_dag.exit_code == 0 and "spec etl" in as_dag.stdout, as_dag.output  # --dag FACTORY|SPEC
+    assert use_cli.invoke(cli.main, ["on", "remove", "by-dag"]).exit_code == 0
     refused = use_cli.invoke(
         cli.main, ["on", "add", "bad", "--event", "orders.new", "--match", "[1]", "--spec", str(spec)]
     )
