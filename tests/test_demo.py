@@ -36,7 +36,13 @@ def test_demo_runs_on_the_embedded_default(tmp_path: Path) -> None:
             assert "extract_customers  SUCCEEDED  2" in out  # the flaky extract was retried
             assert out.strip().endswith("SUCCEEDED")
     finally:
+        # another pytest starting meanwhile narrows /tmp/pytest-of-USER to 0700, which the server's
+        # own user (when the tests run as root) must traverse to be stopped: stop copes with it
+        tmp_path.chmod(0o700)
         stop_embedded(tmp_path / ".orchestrator")
+    from orchestrator import embedded
+
+    assert not embedded.status(tmp_path / ".orchestrator" / "pg").running
     assert (tmp_path / ".orchestrator" / "pg" / "PG_VERSION").read_text().strip() == "18"
     # nothing but ./.orchestrator in the working directory (kombu's ./control included)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".orchestrator"]
