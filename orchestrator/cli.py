@@ -840,7 +840,7 @@ def dag_pause(name: str) -> None:
     """Pause the registered DAG NAME: schedules (and events) start no run of it, their firings
     recorded as skipped; a submit by hand still runs, with a warning."""
     found = _dags().pause(name, by=_by())
-    click.echo(f"DAG {found.name} (tenant {found.tenant}) paused: schedules start no run of it")
+    click.echo(f"DAG {found.name} (tenant {found.tenant}) paused: schedules and event triggers start no run of it")
 
 
 @dag.command("unpause")

@@ -95,6 +95,17 @@ class Settings:
     event_retention_seconds: float = 7 * 86400.0
     #: the most bytes of JSON an event's payload (or a signal's, an approval's comment) may hold
     max_event_bytes: int = 64 * 1024
+    #: Postgres connections one process opens at most for its store, shared by its threads
+    #: (waiting for a free one beyond that), and as many again for the hot path's claims and
+    #: outcomes; opened as needed (docs/operations.md counts a deployment's connections)
+    db_pool_size: int = 4
+    #: the database URL goes through a pooler in transaction mode (PgBouncer): no server-side
+    #: prepared statements, no session state on its connections; the reconciler's duty (a
+    #: session advisory lock) then needs ``db_direct_url``
+    db_transaction_pooler: bool = False
+    #: a URL straight to Postgres (not through a pooler) for the reconciler's duty lock, which
+    #: it holds on a connection of its own; empty: the database URL
+    db_direct_url: str = field(default="", repr=False)
     max_nodes: int = 100_000
     max_node_bytes: int = 64 * 1024
     max_params_bytes: int = 256 * 1024
@@ -120,6 +131,8 @@ class Settings:
             values[f.name] = _convert(f.name, raw, getattr(cls, f.name, None))
         values.update(overrides)
         settings = cls(**values)
+        if settings.db_pool_size < 1:
+            raise ConfigurationError(f"{PREFIX}DB_POOL_SIZE={settings.db_pool_size} must be at least 1")
         return settings.with_defaults()
 
     def with_defaults(self) -> Settings:

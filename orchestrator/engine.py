@@ -157,6 +157,9 @@ class Orchestrator:
             # an outage delays an outcome, it never decides it: keep trying while a lease may hold
             retry_seconds=s.lease_seconds,
             priority_aging=s.priority_aging_seconds,
+            pool_size=s.db_pool_size,
+            transaction_pooler=s.db_transaction_pooler,
+            direct_url=s.db_direct_url,
         )
         if s.embedded and self._store is None:
             from . import migrate

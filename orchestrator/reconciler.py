@@ -207,6 +207,7 @@ class ReconcilerService:
         self.name = name
         self.interval = interval
         self.stall_seconds = stall_seconds
+        reconciler.store.db.check_duty()
         self._duty: Connection | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -235,7 +236,7 @@ class ReconcilerService:
                 self._drop_duty()
         conn: Connection | None = None
         try:
-            conn = self.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            conn = self.store.db.duty_connection().execution_options(isolation_level="AUTOCOMMIT")
             backend.prepare_duty_session(conn, label=self.label, stall_seconds=self.stall_seconds)
             if backend.try_reconciler_lock(conn):
                 self._duty = conn

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 import pytest
+import sqlalchemy as sa
 import yaml
 
 from orchestrator.cli import main
@@ -28,8 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 
+DIRECT_URL = "postgresql+psycopg://orchestrator:orchestrator@postgres:5432/orchestrator"
 EXPECTED_ENV = {
-    "ORCHESTRATOR_DATABASE_URL": "postgresql+psycopg://orchestrator:orchestrator@postgres:5432/orchestrator",
+    "ORCHESTRATOR_DATABASE_URL": "postgresql+psycopg://orchestrator:orchestrator@pgbouncer:5432/orchestrator",
+    "ORCHESTRATOR_DB_TRANSACTION_POOLER": "true",
+    "ORCHESTRATOR_DB_DIRECT_URL": DIRECT_URL,
     "ORCHESTRATOR_BROKER_URL": "redis://redis:6379/0",
     "ORCHESTRATOR_DATA_DIR": "/var/lib/orchestrator",
 }
@@ -120,7 +124,29 @@ def test_project_services_share_the_environment(services: dict[str, Any]) -> Non
         env = service["environment"]
         assert isinstance(env, dict), f"{name}: environment should be the x-orchestrator-env mapping"
         for key, value in EXPECTED_ENV.items():
+            if name == "migrate" and key == "ORCHESTRATOR_DATABASE_URL":
+                value = DIRECT_URL  # migrations go straight to Postgres
             assert env.get(key) == value, f"{name}: {key}"
+
+
+def test_every_process_goes_through_pgbouncer_in_transaction_mode(services: dict[str, Any]) -> None:
+    bouncer = services["pgbouncer"]
+    env = bouncer["environment"]
+    assert env["POOL_MODE"] == "transaction" and depends(bouncer, "postgres") == "service_healthy"
+    target = sa.engine.make_url(env["DATABASE_URL"])
+    assert (target.host, target.port, target.database) == ("postgres", 5432, "orchestrator")
+    port = int(env["LISTEN_PORT"])
+    for name in PROJECT_SERVICES:
+        settings = service_settings(services[name])
+        url = sa.engine.make_url(settings.database_url)
+        if name == "migrate":
+            assert (url.host, url.port) == ("postgres", 5432)
+            continue
+        assert (url.host, url.port) == ("pgbouncer", port), name
+        assert settings.db_transaction_pooler, name
+        assert sa.engine.make_url(settings.db_direct_url).host == "postgres", name  # the duty lock
+        if name not in {"flower"}:
+            assert depends(services[name], "pgbouncer") == "service_healthy", name
 
 
 def test_env_anchor(compose: dict[str, Any]) -> None:

@@ -45,7 +45,7 @@ from sqlalchemy.engine import Engine
 from .. import schema as s
 from .admission import Admission
 from .attempts import Attempts
-from .backend import make_engine
+from .backend import DEFAULT_POOL_SIZE, make_engine
 from .cleanup import Cleanup
 from .dags import DagRows
 from .database import Database, new_run_id
@@ -79,8 +79,18 @@ class Store:
         dispatch_depth: int = 2,
         retry_seconds: float = 0.0,
         priority_aging: float = 300.0,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        transaction_pooler: bool = False,
+        direct_url: str = "",
     ) -> None:
-        self.db = Database(url_or_engine, id_factory=id_factory, retry_seconds=retry_seconds)
+        self.db = Database(
+            url_or_engine,
+            id_factory=id_factory,
+            retry_seconds=retry_seconds,
+            pool_size=pool_size,
+            transaction_pooler=transaction_pooler,
+            direct_url=direct_url,
+        )
         self.ledger = Ledger(self.db)
         self.settlement = Settlement(self.db, self.ledger)
         self.admission = Admission(
@@ -136,7 +146,9 @@ class Store:
         self.db.check_schema()
 
     def dispose(self) -> None:
+        """Close this process's connections: the store's pool and the hot path's idle ones."""
         self.db.dispose()
+        self.attempts.hot.close()
 
 
 __all__ = ["Database", "Store", "make_engine", "new_run_id"]

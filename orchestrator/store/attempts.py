@@ -40,7 +40,9 @@ class Attempts:
         self.admission = admission
         self.poison_threshold = poison_threshold
         #: the claim and the success are server functions (one round trip each)
-        self.hot = HotPath(db.engine, retry_seconds=db.retry_seconds)
+        self.hot = HotPath(
+            db.engine, retry_seconds=db.retry_seconds, pool_size=db.pool_size, prepare=not db.transaction_pooler
+        )
 
     def claim(
         self, run_id: str, key: str, attempt: int, worker: str, lease_seconds: float, task_name: str

@@ -21,9 +21,17 @@ from ..errors import ConfigurationError
 RECONCILER_LOCK = 0x6F7263_02
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``: psycopg 3, pooled, with pre-ping. ``embedded://DIR`` is the
-    embedded server whose data directory is ``DIR`` (started when it is not running)."""
+#: connections a process's store pool holds at most (``ORCHESTRATOR_DB_POOL_SIZE``)
+DEFAULT_POOL_SIZE = 4
+
+
+def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, transaction_pooler: bool = False) -> Engine:
+    """An engine for ``url``: psycopg 3, with pre-ping, a pool of at most ``pool_size``
+    connections shared by the process's threads (a thread waits for a free one), opened as
+    needed. ``transaction_pooler``: the URL goes through PgBouncer in transaction mode, so
+    psycopg never prepares a statement on the server (a later transaction may run on another
+    server connection). ``embedded://DIR`` is the embedded server whose data directory is
+    ``DIR`` (started when it is not running)."""
     if url.startswith("embedded:"):
         from .. import embedded
 
@@ -35,7 +43,27 @@ def make_engine(url: str) -> Engine:
             f"unsupported database URL {url.split(':', 1)[0]!r}: Postgres (15 to 18) is the only backend;"
             " give postgresql+psycopg://... or leave ORCHESTRATOR_DATABASE_URL unset for the embedded one"
         )
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    return sa.create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=pool_size,
+        max_overflow=0,
+        pool_timeout=60,
+        connect_args=unprepared() if transaction_pooler else {},
+    )
+
+
+def unprepared() -> dict[str, Any]:
+    """psycopg's connect arguments for a connection through a transaction pooler."""
+    return {"prepare_threshold": None}
+
+
+def duty_engine(url: sa.engine.URL | str) -> Engine:
+    """An engine without a pool, for the reconciler's duty: its session advisory lock lives on
+    a connection of its own, held for as long as the duty, never one of the store's pool."""
+    if isinstance(url, str) and url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return sa.create_engine(url, poolclass=sa.pool.NullPool)
 
 
 class Backend:

@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from .. import schema as s
-from ..errors import SchemaMissingError
-from .backend import Backend, make_engine
+from ..errors import ConfigurationError, SchemaMissingError
+from .backend import DEFAULT_POOL_SIZE, Backend, duty_engine, make_engine
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -32,14 +32,50 @@ class Database:
     """One Postgres database: its engine, its specifics (``backend``) and transactions."""
 
     def __init__(
-        self, url_or_engine: str | Engine, *, id_factory: Callable[[], str] = new_run_id, retry_seconds: float = 0.0
+        self,
+        url_or_engine: str | Engine,
+        *,
+        id_factory: Callable[[], str] = new_run_id,
+        retry_seconds: float = 0.0,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        transaction_pooler: bool = False,
+        direct_url: str = "",
     ) -> None:
-        self.engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+        if isinstance(url_or_engine, str):
+            self.engine = make_engine(url_or_engine, pool_size=pool_size, transaction_pooler=transaction_pooler)
+        else:
+            self.engine = url_or_engine
+        #: connections the hot path keeps at most in this process (as many as the store's pool)
+        self.pool_size = pool_size
+        #: the URL goes through a transaction-mode pooler: no server-side prepared statements
+        self.transaction_pooler = transaction_pooler
+        self._direct_url = direct_url
+        self._duty_engine: Engine | None = None
         self.backend = Backend()
         self.new_id = id_factory
         #: how long a transaction keeps retrying through a lost connection (an outage, a
         #: restart) before the error reaches the caller; at least ``attempts`` tries are made
         self.retry_seconds = retry_seconds
+
+    def check_duty(self) -> None:
+        """Raise :class:`ConfigurationError` when this database cannot hold the reconciler's
+        duty (a transaction pooler and no direct URL)."""
+        if self.transaction_pooler and not self._direct_url:
+            raise ConfigurationError(
+                "the reconciler's duty is a session advisory lock, which a transaction pooler cannot hold:"
+                " set ORCHESTRATOR_DB_DIRECT_URL to a URL straight to Postgres"
+                " (or run the reconciler without ORCHESTRATOR_DB_TRANSACTION_POOLER)"
+            )
+
+    def duty_connection(self) -> Connection:
+        """A connection of its own (never one of the pool's) for the reconciler's duty lock, to
+        ``direct_url`` when one is given; refused through a transaction pooler without one (a
+        session advisory lock taken through it would stay on a server connection that others
+        then use, and outlive its holder)."""
+        if self._duty_engine is None:
+            self.check_duty()
+            self._duty_engine = duty_engine(self._direct_url or self.engine.url)
+        return self._duty_engine.connect()
 
     def transaction(self, fn: Callable[[Connection], R], *, attempts: int = 5) -> R:
         """Run ``fn`` in one transaction, retried on deadlock, serialization failure or a lost
@@ -124,6 +160,8 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._duty_engine is not None:
+            self._duty_engine.dispose()
 
 
 def backoff_sleep(i: int) -> None:

@@ -3,9 +3,10 @@
 The server functions ``orc_claim_v2``, ``orc_succeed_v2`` and ``orc_skip_v1`` (``store/sql/``; the
 success and the skip settle and admit) are the only implementation of the claim, the success
 and a body's skip. They are called on
-a dedicated psycopg connection per process and thread, in autocommit (a single statement is
-atomic: no BEGIN, no COMMIT), as prepared statements, without SQLAlchemy's per-call cost and
-without a pool pre-ping. A dropped or refused connection is replaced and the call retried, with
+psycopg connections of a small pool per process (at most ``pool_size``, shared by its threads: a
+thread waits for a free one), in autocommit (a single statement is atomic: no BEGIN, no COMMIT),
+as prepared statements (not through a transaction pooler), without SQLAlchemy's per-call cost
+and without a pool pre-ping. A dropped or refused connection is replaced and the call retried, with
 backoff, for ``retry_seconds`` (the lease: a worker holding an outcome keeps trying to commit it
 while its lease could still be valid): the call is a compare-and-set, so a retry after an
 ambiguous commit is refused, never applied twice.
@@ -23,6 +24,7 @@ import psycopg
 from psycopg.types.json import Json
 from sqlalchemy.engine import Engine
 
+from .backend import DEFAULT_POOL_SIZE, unprepared
 from .database import backoff_sleep
 
 log = logging.getLogger(__name__)
@@ -37,43 +39,96 @@ _inherited: list[Any] = []
 
 
 class HotPath:
-    def __init__(self, engine: Engine, *, attempts: int = 5, retry_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        attempts: int = 5,
+        retry_seconds: float = 0.0,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        prepare: bool = True,
+    ) -> None:
         url = engine.url.set(drivername="postgresql")
         self.dsn = url.render_as_string(hide_password=False)
         self.attempts = attempts
         self.retry_seconds = retry_seconds
-        self._local = threading.local()
+        self.pool_size = pool_size
+        #: prepared statements (off through a transaction pooler: a statement prepared on one
+        #: server connection does not exist on the next)
+        self.prepare = prepare
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._slots = threading.BoundedSemaphore(pool_size)
 
-    def _connection(self) -> psycopg.Connection[Any]:
-        local = self._local
-        conn = getattr(local, "conn", None)
-        if conn is not None and local.pid != os.getpid():
-            _inherited.append(conn)
-            conn = None
-        if conn is None or conn.closed:
-            conn = psycopg.connect(self.dsn, autocommit=True)
-            local.conn, local.pid = conn, os.getpid()
-        return conn
+    def _own(self) -> None:
+        """In a forked child: leave the parent's connections alone and start an empty pool."""
+        if self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            _inherited.extend(self._idle)
+            self._idle = []
+            self._slots = threading.BoundedSemaphore(self.pool_size)
+            self._pid = os.getpid()
+
+    def _checkout(self) -> tuple[psycopg.Connection[Any], threading.BoundedSemaphore]:
+        """A connection of the pool: an idle one, or a new one while fewer than ``pool_size``
+        are out; otherwise wait for one to come back."""
+        self._own()
+        slots = self._slots
+        slots.acquire()
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        try:
+            if conn is None or conn.closed:
+                conn = psycopg.connect(self.dsn, autocommit=True, **({} if self.prepare else unprepared()))
+        except BaseException:
+            slots.release()
+            raise
+        return conn, slots
+
+    def _checkin(self, conn: psycopg.Connection[Any], slots: threading.BoundedSemaphore, *, broken: bool) -> None:
+        with self._lock:
+            keep = not broken and slots is self._slots and not conn.closed
+            if keep:
+                self._idle.append(conn)
+        if not keep and not conn.closed:
+            conn.close()
+        slots.release()
 
     def _call(self, query: str, params: tuple[Any, ...]) -> Any:
         deadline = time.monotonic() + self.retry_seconds
         i = 0
         while True:
+            conn, slots = self._checkout_retrying(deadline, i)
+            broken = False
             try:
-                conn = self._connection()
                 with conn.cursor() as cursor:
-                    cursor.execute(query, params, prepare=True)
+                    cursor.execute(query, params, prepare=self.prepare)
                     row = cursor.fetchone()
                     assert row is not None
                     return row[0]
             except (psycopg.OperationalError, psycopg.errors.DeadlockDetected) as exc:
-                broken = getattr(self._local, "conn", None)
-                if broken is not None and not broken.closed and not isinstance(exc, psycopg.errors.DeadlockDetected):
-                    broken.close()
+                broken = not isinstance(exc, psycopg.errors.DeadlockDetected)
                 i += 1
                 if i >= self.attempts and time.monotonic() >= deadline:
                     raise
                 log.warning("retrying %s after %s", query.split("(")[0], type(exc).__name__)
+            finally:
+                self._checkin(conn, slots, broken=broken)
+            backoff_sleep(i)
+
+    def _checkout_retrying(self, deadline: float, i: int) -> tuple[psycopg.Connection[Any], threading.BoundedSemaphore]:
+        while True:
+            try:
+                return self._checkout()
+            except psycopg.OperationalError as exc:
+                i += 1
+                if i >= self.attempts and time.monotonic() >= deadline:
+                    raise
+                log.warning("retrying a connection to the database after %s", type(exc).__name__)
                 backoff_sleep(i)
 
     def claim(
@@ -109,7 +164,12 @@ class HotPath:
         return out
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid() and not conn.closed:
-            conn.close()
-        self._local.conn = None
+        """Close this process's idle connections (those checked out close as they come back)."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._slots = threading.BoundedSemaphore(self.pool_size)
+        for conn in idle:
+            if not conn.closed:
+                conn.close()

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -120,6 +121,75 @@ class RedisServer:
         self.proc.wait(10)
 
 
+class PgBouncer:
+    """A real PgBouncer (Debian's package) in transaction mode on a free port, in front of the
+    test server, with at most ``pool_size`` server connections per database and user. It will
+    not run as root: it is started as ``postgres`` then, in a directory that user owns."""
+
+    def __init__(self, database_url: str, *, pool_size: int) -> None:
+        self.binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not os.path.exists(self.binary):
+            pytest.fail("pgbouncer is required (Debian package pgbouncer; .ci/run installs it)")
+        self.target = sa.engine.make_url(database_url)
+        self.pool_size = pool_size
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="orc-pgbouncer-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The target database's URL, through PgBouncer."""
+        return self.target.set(host="127.0.0.1", port=self.port).render_as_string(hide_password=False)
+
+    def start(self, timeout: float = 20.0) -> None:
+        user = self.target.username or "postgres"
+        (self.dir / "users.txt").write_text(f'"{user}" ""\n')
+        (self.dir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={self.target.host or '127.0.0.1'} port={self.target.port or 5432}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.dir / 'users.txt'}\n"
+            f"pool_mode = transaction\ndefault_pool_size = {self.pool_size}\nmin_pool_size = 0\n"
+            "reserve_pool_size = 0\nmax_client_conn = 1000\nserver_reset_query =\n"
+            "ignore_startup_parameters = extra_float_digits,options\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\npidfile = {self.dir / 'pgbouncer.pid'}\n"
+        )
+        cmd = [self.binary, str(self.dir / "pgbouncer.ini")]
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+            for f in self.dir.iterdir():
+                shutil.chown(f, "postgres", "postgres")
+            cmd[1:1] = ["-u", "postgres"]
+        with (self.dir / "stdout.log").open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"pgbouncer exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        pytest.fail(f"pgbouncer did not listen on {self.port} in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        files = (self.dir / "pgbouncer.log", self.dir / "stdout.log")
+        return "\n".join(f.read_text(errors="replace")[-3000:] for f in files if f.exists())
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------- subprocesses
 
 
@@ -215,6 +285,9 @@ class Cluster:
                 crash_loop_threshold=settings.crash_loop_threshold,
                 worker_ttl=settings.worker_ttl,
                 dispatch_depth=settings.dispatch_depth,
+                pool_size=settings.db_pool_size,
+                transaction_pooler=settings.db_transaction_pooler,
+                direct_url=settings.db_direct_url,
             )
             # publishes on the fault suite's app (private Redis); checks names against the global app's tasks
             self._orc = Orchestrator(
@@ -243,10 +316,17 @@ class Cluster:
         return proc
 
     def start_worker(
-        self, name: str, *, concurrency: int = 2, env: dict[str, str] | None = None, prefix: Iterable[str] = ()
+        self,
+        name: str,
+        *,
+        concurrency: int = 2,
+        env: dict[str, str] | None = None,
+        prefix: Iterable[str] = (),
+        pool: str = "prefork",
     ) -> Proc:
-        """A real prefork worker ``<name>@fault`` (not waited for: see :meth:`wait_ready`)."""
-        cmd = [*prefix, sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", "prefork"]
+        """A real worker ``<name>@fault``, prefork unless ``pool`` says otherwise (not waited
+        for: see :meth:`wait_ready`)."""
+        cmd = [*prefix, sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool]
         cmd += ["-c", str(concurrency), "--without-gossip", "--without-mingle", "--loglevel", "INFO"]
         cmd += ["-n", f"{name}@fault"]
         return self._spawn(name, cmd, self.env(**(env or {})))

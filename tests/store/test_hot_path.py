@@ -112,3 +112,66 @@ def test_a_completion_that_made_nothing_ready_passes_its_slot_on(store: Store) -
         conn.execute(sa.text("UPDATE orc_workers SET concurrency = 3 WHERE name = 'g1'"))  # window 6
     out = store.attempts.succeed(run_id, key, 1, None, 100)
     assert len(out.dispatches) == 5 and _in_flight(store, run_id) == 6  # 1 left in flight + 5
+
+
+def _hot_sessions(store: Store) -> int:
+    with store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND (query LIKE '%orc_claim_v2%' OR query LIKE '%orc_succeed_v2%')"
+                )
+            ).scalar_one()
+        )
+
+
+@pytest.mark.parametrize("pooler", [False, True], ids=["prepared", "transaction-pooler"])
+def test_threads_share_the_hot_paths_few_connections(pg_url: str, pooler: bool) -> None:
+    """16 threads claim and commit 64 tasks through a hot path of 2 connections (a thread waits
+    for a free one); through a transaction pooler nothing is prepared on the server."""
+    import threading
+
+    st = Store(pg_url, pool_size=2, transaction_pooler=pooler)
+    try:
+        empty_tables(st.engine)
+        st.workers.register("w", default_queues(), 100)
+        run_id = _fan_out(st, 64)
+        st.admission.admit_ready(10)
+        assert st.attempts.claim(run_id, "root", 1, "w", 30, "t") is not None
+        assert st.attempts.succeed(run_id, "root", 1, None, 1000).accepted
+        keys = [f"m{i}" for i in range(64)]
+        st.admission.admit_ready(1000)
+        errors: list[BaseException] = []
+
+        def work(mine: list[str]) -> None:
+            try:
+                for key in mine:
+                    assert st.attempts.claim(run_id, key, 1, "w", 30, "t") is not None
+                    assert st.attempts.succeed(run_id, key, 1, {"k": key}, 1000).accepted
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(keys[i::16],)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        assert {t.key: t.state for t in st.reads.get_tasks(run_id)}["sink"] in {T.READY, T.QUEUED}
+        assert _hot_sessions(st) <= 2
+        # statements prepared on the server: the hot path's unless through a pooler, and the
+        # store's own (psycopg prepares a statement run five times) likewise
+        conn_, slots = st.attempts.hot._checkout()
+        try:
+            hot_prepared = conn_.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+        finally:
+            st.attempts.hot._checkin(conn_, slots, broken=False)
+        assert hot_prepared is not None and (hot_prepared[0] > 0) is (not pooler)
+        with st.engine.connect() as conn:
+            for _ in range(8):
+                conn.execute(sa.text("SELECT count(*) FROM orc_tasks WHERE run_id = :r"), {"r": run_id})
+            prepared = conn.execute(sa.text("SELECT count(*) FROM pg_prepared_statements")).scalar_one()
+        assert (prepared > 0) is (not pooler)
+    finally:
+        st.dispose()

@@ -85,3 +85,49 @@ def test_release_hands_the_duty_over(orc: Orchestrator) -> None:
     finally:
         a.release()
         b.release()
+
+
+def test_the_duty_lives_on_a_connection_of_its_own(pg_url: str) -> None:
+    # a store whose pool holds one connection: the duty's lock never takes it from the pool
+    o = Orchestrator(
+        Settings.from_env({}, database_url=pg_url, db_pool_size=1),
+        publisher=RecordingPublisher(),
+        registry=StaticRegistry(["t"]),
+    )
+    a = service(o, "own")
+    try:
+        assert a.step() is not None and a.step() is not None  # the passes use the pool's one connection
+        with o.store.engine.connect() as conn:  # and the pool's connection is free between passes
+            assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1
+        assert on_duty(o) == ["orchestrator-reconciler:own"]
+    finally:
+        a.release()
+        o.store.dispose()
+
+
+def test_through_a_transaction_pooler_the_duty_needs_a_direct_url(pg_url: str) -> None:
+    from orchestrator.errors import ConfigurationError
+
+    pooled = Settings.from_env({}, database_url=pg_url, db_transaction_pooler=True)
+    o = Orchestrator(pooled, publisher=RecordingPublisher(), registry=StaticRegistry(["t"]))
+    try:
+        with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DB_DIRECT_URL"):
+            service(o, "refused")
+    finally:
+        o.store.dispose()
+    direct = Settings.from_env({}, database_url=pg_url, db_transaction_pooler=True, db_direct_url=pg_url)
+    o = Orchestrator(direct, publisher=RecordingPublisher(), registry=StaticRegistry(["t"]))
+    a = service(o, "direct")
+    try:
+        assert a.step() is not None
+        assert on_duty(o) == ["orchestrator-reconciler:direct"]
+    finally:
+        a.release()
+        o.store.dispose()
+
+
+def test_a_pool_size_below_one_is_refused() -> None:
+    from orchestrator.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DB_POOL_SIZE=0 must be at least 1"):
+        Settings.from_env({"ORCHESTRATOR_DB_POOL_SIZE": "0"})
