@@ -40,6 +40,10 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
         from . import fsbroker
 
         fsbroker.register()  # an atomic publish (kombu's can be read half written)
+    if settings.broker_url.startswith(("redis:", "rediss:")):
+        from . import redisbroker
+
+        redisbroker.register()  # one client object per channel, not one per command
     app = Celery(
         main,
         broker=settings.broker_url,
