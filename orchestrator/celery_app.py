@@ -85,6 +85,10 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
         enable_utc=True,
     )
     app.orchestrator_settings = settings
+    # the lean publish (orchestrator.publisher.CeleryPublisher uses it)
+    from .messages import LeanSender
+
+    app.orchestrator_lean_sender = LeanSender(app)
     return app
 
 

@@ -10,23 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from celery.utils.saferepr import saferepr
-
 from .crashpoints import crash_point
 from .models import Dispatch
-from .protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE, message_priority, send_options, sign
+from .protocol import message_priority, send_options, sign
 
 log = logging.getLogger(__name__)
-
-#: Celery's ``argsrepr_maxsize`` and ``kwargsrepr_maxsize`` (``app.amqp``)
-ARGSREPR_MAXSIZE = 1024
-#: the body's third item: no callbacks, errbacks, chain or chord
-_EMBED: dict[str, Any] = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-_EMPTY_ARGSREPR, _EMPTY_KWARGSREPR = saferepr(()), saferepr({})
 
 
 class Publisher(Protocol):
@@ -72,17 +63,21 @@ class RecordingPublisher:
             return sent
 
 
-class CeleryPublisher:
-    """Publishes Celery task messages (protocol 2) for the dispatches, on one producer per batch.
+class LeanSender(Protocol):
+    """Publishes one dispatch's task message on a producer (``orchestrator.messages.LeanSender``)."""
 
-    The lean publish: a message's constant part (the protocol's headers of a task name, the
-    body of empty arguments, the queue's routing) is built once and stamped per attempt with its
-    id, time limits and fencing headers, then handed to kombu's ``Producer.publish`` with the
-    app's serializer, compression and publish retry policy. What ``send_task`` adds per message
-    (routing through ``task_routes``, the ``before/after_task_publish`` signals, argument checks)
-    is left out: a dispatch names its queue, and its arguments come from the database. With
-    ``task_send_sent_event`` on (``ORCHESTRATOR_TASK_EVENTS``: Flower's "sent" state) messages go
-    through ``send_task`` as before. ``tests/unit/test_publisher.py`` holds both messages equal.
+    def send(self, producer: Any, d: Dispatch, signature: str, priority: int | None) -> None: ...
+
+
+class CeleryPublisher:
+    """Publishes one Celery task message per dispatch, on one producer per batch.
+
+    The message is the one ``send_task`` would make. An app made by
+    :func:`orchestrator.celery_app.create_app` carries a lean sender
+    (:class:`orchestrator.messages.LeanSender`: the message's constant part built once per task
+    name and stamped per attempt, without ``send_task``'s routing, signals and checks), used
+    unless task-sent events are on (``ORCHESTRATOR_TASK_EVENTS``: Flower's "sent" state, which
+    ``send_task`` emits); any other app publishes through ``send_task``.
 
     ``signing_key`` returns the deployment's key (read from the database once, by the store):
     each message's fencing headers carry their signature (:func:`orchestrator.protocol.sign`).
@@ -93,21 +88,10 @@ class CeleryPublisher:
         self.app = app
         self.signing_key = signing_key
         self.priorities = broker_has_priorities(str(app.conf.broker_url or ""))
-        conf = app.conf
-        #: False: every message through ``send_task`` (task-sent events wanted)
-        self.lean = not conf.task_send_sent_event
-        self._publish_options = {
-            "serializer": conf.task_serializer,
-            "compression": conf.task_compression,
-            "retry": conf.task_publish_retry,
-            "retry_policy": dict(conf.task_publish_retry_policy or {}),
-        }
-        self._delivery_mode = conf.task_default_delivery_mode
-        self._headers: dict[str, dict[str, Any]] = {}
-        self._queues: dict[str, tuple[Any, Any]] = {}
-        self._origin: str | None = None
-        #: the queues declared on each channel (forgotten with the channel)
-        self._declared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+        #: the lean sender, or ``None``: every message through ``send_task``
+        self.lean: LeanSender | None = None
+        if not app.conf.task_send_sent_event:
+            self.lean = getattr(app, "orchestrator_lean_sender", None)
 
     def publish(self, dispatches: Sequence[Dispatch]) -> int:
         batch = list(dispatches)
@@ -117,10 +101,14 @@ class CeleryPublisher:
         sent = 0
         try:
             key = self.signing_key()
-            send = self._send if self.lean else self._send_task
             with self.app.producer_or_acquire() as producer:
                 for d in batch:
-                    send(producer, d, key)
+                    signature = sign(key, d.task_name, d.token)
+                    priority = message_priority(d.priority_rank) if self.priorities else None
+                    if self.lean is not None:
+                        self.lean.send(producer, d, signature, priority)
+                    else:
+                        self._send_task(producer, d, signature, priority)
                     sent += 1
         except Exception:
             log.exception(
@@ -128,7 +116,7 @@ class CeleryPublisher:
             )
         return sent
 
-    def _send_task(self, producer: Any, d: Dispatch, key: bytes) -> None:
+    def _send_task(self, producer: Any, d: Dispatch, signature: str, priority: int | None) -> None:
         self.app.send_task(
             d.task_name,
             args=d.args,
@@ -139,91 +127,10 @@ class CeleryPublisher:
                 queue=d.queue,
                 soft_time_limit=d.soft_time_limit,
                 time_limit=d.time_limit,
-                signature=sign(key, d.task_name, d.token),
-                priority=message_priority(d.priority_rank) if self.priorities else None,
+                signature=signature,
+                priority=priority,
             ),
         )
-
-    def _send(self, producer: Any, d: Dispatch, key: bytes) -> None:
-        token = d.token
-        task_id = token.task_id
-        headers = self._headers.get(d.task_name)
-        if headers is None:
-            headers = self._headers[d.task_name] = self._constant_headers(d.task_name)
-        headers = headers.copy()
-        headers["id"] = headers["root_id"] = task_id
-        parent = self.app.current_worker_task  # published by a worker's task: Celery's lineage
-        if parent is not None:
-            headers["root_id"] = parent.request.root_id or parent.request.id
-            headers["parent_id"] = parent.request.id
-        headers["timelimit"] = [d.time_limit, d.soft_time_limit]
-        if d.args or d.kwargs:
-            levels = self.app.conf.task_repr_maxlevels
-            headers["argsrepr"] = saferepr(d.args, ARGSREPR_MAXSIZE, maxlevels=levels)
-            headers["kwargsrepr"] = saferepr(d.kwargs, ARGSREPR_MAXSIZE, maxlevels=levels)
-        headers[HEADER_RUN] = token.run_id
-        headers[HEADER_KEY] = token.key
-        headers[HEADER_ATTEMPT] = token.attempt
-        headers[HEADER_SIGNATURE] = sign(key, d.task_name, token)
-        queue, delivery_mode = self._queue(d.queue)
-        # declared once per channel (kombu's own check copies and binds the queue every time)
-        declared = self._declared.get(producer.channel)
-        if declared is None:
-            declared = self._declared[producer.channel] = set()
-        declare = [] if d.queue in declared else [queue]
-        options: dict[str, Any] = {}
-        if self.priorities:
-            options["priority"] = message_priority(d.priority_rank)
-        producer.publish(
-            (d.args, d.kwargs, _EMBED),
-            exchange="",
-            routing_key=d.queue,
-            declare=declare,
-            delivery_mode=delivery_mode,
-            headers=headers,
-            correlation_id=task_id,
-            reply_to=self.app.thread_oid,
-            **self._publish_options,
-            **options,
-        )
-        declared.add(d.queue)
-
-    def _constant_headers(self, task_name: str) -> dict[str, Any]:
-        """Protocol 2's headers of ``task_name`` that no attempt changes (``as_task_v2``'s)."""
-        if self._origin is None:
-            from celery.utils.nodenames import anon_nodename
-
-            self._origin = anon_nodename()
-        return {
-            "lang": "py",
-            "task": task_name,
-            "id": None,
-            "shadow": None,
-            "eta": None,
-            "expires": None,
-            "group": None,
-            "group_index": None,
-            "retries": 0,
-            "timelimit": [None, None],
-            "root_id": None,
-            "parent_id": None,
-            "argsrepr": _EMPTY_ARGSREPR,
-            "kwargsrepr": _EMPTY_KWARGSREPR,
-            "origin": self._origin,
-            "ignore_result": None,
-            "replaced_task_nesting": 0,
-            "stamped_headers": None,
-            "stamps": {},
-        }
-
-    def _queue(self, name: str) -> tuple[Any, Any]:
-        """The app's queue ``name`` (made when missing, as ``send_task`` does) and its delivery mode."""
-        hit = self._queues.get(name)
-        if hit is None:
-            queue = self.app.amqp.queues[name]
-            mode = getattr(queue.exchange, "delivery_mode", None) or self._delivery_mode
-            hit = self._queues[name] = (queue, mode)
-        return hit
 
     def revoke(self, task_ids: Iterable[str]) -> None:
         ids = list(task_ids)
