@@ -95,9 +95,9 @@ class Settings:
     event_retention_seconds: float = 7 * 86400.0
     #: the most bytes of JSON an event's payload (or a signal's, an approval's comment) may hold
     max_event_bytes: int = 64 * 1024
-    #: Postgres connections one process opens at most for its store, shared by its threads
-    #: (waiting for a free one beyond that), and as many again for the hot path's claims and
-    #: outcomes; opened as needed (docs/operations.md counts a deployment's connections)
+    #: Postgres connections one process keeps for its store, shared by its threads (as many
+    #: again at a peak; a thread waits for a free one beyond that), and for the hot path's claims
+    #: and outcomes; opened as needed (docs/operations.md counts a deployment's connections)
     db_pool_size: int = 4
     #: the database URL goes through a pooler in transaction mode (PgBouncer): no server-side
     #: prepared statements, no session state on its connections; the reconciler's duty (a

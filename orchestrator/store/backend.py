@@ -26,9 +26,9 @@ DEFAULT_POOL_SIZE = 4
 
 
 def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, transaction_pooler: bool = False) -> Engine:
-    """An engine for ``url``: psycopg 3, with pre-ping, a pool of at most ``pool_size``
-    connections shared by the process's threads (a thread waits for a free one), opened as
-    needed. ``transaction_pooler``: the URL goes through PgBouncer in transaction mode, so
+    """An engine for ``url``: psycopg 3, with pre-ping, a pool of ``pool_size`` connections
+    shared by the process's threads and as many again at a peak (a thread then waits for a free
+    one), opened as needed. ``transaction_pooler``: the URL goes through PgBouncer in transaction mode, so
     psycopg never prepares a statement on the server (a later transaction may run on another
     server connection). ``embedded://DIR`` is the embedded server whose data directory is
     ``DIR`` (started when it is not running)."""
@@ -47,7 +47,9 @@ def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, transaction_poo
         url,
         pool_pre_ping=True,
         pool_size=pool_size,
-        max_overflow=0,
+        # as many again at a peak: a schedule's or a trigger's firing submits its run while it
+        # holds the firing's row (two connections in one thread)
+        max_overflow=pool_size,
         pool_timeout=60,
         connect_args=unprepared() if transaction_pooler else {},
     )

@@ -114,8 +114,9 @@ class Database:
 
     @staticmethod
     def transient(exc: BaseException) -> bool:
-        """Whether ``exc`` is a database error that a retry may get past (an outage, a restart)."""
-        return isinstance(exc, sa.exc.DBAPIError) and retryable(exc)
+        """Whether ``exc`` is a database error that a retry may get past (an outage, a restart,
+        or no connection of the process's pool free within its timeout)."""
+        return isinstance(exc, sa.exc.TimeoutError) or (isinstance(exc, sa.exc.DBAPIError) and retryable(exc))
 
     def retrying(self, once: Callable[[], R], *, attempts: int = 5) -> R:
         deadline = time.monotonic() + self.retry_seconds
