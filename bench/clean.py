@@ -40,6 +40,15 @@ def main() -> None:
     parser.add_argument("--fanout", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=500, help="runs per clean transaction (db clean --batch)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="the most seconds the clean may take")
+    parser.add_argument(
+        "--functions", action="store_true", help="print the server functions' time of the fan-outs alone"
+    )
+    parser.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="leave the tables un-ANALYZEd after seeding (planner statistics stale)",
+    )
+    parser.add_argument("--seed-only", action="store_true", help="stop after seeding (the database is left as it is)")
     a = parser.parse_args()
 
     data_dir = Path(tempfile.mkdtemp(prefix="orc-bench-clean-"))
@@ -61,12 +70,18 @@ def main() -> None:
 
     log(f"resetting {DB}; flushing {REDIS}")
     reset_database(DB)
+    admin = sa.create_engine(DB, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:  # the server functions' time, for --functions
+        conn.execute(sa.text("ALTER DATABASE orchestrator_bench_clean SET track_functions = 'all'"))
+    admin.dispose()
     redis.Redis.from_url(REDIS).flushdb()
     worker = Worker(env=env, concurrency=2, queues=",".join(default_queues()), logfile=data_dir / "worker.log")
     worker.start()
     clean: subprocess.Popen[str] | None = None
     try:
-        orc = Orchestrator()
+        from orchestrator.celery_app import get_app
+
+        orc = Orchestrator(app=get_app())
         engine = orc.store.engine
 
         def fan_out(tag: str) -> float:
@@ -116,7 +131,7 @@ def main() -> None:
                     exprs.append(f'src."{c}"')
             return (
                 f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(exprs)} FROM {table} AS src,"
-                f" generate_series(:lo, :hi) AS g WHERE src.{id_col} = :tid"
+                f" generate_series(CAST(:lo AS integer), CAST(:hi AS integer)) AS g WHERE src.{id_col} = :tid"
             )
 
         statements = [
@@ -131,13 +146,27 @@ def main() -> None:
                 for sql in statements:
                     conn.execute(sa.text(sql), {"lo": lo, "hi": hi, "tid": tid})
         with engine.connect() as conn:
-            conn.execute(sa.text("ANALYZE"))
+            if not a.no_analyze:
+                conn.execute(sa.text("ANALYZE"))
             ledger = conn.execute(sa.text("SELECT count(*) FROM orc_task_events")).scalar_one()
             conn.commit()
         log(f"seeded in {time.perf_counter() - t_seed:.1f}s: ledger {ledger} rows")
 
+        if a.seed_only:
+            log(f"--seed-only: {DB} left seeded")
+            return
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_stat_reset()"))
+            conn.commit()
         alone = [fan_out(f"alone-{i}") for i in range(3)]
         log(f"fan-out alone: {', '.join(f'{x:.1f}' for x in alone)} tasks/s")
+        if a.functions:
+            time.sleep(0.6)  # the statistics collector's flush
+            q = "SELECT funcname, calls, total_time, self_time FROM pg_stat_user_functions ORDER BY 3 DESC LIMIT 12"
+            with engine.connect() as conn:
+                for name, calls, total, self_ in conn.execute(sa.text(q)):
+                    each, own = total / max(calls, 1), self_ / max(calls, 1)
+                    print(f"  {name:<22} {calls:>7} calls  {each:7.3f} ms each (self {own:.3f})")
 
         cmd = [sys.executable, "-m", "orchestrator.cli", "db", "clean", "--before", "30d"]
         cmd += ["--batch", str(a.batch), "--json"]

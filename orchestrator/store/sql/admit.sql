@@ -40,6 +40,7 @@ BEGIN
     -- the tasks in flight (QUEUED or RUNNING) on the live workers' queues
     SELECT coalesce(sum((SELECT count(*) FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
         CROSS JOIN LATERAL (SELECT 1 FROM orc_tasks t WHERE t.queue = q.name AND t.state = s.state
+            AND t.state IN ('QUEUED', 'RUNNING')
             ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000) AS i)), 0)::int
                 INTO total
     FROM (SELECT DISTINCT json_array_elements_text(w.queues) AS name FROM orc_workers w
@@ -53,6 +54,7 @@ BEGIN
         qs := ARRAY(SELECT json_array_elements_text(g.queues::json));
         SELECT coalesce(sum((SELECT count(*) FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
             CROSS JOIN LATERAL (SELECT 1 FROM orc_tasks t WHERE t.queue = q.name AND t.state = s.state
+                AND t.state IN ('QUEUED', 'RUNNING')
                 ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at
                     LIMIT 1000000000) AS i)), 0)::int INTO used FROM unnest(qs) AS q(name);
         room := least(g.capacity * p_depth - used, p_window - total);

@@ -75,6 +75,7 @@ BEGIN
                 CROSS JOIN LATERAL unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
                 CROSS JOIN LATERAL (
                     SELECT t.tenant FROM orc_tasks t WHERE t.queue = q.name AND t.state = s.state
+                        AND t.state IN ('QUEUED', 'RUNNING')
                     ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000
                 ) AS i
                 GROUP BY i.tenant

@@ -28,7 +28,8 @@ BEGIN
     PERFORM pg_advisory_xact_lock(1869767425);
     IF p_tenant_limit IS NOT NULL THEN
         SELECT count(*) INTO n FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
-            CROSS JOIN LATERAL (SELECT 1 FROM orc_tasks t  WHERE t.state = s.state AND t.tenant = p_tenant
+            CROSS JOIN LATERAL (SELECT 1 FROM orc_tasks t  WHERE t.state = s.state
+                AND t.state IN ('QUEUED', 'RUNNING') AND t.tenant = p_tenant
                 ORDER BY t.state, t.priority_rank, t.ready_at LIMIT 1000000000) AS i;
         IF n >= p_tenant_limit THEN
             RETURN 'tenant';
@@ -36,7 +37,8 @@ BEGIN
     END IF;
     IF run_limit IS NOT NULL THEN
         SELECT count(*) INTO n FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
-            CROSS JOIN LATERAL (SELECT 1 FROM orc_tasks t  WHERE t.state = s.state AND t.run_id = p_run
+            CROSS JOIN LATERAL (SELECT 1 FROM orc_tasks t  WHERE t.state = s.state
+                AND t.state IN ('QUEUED', 'RUNNING') AND t.run_id = p_run
                 ORDER BY t.state, t.priority_rank, t.ready_at LIMIT 1000000000) AS i;
         IF n >= run_limit THEN
             RETURN 'run';
@@ -45,7 +47,8 @@ BEGIN
     IF dag_limit IS NOT NULL THEN
         SELECT count(*) INTO n FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
             CROSS JOIN LATERAL (SELECT 1 FROM orc_tasks t JOIN orc_runs r ON r.id = t.run_id
-                WHERE t.state = s.state AND r.tenant = p_tenant AND r.dag_name = dag
+                WHERE t.state = s.state
+                    AND t.state IN ('QUEUED', 'RUNNING') AND r.tenant = p_tenant AND r.dag_name = dag
                     ORDER BY t.state, t.priority_rank, t.ready_at LIMIT 1000000000) AS i;
         IF n >= dag_limit THEN
             RETURN 'run';
@@ -59,7 +62,7 @@ BEGIN
         SELECT free - coalesce(sum(i.pool_slots), 0) INTO free
             FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
                 CROSS JOIN LATERAL (SELECT t.pool_slots FROM orc_tasks t
-                    WHERE t.state = s.state AND t.pool = p_pool
+                    WHERE t.state = s.state AND t.state IN ('QUEUED', 'RUNNING') AND t.pool = p_pool
                         ORDER BY t.state, t.priority_rank, t.ready_at LIMIT 1000000000) AS i;
         IF free <= 0 THEN
             RETURN 'pool';

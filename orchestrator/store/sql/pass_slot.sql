@@ -22,6 +22,7 @@ BEGIN
     WHERE w.queues::text = p_queues AND w.seen_at > now() - make_interval(secs => p_worker_ttl);
     SELECT coalesce(sum((SELECT count(*) FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
         CROSS JOIN LATERAL (SELECT 1 FROM orc_tasks t WHERE t.queue = q.name AND t.state = s.state
+            AND t.state IN ('QUEUED', 'RUNNING')
             ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000) AS i)), 0)::int
                 INTO used FROM unnest(qs) AS q(name);
     IF used >= capacity * p_depth THEN
