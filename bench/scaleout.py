@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import functools
 import json
 import os
@@ -288,6 +289,9 @@ class _ClientSide(asyncio.Protocol):
             self.conn.server.resume_reading()
 
 
+PR_SET_TIMERSLACK = 29
+
+
 def _hostport(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     return host, int(port)
@@ -304,6 +308,9 @@ def proxy_main(args: argparse.Namespace) -> int:
         name, _, group = label.partition(":")
         routes.append((_Route(name, group or name, _hostport(target), groups), _hostport(listen)))
 
+    # the kernel may wake a sleeping process up to its timer slack (50 us) late: ask for 1 ns
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
     loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
     asyncio.set_event_loop(loop)
     loop.add_signal_handler(signal.SIGTERM, loop.stop)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -173,5 +175,62 @@ def test_threads_share_the_hot_paths_few_connections(pg_url: str, pooler: bool) 
                 conn.execute(sa.text("SELECT count(*) FROM orc_tasks WHERE run_id = :r"), {"r": run_id})
             prepared = conn.execute(sa.text("SELECT count(*) FROM pg_prepared_statements")).scalar_one()
         assert (prepared > 0) is (not pooler)
+    finally:
+        st.dispose()
+
+
+def _estimated_rows(plan: dict[str, Any]) -> list[int]:
+    """The planner's row estimates of every scan of orc_tasks in ``plan``."""
+    found = [int(plan["Plan Rows"])] if plan.get("Relation Name") == "orc_tasks" else []
+    for child in plan.get("Plans", []):
+        found += _estimated_rows(child)
+    return found
+
+
+def test_the_count_of_tasks_in_flight_is_planned_on_the_index_beside_a_big_history(pg_url: str) -> None:
+    """20,000 finished tasks, ANALYZEd (autovacuum does as much in any deployment with a
+    history): the generic plan of the admission's count of the tasks in flight, as
+    ``orc_pass_slot_v1`` runs it (its text read from ``store/sql/pass_slot.sql``), expects a few
+    rows of orc_tasks, not the whole table. Before migration 0016 it estimated every row (the
+    state compared with a joined value only), and on a big history that plan was a sequential
+    scan per completion (``bench/clean.py``: a fan-out at 41 tasks/s instead of 320); the
+    functions' results are held by the other tests."""
+    st = Store(pg_url, pool_size=1)
+    try:
+        empty_tables(st.engine)
+        st.workers.register("w", default_queues(), 2)
+        old = _fan_out(st, 8)
+        with st.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE orc_tasks SET state = 'SUCCEEDED' WHERE run_id = :r"), {"r": old})
+            cols = [
+                c
+                for c in conn.execute(
+                    sa.text("SELECT column_name FROM information_schema.columns WHERE table_name = 'orc_tasks'")
+                ).scalars()
+            ]
+            exprs = ", ".join("md5(src.run_id || '-' || g)" if c == "run_id" else f'src."{c}"' for c in cols)
+            names = ", ".join(f'"{c}"' for c in cols)
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO orc_tasks ({names}) SELECT {exprs} FROM orc_tasks AS src,"
+                    " generate_series(1, 2000) AS g WHERE src.run_id = :r"
+                ),
+                {"r": old},
+            )
+        source = (Path(__file__).resolve().parents[2] / "orchestrator/store/sql/pass_slot.sql").read_text()
+        count = source[source.index("SELECT coalesce(sum((SELECT count(*)") : source.index("INTO used")]
+        query = count + "FROM unnest($1::text[]) AS q(name)"
+        with st.engine.connect() as conn:
+            conn.execute(sa.text("ANALYZE orc_tasks"))
+            conn.execute(sa.text("SET plan_cache_mode = force_generic_plan"))
+            dbapi = conn.connection.driver_connection
+            assert dbapi is not None
+            dbapi.execute("PREPARE in_flight(text[]) AS " + query)
+            plan = dbapi.execute("EXPLAIN (FORMAT JSON) EXECUTE in_flight(ARRAY['orchestrator.default'])").fetchone()
+            dbapi.execute("DEALLOCATE in_flight")
+            conn.rollback()
+        assert plan is not None
+        estimates = _estimated_rows(plan[0][0]["Plan"])
+        assert estimates and max(estimates) <= 100, estimates
     finally:
         st.dispose()
