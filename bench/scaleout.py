@@ -26,10 +26,13 @@ Tasks/s counts the middle tasks over submit -> run final, as bench/bench.py's fa
 it prints the CPU of all Postgres server processes (``/proc``: the postmaster's reaped children
 included), Postgres round trips through the proxies (the workers' only; this process submits and
 polls directly), committed + rolled back transactions of the database (``pg_stat_database``, this
-process's own subtracted; read after the workers and PgBouncer exited, so every backend flushed
-its statistics), Redis round trips, the peak of client sessions on the database (sampled every
-50 ms from ``pg_stat_activity``) and each host's peak of database connections (at its proxy).
-``pg_stat_statements`` is used when the server preloads it.
+process's own subtracted; from the submit until the workers and PgBouncer exited, so every backend
+flushed its statistics: their shutdown is included), Redis round trips, the peak of client
+sessions on the database (sampled every 50 ms from ``pg_stat_activity``) and each host's peak of
+database connections (at its proxy).
+``pg_stat_statements`` is used when the server preloads it. The details add the DB-clock span of
+the middle tasks, how busy the slots were (sampled every 100 ms; ``--json`` has the series) and
+the CPU per task of the workers, Redis, the proxies and PgBouncer.
 
 With ``--pgbouncer``: Debian's PgBouncer (transaction mode, ``--pgbouncer-pool-size`` server
 connections) in front of Postgres, the proxies in front of PgBouncer; the duty lock goes straight
@@ -792,6 +795,15 @@ def measure_rtt(direct_pg: str, proxied_pg: str, redis_direct: Any, redis_proxie
 # ============================================================================ the bench
 
 
+def running_series(spans: list[tuple[float, float]], step: float) -> list[int]:
+    """How many of the (started, finished) spans were running at each ``step`` from the first start."""
+    if not spans:
+        return []
+    t0 = min(a for a, _ in spans)
+    t1 = max(b for _, b in spans)
+    return [sum(1 for a, b in spans if a <= t < b) for t in (t0 + i * step for i in range(int((t1 - t0) / step) + 1))]
+
+
 def fanout(name: str, n: int, task: str, kwargs: dict[str, Any] | None = None) -> Any:
     """1 no-op root -> ``n`` ``task`` -> 1 no-op sink."""
     from orchestrator import DAG
@@ -980,7 +992,9 @@ class Scaleout:
             }
         )
         if self.pgbouncer is not None:
-            pooled = self.url.set(host=host.outside, port=PGB_PORT).update_query_dict({"application_name": host.ns})
+            # no application_name of its own: PgBouncer would SET it on the server connection whenever
+            # it passes from one host's client to another's (a statement the proxies do not see)
+            pooled = self.url.set(host=host.outside, port=PGB_PORT)
             env["ORCHESTRATOR_DATABASE_URL"] = pooled.render_as_string(hide_password=False)
             env["ORCHESTRATOR_DB_TRANSACTION_POOLER"] = "1"
             env["ORCHESTRATOR_DB_DIRECT_URL"] = pg_url.render_as_string(hide_password=False)
@@ -1057,12 +1071,20 @@ class Scaleout:
                 sa.text("select extract(epoch from finished_at - created_at) from orc_runs where id = :r"),
                 {"r": run_id},
             ).scalar_one()
+            spans = conn.execute(
+                sa.text(
+                    "select extract(epoch from started_at), extract(epoch from finished_at) from orc_tasks"
+                    " where run_id = :r and key like 'm%' and started_at is not null and finished_at is not null"
+                ),
+                {"r": run_id},
+            ).all()
         return {
             "succeeded": int(ok),
             "middle_span_s": float(span or 0.0),
             "first_middle_started_after_submit_s": float(first or 0.0),
             "middle_starts_spread_s": float(last_start or 0.0),
             "db_run_span_s": float(run_span or 0.0),
+            "running_every_100ms": running_series([(float(a), float(b)) for a, b in spans], 0.1),
         }
 
     def wait_no_sessions(self, timeout: float = 15.0) -> int:
@@ -1186,6 +1208,11 @@ class Scaleout:
                 **figures,
             }
         )
+        if ideal:  # slots busy, sampled every 100 ms from the first start to the last finish (DB clock)
+            series = [x / slots for x in figures["running_every_100ms"]]
+            row["slots_busy_mean"] = sum(series) / len(series) if series else None
+            row["slots_busy_below_90pct_samples"] = sum(1 for x in series if x < 0.9)
+            row["slots_busy_samples"] = len(series)
         eff = f", {row['efficiency'] * 100:.1f} % of ideal" if ideal else ""
         log(
             f"{n} host(s) {kind}: {tasks} tasks in {elapsed:.2f}s = {tps:.1f} tasks/s{eff};"
@@ -1259,7 +1286,13 @@ def report(bench: Scaleout, meta: dict[str, Any]) -> str:
             f"  {r['hosts']} host(s) {r['scenario']}: DB span of the middle tasks {r['middle_span_s']:.2f}s"
             + (f" ({mid * 100:.1f} % of ideal)" if mid is not None else "")
             + f", first started {r['first_middle_started_after_submit_s'] * 1000:.0f} ms after the run was created;"
-            f" CPU ms/task: postgres {cpu['postgres']:.2f}, workers {cpu['workers']:.2f}, redis {cpu['redis']:.2f},"
+            + (
+                f" slots busy (100 ms samples) mean {r['slots_busy_mean'] * 100:.1f} %,"
+                f" {r['slots_busy_below_90pct_samples']} of {r['slots_busy_samples']} samples below 90 %;"
+                if r.get("slots_busy_mean") is not None
+                else ""
+            )
+            + f" CPU ms/task: postgres {cpu['postgres']:.2f}, workers {cpu['workers']:.2f}, redis {cpu['redis']:.2f},"
             f" proxies {cpu['proxies']:.2f}"
             + (f", pgbouncer {cpu['pgbouncer']:.2f}" if bench.pgbouncer is not None else "")
             + f" (cores busy: postgres {util['postgres']:.2f}, workers {util['workers']:.2f});"
