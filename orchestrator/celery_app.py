@@ -93,11 +93,24 @@ def create_app(settings: Settings | None = None, *, main: str = "orchestrator") 
 
 
 def check_worker_settings(app: Celery) -> None:
-    """Refuse settings under which redelivery could run a task twice or load pickle.
+    """Refuse settings under which redelivery could run a task twice or load pickle, or under
+    which the reconciler's duty would go through a transaction pooler.
 
     Raises :class:`ConfigurationError` naming what to set.
     """
     conf = app.conf
+    settings = getattr(app, "orchestrator_settings", None)
+    if (
+        settings is not None
+        and settings.worker_reconciler
+        and settings.db_transaction_pooler
+        and not settings.db_direct_url
+    ):
+        raise ConfigurationError(
+            "ORCHESTRATOR_DB_TRANSACTION_POOLER is on and the worker runs the reconciler, whose duty is a session"
+            " advisory lock a transaction pooler cannot hold: set ORCHESTRATOR_DB_DIRECT_URL to a URL straight to"
+            " Postgres, or ORCHESTRATOR_WORKER_RECONCILER=0 (and run `orchestrator reconcile` with a direct URL)"
+        )
     if set(conf.accept_content or ()) - {"json", "application/json"}:
         raise ConfigurationError(f"accept_content is {conf.accept_content!r}: the orchestrator accepts JSON only")
     url = str(conf.broker_url or "")

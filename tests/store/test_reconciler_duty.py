@@ -131,3 +131,24 @@ def test_a_pool_size_below_one_is_refused() -> None:
 
     with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DB_POOL_SIZE=0 must be at least 1"):
         Settings.from_env({"ORCHESTRATOR_DB_POOL_SIZE": "0"})
+
+
+def test_a_worker_through_a_transaction_pooler_without_a_direct_url_refuses_to_start() -> None:
+    from orchestrator.celery_app import check_worker_settings, create_app
+    from orchestrator.errors import ConfigurationError
+
+    pooled = {"database_url": "postgresql://u@pgbouncer:6432/db", "db_transaction_pooler": True}
+    app = create_app(Settings.from_env({}, broker_url="redis://127.0.0.1:6379/13", **pooled))
+    with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DB_DIRECT_URL"):
+        check_worker_settings(app)
+    # with the direct URL, or without the reconciler in the worker, it starts
+    check_worker_settings(
+        create_app(
+            Settings.from_env(
+                {}, broker_url="redis://127.0.0.1:6379/13", db_direct_url="postgresql://u@db/db", **pooled
+            )
+        )
+    )
+    check_worker_settings(
+        create_app(Settings.from_env({}, broker_url="redis://127.0.0.1:6379/13", worker_reconciler=False, **pooled))
+    )
