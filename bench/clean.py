@@ -1,6 +1,6 @@
 """``orchestrator db clean`` beside a running fan-out: does pruning a big ledger fight the hot path?
 
-    python bench/clean.py [--ledger-rows 10000000] [--fanout 2000] [--batch 500]
+    python bench/clean.py [--ledger-rows 10000000] [--fanout 2000] [--batch 500] [--pause 0]
 
 On its own database (``orchestrator_bench_clean``, re-created) and Redis db 10, with one real
 worker (``-c 2``):
@@ -39,6 +39,9 @@ def main() -> None:
     parser.add_argument("--ledger-rows", type=int, default=10_000_000)
     parser.add_argument("--fanout", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=500, help="runs per clean transaction (db clean --batch)")
+    parser.add_argument(
+        "--pause", type=float, default=0.0, help="seconds between the clean's batches (db clean --pause)"
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="the most seconds the clean may take")
     parser.add_argument(
         "--functions", action="store_true", help="print the server functions' time of the fan-outs alone"
@@ -169,7 +172,7 @@ def main() -> None:
                     print(f"  {name:<22} {calls:>7} calls  {each:7.3f} ms each (self {own:.3f})")
 
         cmd = [sys.executable, "-m", "orchestrator.cli", "db", "clean", "--before", "30d"]
-        cmd += ["--batch", str(a.batch), "--json"]
+        cmd += ["--batch", str(a.batch), "--pause", str(a.pause), "--json"]
         t_clean = time.perf_counter()
         clean = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         during = []
@@ -186,7 +189,10 @@ def main() -> None:
             left = conn.execute(sa.text("SELECT count(*) FROM orc_task_events")).scalar_one()
         removed = int(report.get("events", 0))
         print()
-        print(f"db clean beside a fan-out: ledger {ledger} rows, {runs_needed} old runs, batch {a.batch} runs")
+        print(
+            f"db clean beside a fan-out: ledger {ledger} rows, {runs_needed} old runs,"
+            f" batch {a.batch} runs, pause {a.pause} s"
+        )
         print(f"  clean: {clean_s:.1f}s wall, {removed} ledger rows removed ({removed / clean_s:,.0f} rows/s),")
         print(f"         {report.get('runs')} runs, {report.get('tasks')} tasks, {report.get('edges')} edges,")
         print(f"         {report.get('batches')} batches; ledger rows left {left}")

@@ -280,9 +280,16 @@ def _cut_off(text: str) -> Any:
     help="Append what is removed to this file first (JSON lines, one run with its tasks, edges and ledger each).",
 )
 @click.option("--batch", type=click.IntRange(1, 10_000), default=500, show_default=True, help="Runs per transaction.")
+@click.option(
+    "--pause",
+    type=click.FloatRange(0, 60),
+    default=0.0,
+    show_default=True,
+    help="Seconds left to the running work between two batches (a slower clean that takes less from the hot path).",
+)
 @click.option("--dry-run", is_flag=True, help="Only count what would be removed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the totals as JSON.")
-def db_clean(before: str, archive: str | None, batch: int, dry_run: bool, as_json: bool) -> None:
+def db_clean(before: str, archive: str | None, batch: int, pause: float, dry_run: bool, as_json: bool) -> None:
     """Prune the ledger: remove the final runs (SUCCEEDED, FAILED, CANCELLED) created and finished
     before --before, with their tasks, edges and ledger rows, in short batches (a RUNNING run is
     never touched; the hot path is not held up). One tenant's only with `orchestrator --tenant T`."""
@@ -293,9 +300,9 @@ def db_clean(before: str, archive: str | None, batch: int, dry_run: bool, as_jso
         found = cleanup.count(cut, tenant=orc.tenant)
     elif archive is not None:
         with open(archive, "a", encoding="utf-8") as out:
-            found = cleanup.clean(cut, batch=batch, tenant=orc.tenant, archive=out)
+            found = cleanup.clean(cut, batch=batch, tenant=orc.tenant, archive=out, pause=pause)
     else:
-        found = cleanup.clean(cut, batch=batch, tenant=orc.tenant)
+        found = cleanup.clean(cut, batch=batch, tenant=orc.tenant, pause=pause)
     if as_json:
         _dump({"before": cut.isoformat(), "dry_run": dry_run, **found.to_json()})
         return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -95,10 +96,12 @@ class Cleanup:
         archive: IO[str] | None = None,
         progress: Callable[[Cleaned], None] | None = None,
         max_batches: int | None = None,
+        pause: float = 0.0,
     ) -> Cleaned:
         """Remove the final runs created and finished before ``before`` (of ``tenant``, or all),
         ``batch`` runs per transaction, writing each to ``archive`` first (JSON lines); returns
-        the totals. ``progress`` is called after each batch."""
+        the totals. ``progress`` is called after each batch; ``pause`` seconds are left to the
+        running work between two batches."""
         total = Cleaned()
 
         def one(conn: Connection) -> Cleaned:
@@ -125,6 +128,8 @@ class Cleanup:
             return done
 
         while max_batches is None or total.batches < max_batches:
+            if pause > 0 and total.batches:
+                time.sleep(pause)
             done = self.db.transaction(one)
             if not done.runs:
                 break

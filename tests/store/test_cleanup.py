@@ -121,3 +121,18 @@ def test_the_db_clean_command(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
     assert [r.id for r in orc.runs(limit=5)] == [keep]
     bad = runner.invoke(cli.main, ["db", "clean", "--before", "last tuesday"])
     assert bad.exit_code == 2 and "ISO 8601" in bad.output
+
+
+def test_a_pause_between_batches(orc: Orchestrator) -> None:
+    """``pause`` seconds between two batches (none before the first or after the last)."""
+    import time
+
+    ids = [drive(orc, chain()).run_id for _ in range(3)]
+    for run_id in ids:
+        age(orc, run_id, 10)
+    cut = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    seen: list[float] = []
+    t0 = time.monotonic()
+    done = orc.store.cleanup.clean(cut, batch=1, pause=0.2, progress=lambda _: seen.append(time.monotonic() - t0))
+    assert (done.runs, done.batches) == (3, 3) and orc.runs(limit=10) == []
+    assert len(seen) == 3 and seen[1] - seen[0] >= 0.2 and seen[2] - seen[1] >= 0.2
