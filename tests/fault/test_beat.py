@@ -71,8 +71,8 @@ def test_two_beats_fire_each_minute_once_and_a_fast_clock_never_fires_early(clus
     """Two beats side by side (one with its host clock an hour fast) on an every-minute cron for
     three minute instants: exactly one run per instant, none created before its instant."""
     cli_ok(cluster, "schedule", "add", "minutely", "--cron", "* * * * *", "--spec", spec(tmp_path))
-    start = db_now(cluster)
-    first = start.replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
+    # the schedule's first instant, as the add fixed it (an add at hh:mm:59.9 makes it the next minute)
+    first = cluster.orc.schedules.get("minutely").next_at
     instants = [first + dt.timedelta(minutes=i) for i in range(3)]
     beats = [beat(cluster, "beat-a"), beat(cluster, "beat-b", fast_clock=True)]
     cluster.wait_for(
