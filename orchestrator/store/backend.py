@@ -36,8 +36,7 @@ def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, transaction_poo
         from .. import embedded
 
         url = embedded.ensure(embedded.data_dir_of(url))
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    url = psycopg_url(url)
     if not url.startswith("postgresql+psycopg://"):
         raise ConfigurationError(
             f"unsupported database URL {url.split(':', 1)[0]!r}: Postgres (15 to 18) is the only backend;"
@@ -63,9 +62,14 @@ def unprepared() -> dict[str, Any]:
 def duty_engine(url: sa.engine.URL | str) -> Engine:
     """An engine without a pool, for the reconciler's duty: its session advisory lock lives on
     a connection of its own, held for as long as the duty, never one of the store's pool."""
-    if isinstance(url, str) and url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return sa.create_engine(url, poolclass=sa.pool.NullPool)
+    return sa.create_engine(psycopg_url(url) if isinstance(url, str) else url, poolclass=sa.pool.NullPool)
+
+
+def psycopg_url(url: str) -> str:
+    """``postgresql://`` rewritten to SQLAlchemy's psycopg 3 driver; any other URL as it is."""
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
 
 
 class Backend:
