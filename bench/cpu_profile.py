@@ -41,10 +41,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("n", type=int, nargs="?", default=3000)
     parser.add_argument("--raw", action="store_true", help="raw Celery no-ops instead of an orchestrated fan-out")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9", help="bench Redis database (flushed!)")
     args = parser.parse_args()
     os.environ.update(
         ORCHESTRATOR_DATABASE_URL=DB,
-        ORCHESTRATOR_BROKER_URL="redis://127.0.0.1:6379/9",
+        ORCHESTRATOR_BROKER_URL=args.redis_url,
         ORCHESTRATOR_DATA_DIR=tempfile.mkdtemp(),
         ORCHESTRATOR_TASK_MODULES="tasks.probes,tasks.etl,bench.raw_tasks",
     )

@@ -482,10 +482,12 @@ class Orchestrator:
         """Extend the attempt's lease; ``False`` once the attempt no longer holds the task."""
         return self.store.attempts.heartbeat(token.run_id, token.key, token.attempt, self.settings.lease_seconds)
 
-    def complete(self, token: FencingToken, result: Any) -> Outcome:
-        """Commit the attempt's result (fenced), then publish what its children made ready."""
+    def complete(self, token: FencingToken, result: Any, *, claim: tuple[str, str, float] | None = None) -> Outcome:
+        """Commit the attempt's result (fenced), then publish what its children made ready.
+        ``claim`` = ``(worker, task_name, elapsed seconds)``: a direct message's body that ran
+        unclaimed, claimed in the same transaction."""
         outcome = self.store.attempts.succeed(
-            token.run_id, token.key, token.attempt, result, self.settings.dispatch_window
+            token.run_id, token.key, token.attempt, result, self.settings.dispatch_window, claim=claim
         )
         crash_point("after_result_commit")
         self._after(outcome, token.run_id, token.key)

@@ -44,7 +44,10 @@ def check_runs(
       starts a new one: a cleared task holds one result per clear, in order), exactly one in the
       last generation of a SUCCEEDED task, and its attempt is the row's attempt;
     - every execution recorded in ``orc_probe_effects`` beyond the first of an attempt is
-      matched by an outcome event (accepted or rejected) of that attempt;
+      matched by an outcome event (accepted or rejected) of that attempt, a refused claim, a
+      redelivery of its message (``orc_deliveries``) or its re-publish by the reconciler: a
+      direct message's body runs before its claim, and one whose worker died before the claim
+      leaves the message's redelivery or re-publish as its record;
     - parents finished before their children started; a parent that is a map counts as its
       children (each one upstream), and a task whose trigger rule may start early
       (``one_success``, ``one_failed``, ``one_done``: one of them came first; ``always``)
@@ -96,7 +99,15 @@ def check_runs(
             generation[k] += 1
             last_attempt.pop(k, None)
             continue
-        if e.from_state == "RUNNING" or e.to_state in _OUTCOMES:
+        if (
+            e.from_state == "RUNNING"
+            or e.to_state in _OUTCOMES
+            or (e.to_state == "RUNNING" and not e.accepted)
+            or (e.from_state == e.to_state == "QUEUED" and e.accepted)
+        ):
+            # a refused claim records an execution too: a direct message's body runs before its
+            # claim (a duplicate delivery's is refused when its body ends or its claim delay is up);
+            # so does a re-publish: the message of a direct body that died before its claim
             outcome_events[(e.run_id, e.key, e.attempt)] += 1
         if not e.accepted:
             continue
@@ -126,7 +137,10 @@ def check_runs(
             )
 
     for run_id, key, attempt, n in effects:
-        if n > 1 and outcome_events[(run_id, key, attempt)] < n:
+        # a redelivered message stands for a delivery whose worker died: a direct message's body
+        # that died before its claim wrote nothing else
+        recorded = outcome_events[(run_id, key, attempt)] + snap.redeliveries.get(f"{run_id}.{key}.{attempt}", 0)
+        if n > 1 and recorded < n:
             problems.append(
                 f"{run_id}.{key} attempt {attempt}: {n} executions but {outcome_events[(run_id, key, attempt)]}"
                 " outcome events (an extra execution left no record)"

@@ -22,7 +22,7 @@ from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
 from .models import Dispatch
-from .protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE
+from .protocol import HEADER_ATTEMPT, HEADER_DIRECT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE
 
 #: the body's third item: no callbacks, errbacks, chain or chord
 _EMBED: dict[str, Any] = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -67,6 +67,8 @@ class LeanSender:
         headers[HEADER_KEY] = token.key
         headers[HEADER_ATTEMPT] = token.attempt
         headers[HEADER_SIGNATURE] = signature
+        if d.direct:
+            headers[HEADER_DIRECT] = True
         queue, delivery_mode = self._queue(d.queue)
         # declared once per channel (kombu's own check copies and binds the queue every time)
         declared = self._declared.get(producer.channel)

@@ -45,6 +45,9 @@ class Dispatch:
     time_limit: float | None
     #: the priority class's rank (0 high, 1 default, 2 low): the message priority on RabbitMQ
     priority_rank: int = 1
+    #: the message's arguments are all its body gets (no upstream results, map item, sensor or
+    #: resumed state): its worker may start the body before the claim (``ORCHESTRATOR_CLAIM_DELAY``)
+    direct: bool = False
 
     @property
     def token(self) -> FencingToken:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,10 @@ from typing import Any
 HEADER_RUN, HEADER_KEY, HEADER_ATTEMPT = "orc_run", "orc_key", "orc_attempt"
 #: the header with the token's signature: HMAC-SHA256 over the task name and the token
 HEADER_SIGNATURE = "orc_sig"
-FENCING_HEADERS = (HEADER_RUN, HEADER_KEY, HEADER_ATTEMPT, HEADER_SIGNATURE)
+#: the header of a direct message (``Dispatch.direct``): its arguments are all its body gets, so a
+#: worker may start the body before its claim; the signature then also covers the arguments
+HEADER_DIRECT = "orc_direct"
+FENCING_HEADERS = (HEADER_RUN, HEADER_KEY, HEADER_ATTEMPT, HEADER_SIGNATURE, HEADER_DIRECT)
 
 
 def task_id(run_id: str, key: str, attempt: int) -> str:
@@ -49,17 +53,37 @@ class FencingToken:
         return {HEADER_RUN: self.run_id, HEADER_KEY: self.key, HEADER_ATTEMPT: self.attempt}
 
 
-def sign(key: bytes, task_name: str, token: FencingToken) -> str:
+def sign(key: bytes, task_name: str, token: FencingToken, direct: tuple[Any, Any] | None = None) -> str:
     """The signature of ``token`` for a message of ``task_name``: HMAC-SHA256 with the
     deployment's signing key (``orc_secrets``), hex. Only a process that can read the
-    database can make it; a message whose signature does not verify never touches a run."""
+    database can make it; a message whose signature does not verify never touches a run.
+
+    A direct message's signature also covers its ``(args, kwargs)`` (as canonical JSON): its
+    body may start before the claim, on the message's arguments alone."""
     text = "\x00".join((task_name, token.run_id, token.key, str(token.attempt)))
+    if direct is not None:
+        text += "\x00direct\x00" + canonical_arguments(*direct)
     return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
 
-def verify(key: bytes, task_name: str, token: FencingToken, signature: Any) -> bool:
-    """Whether ``signature`` is :func:`sign` of ``token`` for ``task_name`` (constant time)."""
-    return isinstance(signature, str) and hmac.compare_digest(sign(key, task_name, token), signature)
+def canonical_arguments(args: Any, kwargs: Any) -> str:
+    """``(args, kwargs)`` as the JSON a direct message's signature covers: the same text on the
+    publisher (values from the database) and the worker (values from the message's JSON)."""
+    return json.dumps([list(args or ()), kwargs or {}], sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def verify(
+    key: bytes, task_name: str, token: FencingToken, signature: Any, direct: tuple[Any, Any] | None = None
+) -> bool:
+    """Whether ``signature`` is :func:`sign` of ``token`` (and of a direct message's arguments)
+    for ``task_name`` (constant time)."""
+    if not isinstance(signature, str):
+        return False
+    try:
+        expected = sign(key, task_name, token, direct)
+    except (TypeError, ValueError):  # arguments that are no JSON: not what was signed
+        return False
+    return hmac.compare_digest(expected, signature)
 
 
 class MalformedHeaders(ValueError):
@@ -89,14 +113,19 @@ def send_options(
     time_limit: float | None,
     signature: str,
     priority: int | None = None,
+    direct: bool = False,
 ) -> dict[str, Any]:
     """The ``send_task`` keyword options of one attempt's message (arguments excluded);
-    ``signature`` is :func:`sign` of the token for the message's task name; ``priority`` the
-    message priority (RabbitMQ only: :func:`message_priority`)."""
+    ``signature`` is :func:`sign` of the token for the message's task name (and its arguments,
+    for a ``direct`` one); ``priority`` the message priority (RabbitMQ only:
+    :func:`message_priority`)."""
+    headers: dict[str, Any] = {**token.headers(), HEADER_SIGNATURE: signature}
+    if direct:
+        headers[HEADER_DIRECT] = True
     options = {
         "queue": queue,
         "task_id": token.task_id,
-        "headers": {**token.headers(), HEADER_SIGNATURE: signature},
+        "headers": headers,
         "soft_time_limit": soft_time_limit,
         "time_limit": time_limit,
     }

@@ -103,7 +103,7 @@ class CeleryPublisher:
             key = self.signing_key()
             with self.app.producer_or_acquire() as producer:
                 for d in batch:
-                    signature = sign(key, d.task_name, d.token)
+                    signature = sign(key, d.task_name, d.token, (d.args, d.kwargs) if d.direct else None)
                     priority = message_priority(d.priority_rank) if self.priorities else None
                     if self.lean is not None:
                         self.lean.send(producer, d, signature, priority)
@@ -129,6 +129,7 @@ class CeleryPublisher:
                 time_limit=d.time_limit,
                 signature=signature,
                 priority=priority,
+                direct=d.direct,
             ),
         )
 

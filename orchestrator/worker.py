@@ -7,6 +7,10 @@ the deployment's key, ``protocol.sign``). The task:
    another task) is acked and dropped, and nothing is written;
 1. claims with a CAS QUEUED -> RUNNING for that attempt (a lost claim: ack and drop);
 2. runs the body with the arguments stored in the database, a heartbeat extending the lease;
+   a direct message (its signed arguments are all the body gets; not redelivered) runs its
+   body first, and is claimed with its success when the body ends within the claim delay
+   (``ORCHESTRATOR_CLAIM_DELAY``), or from the heartbeat thread when the delay is up (a claim
+   that loses stops the body);
 3. commits SUCCEEDED (JSON result), SKIPPED (the body raised :class:`orchestrator.Skip`) or a
    failed attempt (RETRYING with backoff / FAILED), fenced by the attempt, settles the
    children and publishes what became dispatchable.
@@ -43,9 +47,18 @@ from .dag import UPSTREAM_KWARG, check_json
 from .engine import Orchestrator
 from .errors import ResultNotSerializable, Skip, ValidationError
 from .inbox import count_drop
+from .models import Claim
 from .poison import exception_names, fingerprint, is_infrastructure
 from .process import all_orchestrators, current_orchestrator
-from .protocol import FENCING_HEADERS, HEADER_SIGNATURE, FencingToken, MalformedHeaders, read_token, verify
+from .protocol import (
+    FENCING_HEADERS,
+    HEADER_DIRECT,
+    HEADER_SIGNATURE,
+    FencingToken,
+    MalformedHeaders,
+    read_token,
+    verify,
+)
 from .reconciler import ReconcilerService
 from .waits import Defer, SensorSpec
 
@@ -131,54 +144,132 @@ def _interrupt(thread_id: int) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(LeaseLost))
 
 
+@dataclass
+class _Unclaimed:
+    """A direct message's body running before its claim (see :meth:`Heartbeater.track_direct`)."""
+
+    thread_id: int
+    due: float
+    claim: Callable[[], bool]
+    #: pending -> claiming -> held | refused
+    state: str = "pending"
+    #: the body returned or raised (its thread is in untrack(): not to be interrupted)
+    finished: bool = False
+
+
 class Heartbeater:
-    """One daemon thread per process extending the leases of the attempts it runs.
+    """One daemon thread per process extending the leases of the attempts it runs, and claiming
+    the direct bodies that outlive the claim delay.
 
     When an extension CAS fails, the attempt no longer holds the task: the body is
-    interrupted with :class:`LeaseLost` and its outcome will be rejected (self-fencing).
+    interrupted with :class:`LeaseLost` and its outcome will be rejected (self-fencing). A
+    direct body whose delayed claim is refused is interrupted the same way.
     """
 
     def __init__(self, orchestrator: Orchestrator) -> None:
         self.orc = orchestrator
         self.lease = orchestrator.settings.lease_seconds
+        self.claim_delay = orchestrator.settings.claim_delay
         self._active: dict[FencingToken, int] = {}
-        self._lock = threading.Lock()
+        self._unclaimed: dict[FencingToken, _Unclaimed] = {}
+        self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
+
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="orc-heartbeat", daemon=True)
+            self._thread.start()
 
     def track(self, token: FencingToken) -> None:
         """Start beating for an attempt run by the calling thread."""
         _prepare_fencing()
         with self._lock:
             self._active[token] = threading.get_ident()
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="orc-heartbeat", daemon=True)
-                self._thread.start()
+            self._start()
 
-    def untrack(self, token: FencingToken) -> bool:
-        """Stop beating; ``False`` if the attempt was no longer tracked (its lease was lost)."""
+    def track_direct(self, token: FencingToken, claim: Callable[[], bool]) -> None:
+        """A direct body starts unclaimed in the calling thread: ``claim()`` (the claim; whether
+        it was accepted) is made from this thread once the claim delay has passed, and the
+        attempt is then tracked as any other."""
+        _prepare_fencing()
         with self._lock:
-            return self._active.pop(token, None) is not None
+            self._unclaimed[token] = _Unclaimed(threading.get_ident(), time.monotonic() + self.claim_delay, claim)
+            self._start()
+            self._lock.notify_all()
+
+    def untrack(self, token: FencingToken) -> str:
+        """Stop tracking the attempt once its body returned or raised: ``"unclaimed"`` (a direct
+        body that finished before its claim: the caller claims, with its outcome), ``"held"``
+        (claimed and still holding the task), ``"refused"`` (its delayed claim lost) or
+        ``"lost"`` (its lease was taken over)."""
+        with self._lock:
+            entry = self._unclaimed.get(token)
+            if entry is not None:
+                entry.finished = True
+            while entry is not None and entry.state == "claiming":
+                self._lock.wait()
+            if entry is not None:
+                del self._unclaimed[token]
+                if entry.state == "pending":
+                    return "unclaimed"
+                if entry.state == "refused":
+                    return "refused"
+            return "held" if self._active.pop(token, None) is not None else "lost"
 
     def _loop(self) -> None:
         interval = max(self.lease / 3.0, 0.05)
+        next_beat = time.monotonic() + interval
         while True:
-            time.sleep(interval)
             with self._lock:
-                items = list(self._active.items())
-            for token, thread_id in items:
-                try:
-                    alive = self.orc.heartbeat(token)
-                except Exception:
-                    log.exception("heartbeat failed for %s", token.task_id)
+                now = time.monotonic()
+                due = [(t, e) for t, e in self._unclaimed.items() if e.state == "pending" and e.due <= now]
+                for _, entry in due:
+                    entry.state = "claiming"
+                if not due and now < next_beat:
+                    wake = min([e.due for e in self._unclaimed.values() if e.state == "pending"] + [next_beat])
+                    self._lock.wait(wake - now)
                     continue
-                if alive:
-                    continue
-                with self._lock:
-                    # under the lock: untrack() cannot return between the check and the interrupt
-                    if self._active.pop(token, None) is None:
-                        continue  # finished meanwhile
-                    log.warning("lease lost for %s: stopping the body", token.task_id)
-                    _interrupt(thread_id)
+            for token, entry in due:
+                self._claim(token, entry)
+            if time.monotonic() >= next_beat:
+                self._beat()
+                next_beat = time.monotonic() + interval
+
+    def _claim(self, token: FencingToken, entry: _Unclaimed) -> None:
+        try:
+            held = entry.claim()
+        except Exception:
+            log.exception("claim of %s failed; its body is stopped and left to the reconciler", token.task_id)
+            held = False
+        with self._lock:
+            # under the lock: untrack() waits while the claim is being made, then reads its outcome
+            if held:
+                entry.state = "held"
+                self._active[token] = entry.thread_id
+            else:
+                entry.state = "refused"
+                if not entry.finished:
+                    log.info("claim of %s refused: stopping its body (a duplicate or stale message)", token.task_id)
+                    _interrupt(entry.thread_id)
+            self._lock.notify_all()
+
+    def _beat(self) -> None:
+        with self._lock:
+            items = list(self._active.items())
+        for token, thread_id in items:
+            try:
+                alive = self.orc.heartbeat(token)
+            except Exception:
+                log.exception("heartbeat failed for %s", token.task_id)
+                continue
+            if alive:
+                continue
+            with self._lock:
+                # under the lock: untrack() cannot return between the check and the interrupt
+                if self._active.pop(token, None) is None:
+                    continue  # finished meanwhile
+                log.warning("lease lost for %s: stopping the body", token.task_id)
+                _interrupt(thread_id)
 
 
 _heartbeaters: dict[int, Heartbeater] = {}
@@ -200,55 +291,62 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         request = self.request
         if request.called_directly:
             return super().__call__(*args, **kwargs)
-        token = verified_token(self, request)
+        token = verified_token(self, request, (args, kwargs))
         if token is None:
             # a plain Celery message: Task.__call__ would push a fresh request and hide this one
             return self.run(*args, **kwargs)
-        return self._run_attempt(token)
+        # a redelivered message (its worker died, or it was restored unacknowledged) may be of an
+        # attempt already claimed: it claims before its body, so a stale copy never runs
+        direct = getattr(request, HEADER_DIRECT, None) is True and not _redelivered(request)
+        return self._run_attempt(token, (list(args), dict(kwargs)) if direct else None)
 
     def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Any:
         if current_context() is not None:
             raise RetryRequested(str(exc) if exc else "retry requested") from exc
         return super().retry(*args, exc=exc, **kwargs)
 
-    def _run_attempt(self, token: FencingToken) -> Any:
+    def _run_attempt(self, token: FencingToken, direct: tuple[list[Any], dict[str, Any]] | None = None) -> Any:
+        """Run one attempt. ``direct``: a direct message's verified arguments; with a claim
+        delay the body starts unclaimed on them, and is claimed with its success when it
+        finishes sooner (one transaction), or from the heartbeat thread when it does not."""
         orc = current_orchestrator(self.app)
         worker = f"{self.request.hostname or socket.gethostname()}:{os.getpid()}"
-        try:
-            claim = orc.claim(token, worker, self.name)
-        except Exception:
-            log.exception("claim of %s failed; left to the reconciler", token.task_id)
-            raise Ignore() from None
-        if claim is None:
-            # a duplicate, a stale attempt or an unknown task: counted here, in the ledger only
-            # when the task exists (a rejected event)
-            log.info("claim of %s refused; duplicate or stale message dropped", token.task_id)
-            count_drop("claim refused")
-            raise Ignore()
-        crash_point("after_claim_commit")
-        kwargs = dict(claim.kwargs)
-        if claim.wants_upstream:
-            kwargs[UPSTREAM_KWARG] = claim.upstream_results
         hb = _heartbeater(orc)
-        hb.track(token)
-        context = _context.set(
-            TaskContext(token.run_id, token.key, token.attempt, claim.upstream_results, orc.logical_date, claim.resumed)
-        )
-        tracked = True
+        started = time.monotonic()
+        if direct is not None and orc.settings.claim_delay > 0:
+            args, kwargs = direct
+            upstream: dict[str, Any] = {}
+            resumed = sensor = None
+            hb.track_direct(token, lambda: orc.claim(token, worker, self.name) is not None)
+        else:
+            claim = _claim_or_ignore(orc, token, worker, self.name)
+            crash_point("after_claim_commit")
+            args, kwargs, upstream, resumed, sensor = claim.args, dict(claim.kwargs), {}, claim.resumed, claim.sensor
+            if claim.wants_upstream:
+                upstream = kwargs[UPSTREAM_KWARG] = claim.upstream_results
+            else:
+                upstream = claim.upstream_results
+            hb.track(token)
+        context = _context.set(TaskContext(token.run_id, token.key, token.attempt, upstream, orc.logical_date, resumed))
+        status: str | None = None
         try:
             try:
-                result = self.run(*claim.args, **kwargs)
+                result = self.run(*args, **kwargs)
             finally:
-                tracked = hb.untrack(token)
+                status = hb.untrack(token)
+            if status == "refused":
+                raise Ignore()
         except Skip as exc:
-            if not tracked:
+            if status == "lost":
                 # the lease was lost meanwhile: this attempt no longer holds the task
                 raise Ignore() from None
+            _claim_late(orc, token, worker, self.name, status)
             orc.skip_attempt(token, exc.reason)
             return None
         except Defer as exc:
-            if not tracked:
+            if status == "lost":
                 raise Ignore() from None
+            _claim_late(orc, token, worker, self.name, status)
             try:
                 spec = exc.spec()
                 check_json(spec, "Defer")
@@ -257,12 +355,22 @@ class OrchestratedTask(Task):  # type: ignore[misc]
                 return None
             orc.defer_attempt(token, spec)
             return None
+        except Ignore:
+            raise
         except BaseException as exc:
-            hb.untrack(token)
+            if status is None:
+                status = hb.untrack(token)
+            if status == "refused":
+                # a direct body whose delayed claim lost: the claim's rejection is in the ledger
+                count_drop("claim refused")
+                raise Ignore() from None
+            if status == "unclaimed" and not isinstance(exc, LeaseLost):
+                _claim_late(orc, token, worker, self.name, status)
             fp, evidence = fingerprint(exc)
             # a terminate signal (a revoke of a fenced attempt, or a shutdown) is a fence when the
             # attempt no longer holds the task, the lease check the heartbeat makes
             terminated = _terminated_by(exc)
+            tracked = status in ("held", "unclaimed")
             fenced = isinstance(exc, LeaseLost) or not tracked or (terminated is not None and not _holds(orc, token))
             retryable = not isinstance(exc, (ResultNotSerializable, ValidationError, LeaseLost)) and not fenced
             if terminated is not None and fenced:
@@ -287,16 +395,50 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             raise  # a terminated process goes on exiting
         finally:
             _context.reset(context)
-        if claim.sensor is not None and not result and tracked:
+        if sensor is not None and not result and status != "lost":
             # a sensor's check said "not yet": wait as a row until the next check
-            orc.defer_attempt(token, sensor_defer(claim.sensor, claim.resumed))
+            orc.defer_attempt(token, sensor_defer(sensor, resumed))
             return None
         problem = _result_problem(result, orc.settings.max_result_bytes)
         if problem is not None:
+            _claim_late(orc, token, worker, self.name, status)
             orc.fail_attempt(token, error=problem, retryable=False)
             raise ResultNotSerializable(f"task {self.name} ({token.task_id}): {problem}")
-        orc.complete(token, result)
+        if status == "unclaimed":
+            orc.complete(token, result, claim=(worker, self.name, time.monotonic() - started))
+        else:
+            orc.complete(token, result)
         return result
+
+
+def _redelivered(request: Any) -> bool:
+    """Whether the broker flagged the message redelivered (RabbitMQ's flag; kombu's Redis
+    transport sets it, and a header, on a message it restores)."""
+    info = getattr(request, "delivery_info", None) or {}
+    return bool(info.get("redelivered") or getattr(request, "redelivered", None))
+
+
+def _claim_or_ignore(orc: Orchestrator, token: FencingToken, worker: str, task_name: str) -> Claim:
+    """The claim before the body; a failed or refused claim acks and drops the message."""
+    try:
+        claim = orc.claim(token, worker, task_name)
+    except Exception:
+        log.exception("claim of %s failed; left to the reconciler", token.task_id)
+        raise Ignore() from None
+    if claim is None:
+        # a duplicate, a stale attempt or an unknown task: counted here, in the ledger only
+        # when the task exists (a rejected event)
+        log.info("claim of %s refused; duplicate or stale message dropped", token.task_id)
+        count_drop("claim refused")
+        raise Ignore()
+    return claim
+
+
+def _claim_late(orc: Orchestrator, token: FencingToken, worker: str, task_name: str, status: str | None) -> None:
+    """A direct body that finished unclaimed with another outcome than a success: claim now,
+    before that outcome is recorded (a refused claim drops it)."""
+    if status == "unclaimed":
+        _claim_or_ignore(orc, token, worker, task_name)
 
 
 class OrchestratedRequest(Request):  # type: ignore[misc]
@@ -311,7 +453,7 @@ class OrchestratedRequest(Request):  # type: ignore[misc]
         headers = self._request_dict  # the message's headers (the main process has no task request)
         fencing = SimpleNamespace(id=self.id, **{h: headers.get(h) for h in FENCING_HEADERS})
         try:
-            token = verified_token(self.task, fencing)
+            token = verified_token(self.task, fencing, (self.args, self.kwargs))
         except Ignore:
             return
         if token is None:
@@ -328,13 +470,17 @@ class OrchestratedRequest(Request):  # type: ignore[misc]
             log.exception("could not record the hard time limit of %s", token.task_id)
 
 
-def verified_token(task: Any, request: Any) -> FencingToken | None:
+def verified_token(task: Any, request: Any, arguments: tuple[Any, Any] | None = None) -> FencingToken | None:
     """The fencing token of an orchestrated request, once its signature verifies for
-    ``task``'s name; ``None`` for a plain Celery message (no fencing headers). A malformed
-    or unverified token raises :class:`~celery.exceptions.Ignore` (the message is acked and
-    dropped, nothing is written) after a log line, counted in ``inbox.DROPPED``."""
+    ``task``'s name (and, for a direct message, for its ``arguments``); ``None`` for a plain
+    Celery message (no fencing headers). A malformed or unverified token raises
+    :class:`~celery.exceptions.Ignore` (the message is acked and dropped, nothing is written)
+    after a log line, counted in ``inbox.DROPPED``."""
     try:
         token = read_token(request)
+        direct = getattr(request, HEADER_DIRECT, None)
+        if token is not None and direct not in (None, True):
+            raise MalformedHeaders(f"malformed orchestrator direct header {direct!r}")
     except MalformedHeaders as exc:
         log.error("dropping message %s of %s: %s", request.id, task.name, exc)
         count_drop("fencing headers")
@@ -342,10 +488,13 @@ def verified_token(task: Any, request: Any) -> FencingToken | None:
     if token is None:
         return None
     key = current_orchestrator(task.app).signing_key
-    if not verify(key, task.name, token, getattr(request, HEADER_SIGNATURE, None)):
+    signed = arguments if direct is True else None
+    if (direct is True and arguments is None) or not verify(
+        key, task.name, token, getattr(request, HEADER_SIGNATURE, None), signed
+    ):
         log.error(
             "dropping message %s of %s: the fencing headers' signature does not verify (forged, or made"
-            " for another task or another deployment)",
+            " for another task, other arguments or another deployment)",
             request.id,
             task.name,
         )

@@ -7,7 +7,7 @@ takes the next message at once instead of waiting for the completion that admits
 backlog waits in the database as READY rows. Which QUEUED tasks were really lost is decided
 in ``recovery.stale_queued``.
 
-Order (``orc_admit_from_v1``): higher priority classes first; within a class the free slots
+Order (``orc_admit_from_v2``): higher priority classes first; within a class the free slots
 are shared between the tenants with READY work by weight (``orc_tenants``; a tenant's share is
 its tasks in flight on the group's queues over its weight, and the tenant furthest below its
 share goes next); within a tenant, older first. A task READY for ``aging`` seconds
@@ -19,7 +19,7 @@ aside with its tenant, run, pool or rate limit, and the next best one is taken.
 
 A completion whose settlement made no task READY does not run this admission: the server
 function ``orc_succeed_v1`` hands the slot its worker freed to the best READY task of that
-worker's queues (``orc_pass_slot_v1``), without the admission lock, if the worker's group is
+worker's queues (``orc_pass_slot_v2``), without the admission lock, if the worker's group is
 under its window. Everything else that changes the READY backlog or the capacity runs the whole
 admission: a completion that made tasks READY, a failure, a submit, a worker registering, the
 reconciler's pass.
@@ -42,7 +42,7 @@ T = TaskState
 t_workers = s.workers
 
 
-_ORC_ADMIT = sa.text("SELECT * FROM orc_admit_v1(:window, :ttl, :depth, :wait, :aging)")
+_ORC_ADMIT = sa.text("SELECT * FROM orc_admit_v2(:window, :ttl, :depth, :wait, :aging)")
 
 
 class Admission:
@@ -58,7 +58,7 @@ class Admission:
     def admit(self, conn: Connection, window: int, *, wait: bool = True) -> list[Dispatch]:
         """Admit within capacity (at most ``window`` tasks QUEUED or RUNNING in all); return
         the messages to publish *after* the caller commits: the server function
-        ``orc_admit_v1`` (``store/sql/admit.sql``, ``admit_from.sql``), one round trip.
+        ``orc_admit_v2`` (``store/sql/admit.sql``, ``admit_from.sql``), one round trip.
 
         Admission is serialized (an advisory transaction lock). ``wait=False`` (the reconciler)
         skips a pass while another admission holds it; everyone else waits, so the work it just

@@ -74,14 +74,34 @@ class Attempts:
             )
             return res.rowcount == 1
 
-    def succeed(self, run_id: str, key: str, attempt: int, result: Any, window: int) -> Outcome:
+    def succeed(
+        self,
+        run_id: str,
+        key: str,
+        attempt: int,
+        result: Any,
+        window: int,
+        *,
+        claim: tuple[str, str, float] | None = None,
+    ) -> Outcome:
         """CAS RUNNING -> SUCCEEDED with ``result``, settle the children, admit ready tasks
         (``orc_succeed_v2``). A result its node cannot use (a branch naming no direct child, a
         map's parent returning no list) fails the attempt instead, without a retry, its error
-        the server's ``BranchError`` / ``MapError``."""
+        the server's ``BranchError`` / ``MapError``.
+
+        ``claim`` = ``(worker, task_name, elapsed seconds)``: the body of a direct message ran
+        unclaimed, and the claim (QUEUED -> RUNNING, refused as :meth:`claim` refuses) is made in
+        the same statement (``orc_claim_succeed_v1``)."""
         check_transition(T.RUNNING, T.SUCCEEDED, WORKER.role)
         a = self.admission
-        out = self.hot.succeed(run_id, key, attempt, result, window, a.worker_ttl, a.depth, a.aging)
+        if claim is not None:
+            check_transition(T.QUEUED, T.RUNNING, WORKER.role)
+            worker, task_name, elapsed = claim
+            out = self.hot.claim_succeed(
+                run_id, key, attempt, worker, task_name, elapsed, result, window, a.worker_ttl, a.depth, a.aging
+            )
+        else:
+            out = self.hot.succeed(run_id, key, attempt, result, window, a.worker_ttl, a.depth, a.aging)
         if not out["accepted"]:
             if out.get("invalid"):
                 return self.fail(run_id, key, attempt, error=out["invalid"], window=window, retryable=False)

@@ -1,8 +1,8 @@
 """The hot path on Postgres: the claim and the success in one round trip each.
 
-The server functions ``orc_claim_v2``, ``orc_succeed_v2`` and ``orc_skip_v1`` (``store/sql/``; the
-success and the skip settle and admit) are the only implementation of the claim, the success
-and a body's skip. They are called on
+The server functions ``orc_claim_v2``, ``orc_succeed_v2``, ``orc_claim_succeed_v1`` (both at once,
+for a direct message's short body) and ``orc_skip_v1`` (``store/sql/``; the success and the skip
+settle and admit) are the only implementation of the claim, the success and a body's skip. They are called on
 psycopg connections of a small pool per process (at most ``pool_size``, shared by its threads: a
 thread waits for a free one), in autocommit (a single statement is atomic: no BEGIN, no COMMIT),
 as prepared statements (not through a transaction pooler), without SQLAlchemy's per-call cost
@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 _CLAIM = "SELECT orc_claim_v2(%s::text, %s::text, %s::int, %s::text, %s::float8, %s::text)"
 _SUCCEED = "SELECT orc_succeed_v2(%s::text, %s::text, %s::int, %s::json, %s::int, %s::float8, %s::int, %s::float8)"
+_CLAIM_SUCCEED = (
+    "SELECT orc_claim_succeed_v1(%s::text, %s::text, %s::int, %s::text, %s::text, %s::float8, %s::json, %s::int,"
+    " %s::float8, %s::int, %s::float8)"
+)
 _SKIP = "SELECT orc_skip_v1(%s::text, %s::text, %s::int, %s::text, %s::int, %s::float8, %s::int, %s::float8)"
 
 #: connections a forked child inherited from its parent: kept referenced, never closed, so
@@ -154,6 +158,26 @@ class HotPath:
         ``{"accepted": false, "invalid"}`` (a result its node cannot use; nothing written)."""
         params = (run_id, key, attempt, Json(result), window, worker_ttl, depth, aging)
         out: dict[str, Any] = self._call(_SUCCEED, params)
+        return out
+
+    def claim_succeed(
+        self,
+        run_id: str,
+        key: str,
+        attempt: int,
+        worker: str,
+        task_name: str,
+        elapsed: float,
+        result: Any,
+        window: int,
+        worker_ttl: float,
+        depth: int,
+        aging: float,
+    ) -> dict[str, Any]:
+        """The claim and the success in one statement (a direct message's body that finished
+        before its claim): what :meth:`succeed` returns."""
+        params = (run_id, key, attempt, worker, task_name, elapsed, Json(result), window, worker_ttl, depth, aging)
+        out: dict[str, Any] = self._call(_CLAIM_SUCCEED, params)
         return out
 
     def skip(

@@ -7,7 +7,7 @@ kept beside them: a slot frees exactly when its task ends, its lease expires or 
 cancelled, so nothing can leak after a crash. A rate limit's bucket holds ``burst`` tokens and
 refills at ``rate`` per second; admission takes one token per task it moves to QUEUED.
 
-Admission checks them in the server functions ``orc_limit_held_v1`` and ``orc_admit_from_v1``
+Admission checks them in the server functions ``orc_limit_held_v1`` and ``orc_admit_from_v2``
 (``store/sql/``), under the admission lock; this module keeps the rows.
 """
 

@@ -52,6 +52,8 @@ class Snapshot:
     edges: list[Any]
     #: (run, key, attempt, executions) from the probe effects, when recorded
     effects: list[Any]
+    #: task id (``<run>.<key>.<attempt>``) -> times its message was delivered again
+    redeliveries: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -471,7 +473,18 @@ class Reads:
                 ),
                 edges=list(conn.execute(sa.select(t_edges).where(t_edges.c.run_id.in_(ids))).all()),
                 effects=effects,
+                redeliveries=self._redeliveries(conn, ids),
             )
+
+    def _redeliveries(self, conn: Connection, run_ids: Sequence[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        d = s.deliveries.c
+        for run_id in run_ids:
+            rows_ = conn.execute(
+                sa.select(d.message_id, d.deliveries).where(d.message_id.like(run_id.replace("_", "\\_") + ".%"))
+            ).all()
+            found.update({m: int(n) - 1 for m, n in rows_})
+        return found
 
     def finished_runs(self, run_ids: Sequence[str]) -> int:
         """How many of ``run_ids`` are in a final state."""

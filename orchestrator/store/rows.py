@@ -25,7 +25,7 @@ def dispatch(r: Mapping[Any, Any]) -> Dispatch:
     returns (``hotpath.py``): the same keys either way."""
     return Dispatch(
         r["run_id"], r["key"], r["attempt"], r["task_name"], list(r["args"]), dict(r["kwargs"]), r["queue"],
-        r["soft_time_limit"], r["time_limit"], r.get("priority_rank", 1),
+        r["soft_time_limit"], r["time_limit"], r.get("priority_rank", 1), bool(r.get("direct", False)),
     )  # fmt: skip
 
 

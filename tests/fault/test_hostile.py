@@ -20,7 +20,15 @@ from kombu import Connection, Exchange, Producer
 
 from orchestrator import DAG, RunState, TaskState
 from orchestrator import schema as s
-from orchestrator.protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE, FencingToken, sign
+from orchestrator.protocol import (
+    HEADER_ATTEMPT,
+    HEADER_DIRECT,
+    HEADER_KEY,
+    HEADER_RUN,
+    HEADER_SIGNATURE,
+    FencingToken,
+    sign,
+)
 from tests.fault.harness import Cluster, P, rejected
 
 pytestmark = pytest.mark.fault
@@ -178,6 +186,25 @@ def test_forged_fencing_headers_never_touch_a_run(cluster: Cluster) -> None:
             _headers(P + "sleep", **_token(run.id, "a", 1, sign(b"k" * 32, P + "sleep", token))),
             j,
         ),
+        # the attempt's headers made direct (its body would start before the claim) with the
+        # signature of the plain token: a direct message's signature covers its arguments
+        (
+            "made direct",
+            [[], {"seconds": 30.0}, GOOD_BODY[2]],
+            _headers(P + "sleep", **_token(run.id, "a", 1, sign(key, P + "sleep", token)), **{HEADER_DIRECT: True}),
+            j,
+        ),
+        # a direct message's real signature with other arguments
+        (
+            "direct, other arguments",
+            [[], {"seconds": 30.0}, GOOD_BODY[2]],
+            _headers(
+                P + "sleep",
+                **_token(run.id, "a", 1, sign(key, P + "sleep", token, ([], {"seconds": 3.0}))),
+                **{HEADER_DIRECT: True},
+            ),
+            j,
+        ),
         # no fencing headers at all, the attempt's task id and a hard limit that kills the body
         ("task id only", [[5.0], {}, {}], _headers(P + "sleep", id=token.task_id, timelimit=[0.3, 0.5]), j),
     ]
@@ -191,7 +218,7 @@ def test_forged_fencing_headers_never_touch_a_run(cluster: Cluster) -> None:
         ("QUEUED", "RUNNING", "worker"),
         ("RUNNING", "SUCCEEDED", "worker"),
     ], events
-    assert worker.text().count("signature does not verify") == 2, worker.tail()
+    assert worker.text().count("signature does not verify") == 4, worker.tail()
     assert "Hard time limit" in worker.text(), worker.tail()
     assert worker.popen.poll() is None
 

@@ -46,7 +46,7 @@ def test_main_thread_body_is_interrupted_inside_sleep(taken_over: tuple[Heartbea
     with pytest.raises(LeaseLost):
         time.sleep(10)  # a blocking call: only a signal breaks it
     assert time.monotonic() - started < 2.0
-    assert not hb.untrack(FencingToken(run_id, "a", 1))  # the heartbeater already let go of it
+    assert hb.untrack(FencingToken(run_id, "a", 1)) == "lost"  # the heartbeater already let go of it
 
 
 def test_pool_thread_body_is_interrupted(taken_over: tuple[Heartbeater, Store, str]) -> None:
@@ -68,3 +68,83 @@ def test_pool_thread_body_is_interrupted(taken_over: tuple[Heartbeater, Store, s
     thread.start()
     thread.join(15)
     assert outcome == ["fenced"] and time.monotonic() - started < 2.0
+
+
+@pytest.fixture
+def queued(pg_clean: str) -> tuple[Orchestrator, Store, str]:
+    """A run whose task ``a`` is QUEUED (attempt 1), and a driver of the worker's side."""
+    store = Store(pg_clean)
+    store.workers.register("w", default_queues(), 10)
+    dag = DAG("direct")
+    dag.task("a", "t")
+    dag.task("b", "up", upstream=["a"])
+    run_id, _ = store.submission.create_run(
+        dag, queues={k: route("default", dag.priority) for k in "ab"}, wants_upstream=lambda name: name == "up"
+    )
+    sent = store.admission.admit_ready(10)
+    assert [(d.key, d.direct) for d in sent] == [("a", True)]
+    orc = Orchestrator(
+        Settings(lease_seconds=3.0, claim_delay=0.2, database_url=pg_clean),
+        store=store,
+        publisher=RecordingPublisher(),
+        registry=StaticRegistry(["t", "up"], upstream=["up"]),
+    )
+    return orc, store, run_id
+
+
+def _ledger(store: Store, run_id: str, key: str) -> list[tuple[str | None, str, bool]]:
+    return [(e.from_state, e.to_state, e.accepted) for e in store.reads.events(run_id) if e.key == key]
+
+
+def test_a_direct_body_that_finishes_before_its_claim_delay_commits_claim_and_success_at_once(
+    queued: tuple[Orchestrator, Store, str],
+) -> None:
+    orc, store, run_id = queued
+    token = FencingToken(run_id, "a", 1)
+    hb = Heartbeater(orc)
+    hb.track_direct(token, lambda: orc.claim(token, "w:1", "t") is not None)
+    assert hb.untrack(token) == "unclaimed"
+    out = orc.complete(token, 7, claim=("w:1", "t", 0.01))
+    assert out.accepted
+    # the child wants its upstream: not direct
+    assert [(d.key, d.direct) for d in out.dispatches] == [("b", False)]
+    assert _ledger(store, run_id, "a") == [
+        ("PENDING", "READY", True), ("READY", "QUEUED", True), ("QUEUED", "RUNNING", True),
+        ("RUNNING", "SUCCEEDED", True),
+    ]  # fmt: skip
+    # the same message delivered again: refused, recorded, nothing committed twice
+    again = orc.complete(token, 8, claim=("w:2", "t", 0.01))
+    assert not again.accepted and again.conflict == "row holds SUCCEEDED attempt 1"
+    assert _ledger(store, run_id, "a")[-1] == ("SUCCEEDED", "RUNNING", False)
+    assert {t.key: t.result for t in orc.tasks(run_id)}["a"] == 7
+    # a task that is not direct is never claimed with its success
+    b = FencingToken(run_id, "b", 1)
+    assert not orc.complete(b, 1, claim=("w:1", "up", 0.01)).accepted
+    assert {t.key: t.state.value for t in orc.tasks(run_id)}["b"] == "QUEUED"
+
+
+def test_a_direct_body_that_outlives_its_claim_delay_is_claimed_from_the_heartbeat_thread(
+    queued: tuple[Orchestrator, Store, str],
+) -> None:
+    orc, _, run_id = queued
+    token = FencingToken(run_id, "a", 1)
+    hb = Heartbeater(orc)
+    hb.track_direct(token, lambda: orc.claim(token, "w:1", "t") is not None)
+    time.sleep(0.6)
+    assert {t.key: t.state.value for t in orc.tasks(run_id)}["a"] == "RUNNING"
+    assert hb.untrack(token) == "held"
+    assert orc.complete(token, 7).accepted
+
+
+def test_a_direct_body_whose_delayed_claim_loses_is_stopped(queued: tuple[Orchestrator, Store, str]) -> None:
+    orc, store, run_id = queued
+    token = FencingToken(run_id, "a", 1)
+    assert orc.claim(token, "other:1", "t") is not None  # a duplicate delivery claimed it first
+    hb = Heartbeater(orc)
+    hb.track_direct(token, lambda: orc.claim(token, "w:1", "t") is not None)
+    started = time.monotonic()
+    with pytest.raises(LeaseLost):
+        time.sleep(10)
+    assert time.monotonic() - started < 2.0
+    assert hb.untrack(token) == "refused"
+    assert _ledger(store, run_id, "a")[-1] == ("RUNNING", "RUNNING", False)

@@ -244,3 +244,18 @@ def test_verify_checks_the_promise_from_the_database(orc: Orchestrator, tmp_path
     assert done.returncode == 1, done.stdout
     assert f"violation: {run.id}.b: 2 accepted results (committed twice)" in done.stdout
     assert "violation(s) in 2 run(s)" in done.stderr
+
+
+def test_a_direct_messages_signature_covers_its_arguments() -> None:
+    from orchestrator.protocol import sign, verify
+
+    key, token = b"k" * 32, FencingToken("r", "k", 3)
+    plain = sign(key, "t", token)
+    direct = sign(key, "t", token, (["a", 1.5], {"n": {"b": 2, "a": [1]}}))
+    assert plain != direct
+    # the worker's arguments come from the message's JSON: the same values verify, key order aside
+    assert verify(key, "t", token, direct, (["a", 1.5], {"n": {"a": [1], "b": 2}}))
+    assert not verify(key, "t", token, direct, (["a", 1.5], {"n": {"a": [1], "b": 3}}))
+    assert not verify(key, "t", token, plain, (["a", 1.5], {"n": {"a": [1], "b": 2}}))
+    assert not verify(key, "t", token, direct, (["a", float("nan")], {}))
+    assert verify(key, "t", token, plain)

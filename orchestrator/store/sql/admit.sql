@@ -1,17 +1,17 @@
--- orc_admit_v1: READY -> QUEUED within the live workers' capacity, in fair order.
+-- orc_admit_v2: READY -> QUEUED within the live workers' capacity, in fair order.
 --
 -- Serialized by the admission lock (advisory transaction lock 1869767425): p_wait = true waits
 -- for it (a completion, a submit), false returns nothing while another admission holds it (the
 -- reconciler). For each group of live workers consuming the same queues, the room is their
 -- concurrency x p_depth less the tasks in flight on those queues, and at most p_window tasks
--- are in flight in all; orc_admit_from_v1 fills the room. Returns the rows to publish after
+-- are in flight in all; orc_admit_from_v2 fills the room. Returns the rows to publish after
 -- the caller commits.
 
-CREATE OR REPLACE FUNCTION orc_admit_v1(p_window integer, p_worker_ttl double precision, p_depth integer,
+CREATE OR REPLACE FUNCTION orc_admit_v2(p_window integer, p_worker_ttl double precision, p_depth integer,
     p_wait boolean, p_aging double precision)
  RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
                soft_time_limit double precision, time_limit double precision, priority_rank integer,
-               ready_at timestamp with time zone)
+               ready_at timestamp with time zone, direct boolean)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
 AS $$
@@ -59,7 +59,7 @@ BEGIN
                     LIMIT 1000000000) AS i)), 0)::int INTO used FROM unnest(qs) AS q(name);
         room := least(g.capacity * p_depth - used, p_window - total);
         CONTINUE WHEN room <= 0;
-        RETURN QUERY SELECT * FROM orc_admit_from_v1(qs, room, p_aging);
+        RETURN QUERY SELECT * FROM orc_admit_from_v2(qs, room, p_aging);
         GET DIAGNOSTICS n = ROW_COUNT;
         total := total + n;
     END LOOP;

@@ -1,4 +1,4 @@
--- orc_admit_from_v1: up to p_room READY tasks of p_queues -> QUEUED, one pick at a time.
+-- orc_admit_from_v2: up to p_room READY tasks of p_queues -> QUEUED, one pick at a time.
 --
 -- Each pick is the best head: of each tenant's READY tasks in each queue the first (priority,
 -- then age); among the heads the highest class (a task READY for p_aging seconds counts one
@@ -7,12 +7,14 @@
 -- that a limit holds back (orc_limit_held_v1) is set aside with its tenant, run, pool or rate
 -- limit and the next head is looked at: a held pick uses no room, and a pass looks at most
 -- p_room + 1000 times (a backlog too big for its pool's free slots is passed over 1,000 at a
--- time per pass, not all of it).
+-- time per pass, not all of it). Each row says whether its message is direct: the message's
+-- arguments are all the body gets (no upstream results, map item, sensor or resumed state), so a
+-- worker may start the body before claiming (orc_claim_succeed_v1).
 
-CREATE OR REPLACE FUNCTION orc_admit_from_v1(p_queues text[], p_room integer, p_aging double precision)
+CREATE OR REPLACE FUNCTION orc_admit_from_v2(p_queues text[], p_room integer, p_aging double precision)
  RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
                soft_time_limit double precision, time_limit double precision, priority_rank integer,
-               ready_at timestamp with time zone)
+               ready_at timestamp with time zone, direct boolean)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
 AS $$
@@ -107,7 +109,9 @@ BEGIN
             UPDATE orc_tasks t SET state = 'QUEUED', dispatched_at = now()
             WHERE t.run_id = pick.run_id AND t.key = pick.key AND coalesce(t.state, '') = 'READY'
             RETURNING t.run_id::text, t.key::text, t.attempt, t.task_name::text, t.args, t.kwargs, t.queue::text,
-                      t.soft_time_limit, t.time_limit, t.priority_rank::int, t.ready_at
+                      t.soft_time_limit, t.time_limit, t.priority_rank::int, t.ready_at,
+                      NOT t.wants_upstream AND t.map_item_from IS NULL AND t.wait_spec IS NULL
+                          AND t.wait_resume IS NULL
         ), events AS (
             INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
             SELECT moved.run_id, moved.key, moved.attempt, 'READY', 'QUEUED', 'dispatcher', NULL, NULL, true, now()

@@ -62,3 +62,41 @@ BEGIN
                              'wants_upstream', row.wants_upstream, 'upstream', coalesce(upstream, '{}'::json));
 END
 $$;
+
+-- orc_claim_succeed_v1: the claim folded into the success, for a direct message (its arguments
+-- are all the body gets: orc_admit_from_v2's direct flag) whose body finished before its worker's
+-- claim delay (ORCHESTRATOR_CLAIM_DELAY). One statement: QUEUED -> RUNNING for p_attempt with
+-- its ledger row, both stamped when the body started (p_elapsed seconds ago, not before the
+-- task was dispatched), then orc_succeed_v2. The claim's
+-- conditions are orc_claim_v2's plus the direct ones; a claim that loses writes the rejected
+-- event and returns {"accepted": false, "conflict"} (the body's result is dropped, never
+-- committed), otherwise what orc_succeed_v2 returns.
+
+CREATE OR REPLACE FUNCTION orc_claim_succeed_v1(p_run text, p_key text, p_attempt integer, p_worker text,
+    p_task text, p_elapsed double precision, p_result json, p_window integer, p_worker_ttl double precision,
+    p_depth integer, p_aging double precision)
+ RETURNS json
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    conflict text;
+    began timestamptz;
+BEGIN
+    UPDATE orc_tasks t SET state = 'RUNNING', heartbeat_at = now(), worker = p_worker,
+                           started_at = least(greatest(now() - make_interval(secs => greatest(p_elapsed, 0)),
+                                                       coalesce(t.dispatched_at, now())), now())
+    WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'QUEUED' AND t.attempt = p_attempt
+      AND t.task_name = p_task AND NOT t.wants_upstream AND t.map_item_from IS NULL AND t.wait_spec IS NULL
+      AND t.wait_resume IS NULL
+    RETURNING t.started_at INTO began;
+    IF NOT FOUND THEN
+        conflict := orc_reject_v1(p_run, p_key, p_attempt, 'RUNNING', 'worker',
+                                  'claim by ' || p_worker || ' for a message of ' || p_task);
+        RETURN json_build_object('accepted', false, 'conflict', coalesce(conflict, 'no such task'));
+    END IF;
+    INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+    VALUES (p_run, p_key, p_attempt, 'QUEUED', 'RUNNING', 'worker', NULL, 'claim by ' || p_worker, true, began);
+    RETURN orc_succeed_v2(p_run, p_key, p_attempt, p_result, p_window, p_worker_ttl, p_depth, p_aging);
+END
+$$;

@@ -3,7 +3,9 @@
 -- (orc_claim_v1, orc_succeed_v1, orc_settle_v1; orc_decide_v1 is dropped: only settlement
 -- called it) keep their signatures; so do the _v1 functions of clear.sql that 0014 replaced
 -- (orc_clear_v1, orc_mark_v1 for the previous release's operator commands and web page, and
--- orc_redecide_v1 that they called); the unversioned names of migrations 0004 to 0006 are the
+-- orc_redecide_v1 that they called); the admission's _v1 functions that 0017 replaced
+-- (orc_admit_v1, orc_admit_from_v1, orc_pass_slot_v1: their rows without the direct flag); the
+-- unversioned names of migrations 0004 to 0006 are the
 -- four that the release before the versioned functions called from Python. Drop them when no
 -- such worker is left (a later migration).
 
@@ -77,6 +79,38 @@ CREATE OR REPLACE FUNCTION orc_settle(p_run text, p_key text, p_state text, p_ch
  LANGUAGE sql
 AS $$
 SELECT orc_settle_v1(p_run, p_key, p_state, p_children, p_actor, p_by)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_admit_from_v1(p_queues text[], p_room integer, p_aging double precision)
+ RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
+               soft_time_limit double precision, time_limit double precision, priority_rank integer,
+               ready_at timestamp with time zone)
+ LANGUAGE sql
+AS $$
+SELECT run_id, key, attempt, task_name, args, kwargs, queue, soft_time_limit, time_limit, priority_rank, ready_at
+FROM orc_admit_from_v2(p_queues, p_room, p_aging)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_pass_slot_v1(p_queues text, p_worker_ttl double precision, p_depth integer,
+    p_aging double precision)
+ RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
+               soft_time_limit double precision, time_limit double precision, priority_rank integer,
+               ready_at timestamp with time zone)
+ LANGUAGE sql
+AS $$
+SELECT run_id, key, attempt, task_name, args, kwargs, queue, soft_time_limit, time_limit, priority_rank, ready_at
+FROM orc_pass_slot_v2(p_queues, p_worker_ttl, p_depth, p_aging)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_admit_v1(p_window integer, p_worker_ttl double precision, p_depth integer,
+    p_wait boolean, p_aging double precision)
+ RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
+               soft_time_limit double precision, time_limit double precision, priority_rank integer,
+               ready_at timestamp with time zone)
+ LANGUAGE sql
+AS $$
+SELECT run_id, key, attempt, task_name, args, kwargs, queue, soft_time_limit, time_limit, priority_rank, ready_at
+FROM orc_admit_v2(p_window, p_worker_ttl, p_depth, p_wait, p_aging)
 $$;
 
 CREATE OR REPLACE FUNCTION orc_admit(p_window integer, p_worker_ttl double precision, p_depth integer,

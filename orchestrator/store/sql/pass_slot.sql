@@ -1,14 +1,14 @@
--- orc_pass_slot_v1: a completion that made nothing READY hands its worker's slot on.
+-- orc_pass_slot_v2: a completion that made nothing READY hands its worker's slot on.
 --
 -- When the worker's group (p_queues, its queues as JSON text) is under its capacity x p_depth,
--- the best READY task of those queues is admitted (orc_admit_from_v1 with room 1), without the
+-- the best READY task of those queues is admitted (orc_admit_from_v2 with room 1), without the
 -- admission lock unless a limit applies: no scan of other queues, no waiting behind admissions.
 
-CREATE OR REPLACE FUNCTION orc_pass_slot_v1(p_queues text, p_worker_ttl double precision, p_depth integer,
+CREATE OR REPLACE FUNCTION orc_pass_slot_v2(p_queues text, p_worker_ttl double precision, p_depth integer,
     p_aging double precision)
  RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
                soft_time_limit double precision, time_limit double precision, priority_rank integer,
-               ready_at timestamp with time zone)
+               ready_at timestamp with time zone, direct boolean)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
 AS $$
@@ -28,6 +28,6 @@ BEGIN
     IF used >= capacity * p_depth THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM orc_admit_from_v1(qs, 1, p_aging);
+    RETURN QUERY SELECT * FROM orc_admit_from_v2(qs, 1, p_aging);
 END
 $$;

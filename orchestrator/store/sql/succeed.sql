@@ -181,7 +181,7 @@ $$;
 
 -- orc_dispatch_v1: what a worker's outcome publishes. When it made nothing READY and the worker
 -- (p_worker, "<worker name>:<pid>" as its claim recorded it) is live, its slot is passed on
--- (orc_pass_slot_v1); otherwise the whole admission runs (orc_admit_v1).
+-- (orc_pass_slot_v2); otherwise the whole admission runs (orc_admit_v2).
 
 CREATE OR REPLACE FUNCTION orc_dispatch_v1(p_readied integer, p_worker text, p_window integer,
     p_worker_ttl double precision, p_depth integer, p_aging double precision)
@@ -199,12 +199,12 @@ BEGIN
           AND w.seen_at > now() - make_interval(secs => p_worker_ttl);
         IF FOUND THEN
             SELECT coalesce(json_agg(d), '[]'::json) INTO dispatches
-            FROM orc_pass_slot_v1(group_queues, p_worker_ttl, p_depth, p_aging) d;
+            FROM orc_pass_slot_v2(group_queues, p_worker_ttl, p_depth, p_aging) d;
             RETURN dispatches;
         END IF;
     END IF;
     SELECT coalesce(json_agg(d ORDER BY d.priority_rank, d.ready_at), '[]'::json) INTO dispatches
-    FROM orc_admit_v1(p_window, p_worker_ttl, p_depth, true, p_aging) d;
+    FROM orc_admit_v2(p_window, p_worker_ttl, p_depth, true, p_aging) d;
     RETURN dispatches;
 END
 $$;
