@@ -144,6 +144,10 @@ def _interrupt(thread_id: int) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(LeaseLost))
 
 
+#: the longest the heartbeat thread sleeps at a time: a direct body's claim is at most this late
+_CLAIM_POLL = 0.05
+
+
 @dataclass
 class _Unclaimed:
     """A direct message's body running before its claim (see :meth:`Heartbeater.track_direct`)."""
@@ -195,7 +199,6 @@ class Heartbeater:
         with self._lock:
             self._unclaimed[token] = _Unclaimed(threading.get_ident(), time.monotonic() + self.claim_delay, claim)
             self._start()
-            self._lock.notify_all()
 
     def untrack(self, token: FencingToken) -> str:
         """Stop tracking the attempt once its body returned or raised: ``"unclaimed"`` (a direct
@@ -225,10 +228,12 @@ class Heartbeater:
                 due = [(t, e) for t, e in self._unclaimed.items() if e.state == "pending" and e.due <= now]
                 for _, entry in due:
                     entry.state = "claiming"
-                if not due and now < next_beat:
-                    wake = min([e.due for e in self._unclaimed.values() if e.state == "pending"] + [next_beat])
-                    self._lock.wait(wake - now)
-                    continue
+                wake = min([e.due for e in self._unclaimed.values() if e.state == "pending"] + [next_beat])
+            if not due and now < next_beat:
+                # a relative sleep in short steps, never a timed wait: a timed wait's deadline is
+                # absolute, and a worker whose clock is shifted (libfaketime) would sleep past it
+                time.sleep(min(max(wake - now, 0.001), _CLAIM_POLL))
+                continue
             for token, entry in due:
                 self._claim(token, entry)
             if time.monotonic() >= next_beat:

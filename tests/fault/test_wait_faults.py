@@ -132,6 +132,8 @@ def test_worker_killed_while_its_body_is_about_to_defer(cluster: Cluster) -> Non
     cluster.reconciler()
     run = cluster.orc.submit(deferring_dag("kill-before-defer", "export.done", seconds=30.0))
     cluster.wait_for(lambda: cluster.effects(run.id)[("job", 1)] == 1, 30, "job's body started", run_id=run.id)
+    # (claimed: a direct message's body is claimed once its claim delay is up)
+    cluster.wait_task(run.id, "job", lambda t: t.state is T.RUNNING, 10, "job claimed")
 
     # When w1 (main process and pool) is SIGKILLed and another worker starts
     w1.signal_group(signal.SIGKILL)
