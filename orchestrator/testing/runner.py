@@ -1,0 +1,826 @@
+"""Runs a DAG in the test's process through the production transitions.
+
+The :class:`Kit` is a deployment in one process: an :class:`~orchestrator.engine.Orchestrator` on
+the kit's database whose publisher is an in-process queue (:class:`InProcessPublisher`) instead
+of a broker, one registered worker (``kit@orchestrator-testing``) that takes the queue's
+messages one at a time and runs each through Celery's tracer and the task's own
+:class:`~orchestrator.worker.OrchestratedTask` code (signature check, claim, body, fenced
+outcome: what a pool process runs), and the reconciler's pass between them. The arguments of
+every message go through the app's serializer (JSON) and back, results through the worker's
+JSON check and the database, so what would not cross a broker or the database fails here too.
+
+Time is the database's (:mod:`orchestrator.testing.clock`): when the run can only wait for an
+instant (a retry's backoff, a sleep, a wait's or sensor's next check, a deadline, a lost message's
+dispatch timeout, a dead worker's lease), the clock jumps to it and the reconciler's pass
+releases what fell due; no real time passes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import sqlalchemy as sa
+
+from .. import process, protocol
+from .. import schema as s
+from ..config import Settings
+from ..dag import DAG
+from ..engine import Orchestrator, RunHandle
+from ..errors import OrchestratorError
+from ..models import Dispatch, EventView, TaskView
+from ..registry import RESERVED_PREFIXES, declares_upstream
+from ..routing import default_queues
+from ..states import TERMINAL, RunState, TaskState
+from ..store.waits import Emitted
+from .clock import Clock
+from .database import KitDatabase
+
+log = logging.getLogger(__name__)
+
+#: the in-process worker's name (the registry's row, the tasks' ``worker``)
+WORKER = "kit@orchestrator-testing"
+#: its capacity: every admitted task is QUEUED at once, and run in admission order
+CONCURRENCY = 1000
+#: idle points (clock jumps, inputs delivered) one drive may take before it gives up
+MAX_IDLE_STEPS = 2000
+#: how far one drive may move the clock by itself
+MAX_ADVANCE = dt.timedelta(days=400)
+#: past a due instant by this much when the clock jumps to it (``<`` comparisons)
+NUDGE = dt.timedelta(milliseconds=1)
+
+
+class KitError(AssertionError):
+    """The kit could not do what the test asked (an unknown task, a run that never settles)."""
+
+
+# ---------------------------------------------------------------------------------- faults
+
+
+class Fault:
+    """A fault injected into the first ``times`` deliveries of a node's messages."""
+
+    def __init__(self, times: int = 1) -> None:
+        if times < 0:
+            raise ValueError("times must not be negative")
+        self.times = times
+        self.used = 0
+
+    def take(self) -> bool:
+        if self.used < self.times:
+            self.used += 1
+            return True
+        return False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(times={self.times}, used={self.used})"
+
+
+class FailTimes(Fault):
+    """The body raises ``exc`` (a class or an instance) on its first ``times`` attempts, instead
+    of running; the worker records the failure as it would any other (retry with the node's
+    backoff, ``retry_on``/``no_retry_on``, poison detection)."""
+
+    def __init__(self, times: int, exc: type[BaseException] | BaseException = RuntimeError, message: str = "") -> None:
+        super().__init__(times)
+        self.exc = exc
+        self.message = message
+
+    def error(self) -> BaseException:
+        if isinstance(self.exc, BaseException):
+            return self.exc
+        return self.exc(self.message or f"injected by FailTimes({self.times}): failure {self.used} of {self.times}")
+
+    def __repr__(self) -> str:
+        name = self.exc.__name__ if isinstance(self.exc, type) else type(self.exc).__name__
+        return f"FailTimes({self.times}, exc={name}, used={self.used})"
+
+
+class LoseDispatch(Fault):
+    """The broker loses the node's message (published, never delivered): the task stays QUEUED
+    until the reconciler re-publishes it past ``dispatch_timeout`` (the clock jumps there)."""
+
+
+class CrashWorker(Fault):
+    """The worker dies right after its claim: the attempt is RUNNING and never finishes, until
+    its lease expires (the clock jumps there) and the reconciler fails it (``LeaseExpired``: a
+    retry when attempts remain; ``crash_loop_threshold`` lost leases in a row: DEAD_LETTER)."""
+
+
+def _faults(faults: Mapping[str, Fault | Sequence[Fault]] | None) -> dict[str, list[Fault]]:
+    out: dict[str, list[Fault]] = {}
+    for name, value in (faults or {}).items():
+        items = [value] if isinstance(value, Fault) else list(value)
+        for f in items:
+            if not isinstance(f, Fault):
+                raise TypeError(f"faults[{name!r}] holds {f!r}: give FailTimes, LoseDispatch or CrashWorker")
+        out[name] = items
+    return out
+
+
+# ---------------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Input:
+    """An event, a signal or an answer to an approval that a drive delivers (see :func:`emit`)."""
+
+    kind: str
+    key: str
+    payload: dict[str, Any] | None = None
+    event_id: str | None = None
+    tenant: str | None = None
+    by: str = "test"
+    comment: str | None = None
+    #: seconds of virtual time after the run's start; ``None``: once something waits for it
+    after: float | None = None
+
+
+def _after(after: float | dt.timedelta | None) -> float | None:
+    return after.total_seconds() if isinstance(after, dt.timedelta) else after
+
+
+def emit(
+    key: str,
+    payload: dict[str, Any] | None = None,
+    *,
+    event_id: str | None = None,
+    tenant: str | None = None,
+    after: float | dt.timedelta | None = None,
+) -> Input:
+    """The event ``key`` for ``run_dag(events=[...])``: emitted (:meth:`Orchestrator.emit`) once a
+    task waits for it, or ``after`` seconds of virtual time after the run started."""
+    return Input("emit", key, payload, event_id, tenant, after=_after(after))
+
+
+def signal(
+    name: str, payload: dict[str, Any] | None = None, *, event_id: str | None = None,
+    after: float | dt.timedelta | None = None,
+) -> Input:  # fmt: skip
+    """The signal ``name`` to the run, for ``run_dag(events=[...])`` (delivered as :func:`emit`)."""
+    return Input("signal", name, payload, event_id, after=_after(after))
+
+
+def approve(
+    key: str, *, by: str = "test", comment: str | None = None, after: float | dt.timedelta | None = None
+) -> Input:
+    """An approval of the node ``key``, for ``run_dag(events=[...])``: given once it waits for one."""
+    return Input("approve", key, by=by, comment=comment, after=_after(after))
+
+
+def reject(
+    key: str, *, by: str = "test", comment: str | None = None, after: float | dt.timedelta | None = None
+) -> Input:
+    """A rejection of the approval node ``key`` (delivered as :func:`approve`)."""
+    return Input("reject", key, by=by, comment=comment, after=_after(after))
+
+
+# ---------------------------------------------------------------------------------- plumbing
+
+
+class InProcessPublisher:
+    """The broker of the kit: a FIFO queue the kit's worker takes messages from."""
+
+    def __init__(self) -> None:
+        self.queue: deque[Dispatch] = deque()
+        #: every dispatch ever published, in order
+        self.sent: list[Dispatch] = []
+        self.revoked: set[str] = set()
+
+    def publish(self, dispatches: Sequence[Dispatch]) -> int:
+        self.queue.extend(dispatches)
+        self.sent.extend(dispatches)
+        return len(dispatches)
+
+    def revoke(self, task_ids: Sequence[str]) -> None:
+        self.revoked.update(task_ids)
+
+
+_kit_app: Any = None
+
+
+def kit_app() -> Any:
+    """A Celery app of the kit's own (no broker is ever used) for the stand-in tasks given as
+    plain functions (``tasks={name: function}``)."""
+    global _kit_app
+    if _kit_app is None:
+        from celery import Celery
+
+        _kit_app = Celery("orchestrator-testing", task_cls="orchestrator.worker:OrchestratedTask", set_as_current=False)
+        _kit_app.conf.update(
+            task_serializer="json", accept_content=["json"], task_ignore_result=True, result_serializer="json"
+        )
+    return _kit_app
+
+
+class KitTasks:
+    """The task registry of the kit: the stand-ins given to it (``tasks={name: task or
+    function}``), then the tasks of the Celery app (by default the project's,
+    :func:`orchestrator.celery_app.get_app`). Also the submit's registry check."""
+
+    def __init__(self, app: Any = None) -> None:
+        self._app = self._explicit = app
+        self._loaded = False
+        self.overrides: dict[str, Any] = {}
+
+    @property
+    def app(self) -> Any:
+        if self._app is None:
+            from ..celery_app import get_app
+
+            self._app = get_app()
+        return self._app
+
+    def override(self, tasks: Mapping[str, Any] | None) -> None:
+        for name, value in (tasks or {}).items():
+            if hasattr(value, "run") and hasattr(value, "app"):
+                self.overrides[name] = value  # a Celery task
+            elif callable(value):
+                app = kit_app()
+                app.tasks.pop(name, None)
+                self.overrides[name] = app.task(name=name, shared=False)(value)
+            else:
+                raise TypeError(f"tasks[{name!r}] must be a Celery task or a function, not {type(value).__name__}")
+
+    def _tasks(self) -> Any:
+        if not self._loaded:
+            self._loaded = True
+            try:
+                self.app.loader.import_default_modules()
+            except ImportError as exc:  # ORCHESTRATOR_TASK_MODULES names modules this project lacks
+                log.debug("task modules not imported (%s); using the tasks registered so far", exc)
+        return self.app.tasks
+
+    def get(self, name: str) -> Any:
+        found = self.overrides.get(name)
+        if found is None:
+            found = self._tasks().get(name)
+        if found is None and self._explicit is None:
+            found = _elsewhere(name)
+        return found
+
+    def is_registered(self, name: str) -> bool:
+        return not name.startswith(RESERVED_PREFIXES) and self.get(name) is not None
+
+    def wants_upstream(self, name: str) -> bool:
+        task = self.get(name)
+        return task is not None and declares_upstream(task)
+
+
+def _elsewhere(name: str) -> Any:
+    """An orchestrated task of that name on another Celery app of this process (a project that
+    made its own with ``create_app``), when the default app has none."""
+    from celery._state import _get_active_apps
+
+    from ..worker import OrchestratedTask
+
+    for app in list(_get_active_apps()):
+        task = app.tasks.get(name)  # finalizes the app (its pending tasks registered), as a worker does
+        if isinstance(task, OrchestratedTask):
+            return task
+    return None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message the kit's worker took: ``outcome`` is ``ran`` (the body ran, through the
+    worker's code), ``failed`` (a :class:`FailTimes` stood in for the body), ``lost``
+    (:class:`LoseDispatch`), ``crashed`` (:class:`CrashWorker`) or ``revoked``."""
+
+    run_id: str
+    key: str
+    attempt: int
+    task: str
+    outcome: str
+
+
+def kit_settings(url: str, **overrides: Any) -> Settings:
+    """The settings of a kit: the environment's (``ORCHESTRATOR_*``), on the kit's database,
+    with no alert webhook and a reconciler that acts on its first look (it runs only when the
+    kit says)."""
+    base = Settings.from_env()
+    return replace(
+        base,
+        database_url=url,
+        tick_seconds=0.0,
+        worker_reconciler=False,
+        alert_webhook="",
+        **overrides,
+    )
+
+
+def _run_id(run: Any) -> str:
+    if isinstance(run, str):
+        return run
+    if isinstance(run, (RunResult, RunHandle)):
+        return run.id if isinstance(run, RunHandle) else run.run_id
+    raise TypeError(f"give a run (RunResult, RunHandle or run id), not {type(run).__name__}")
+
+
+# ---------------------------------------------------------------------------------- the result
+
+
+@dataclass
+class RunResult:
+    """What a run came to (a snapshot, taken when the drive stopped).
+
+    ``state`` is the run's :class:`~orchestrator.RunState` (``"SUCCEEDED"``, ``"FAILED"``, or
+    ``"RUNNING"`` when it still waits for something no input and no instant brings), ``states``
+    ``{key: TaskState}``, ``results`` the stored JSON result of every task that succeeded,
+    ``attempts`` ``{key: attempt}``, ``ledger`` the run's events (``run.events()``),
+    ``deliveries`` the messages the kit's worker took for it. ``explain(key)`` says why a task
+    is where it is (``orchestrator explain``); ``resume()`` goes on driving."""
+
+    run_id: str
+    state: RunState
+    tasks: list[TaskView]
+    ledger: list[EventView]
+    deliveries: list[Delivery]
+    started_at: dt.datetime
+    now: dt.datetime
+    kit: Kit = field(repr=False)
+
+    @property
+    def states(self) -> dict[str, TaskState]:
+        return {t.key: t.state for t in self.tasks}
+
+    @property
+    def results(self) -> dict[str, Any]:
+        return {t.key: t.result for t in self.tasks if t.state is TaskState.SUCCEEDED}
+
+    @property
+    def attempts(self) -> dict[str, int]:
+        return {t.key: t.attempt for t in self.tasks}
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return {t.key: t.error for t in self.tasks if t.error}
+
+    @property
+    def elapsed(self) -> dt.timedelta:
+        """Virtual time from the submit to the snapshot."""
+        return self.now - self.started_at
+
+    @property
+    def handle(self) -> RunHandle:
+        return self.kit.orc.run(self.run_id)
+
+    def task(self, key: str) -> TaskView:
+        for t in self.tasks:
+            if t.key == key:
+                return t
+        raise KeyError(f"run {self.run_id} has no task {key!r}; it has {sorted(self.states)}")
+
+    def explain(self, key: str | None = None) -> str:
+        """Why ``key`` (every task when ``None``) is in its state, one line per task."""
+        lines = []
+        for e in self.kit.orc.explain(self.run_id, key):
+            lines.append(f"{e.key} {e.state.value}: " + "; ".join(r.detail for r in e.reasons))
+        return "\n".join(lines)
+
+    def resume(self, *, events: Iterable[Input] = (), auto_advance: bool = True) -> RunResult:
+        """Drive the run on (after the test emitted, approved or moved the clock itself)."""
+        return self.kit.drive(self.run_id, events=events, auto_advance=auto_advance, started_at=self.started_at)
+
+    def assert_succeeded(self) -> None:
+        """Raise :class:`AssertionError` with every unsuccessful task explained unless the run succeeded."""
+        if self.state is not RunState.SUCCEEDED:
+            bad = [k for k, st in self.states.items() if st is not TaskState.SUCCEEDED]
+            detail = "\n".join(self.explain(k) for k in bad)
+            raise AssertionError(f"run {self.run_id} is {self.state.value}:\n{detail}")
+
+    def __repr__(self) -> str:
+        return f"<RunResult {self.run_id} {self.state.value} {dict(self.states)}>"
+
+
+# ---------------------------------------------------------------------------------- the kit
+
+
+class Kit:
+    """A deployment in the test's process on the kit's database (see the module docstring).
+
+    ``app`` is the Celery app whose tasks the DAGs name (default: the project's,
+    ``orchestrator.celery_app.get_app()``); ``settings`` default to :func:`kit_settings`."""
+
+    def __init__(self, db: KitDatabase, *, app: Any = None, settings: Settings | None = None) -> None:
+        self.db = db
+        self.clock: Clock = db.clock
+        self.settings = settings or kit_settings(db.url)
+        self.publisher = InProcessPublisher()
+        self.tasks = KitTasks(app)
+        self.orc = Orchestrator(
+            self.settings, store=db.store(self.settings), publisher=self.publisher, registry=self.tasks
+        )
+        self.faults: dict[str, list[Fault]] = {}
+        #: every message the kit's worker took, in order
+        self.deliveries: list[Delivery] = []
+        self._queues: set[str] = set()
+        self._installed: dict[tuple[int, int], Orchestrator | None] = {}
+        self._tracers: dict[int, Any] = {}
+        self._inputs: list[Input] = []
+        # the process's heartbeater (the worker's lease extensions) beats through this database
+        from .. import worker
+
+        self._heartbeater_was = worker._heartbeaters.get(os.getpid())
+        worker._heartbeaters[os.getpid()] = db.heartbeater(self.orc)
+
+    # -------------------------------------------------------------- the test's verbs
+
+    def run_dag(
+        self,
+        dag: DAG,
+        *,
+        clock: Clock | dt.datetime | None = None,
+        faults: Mapping[str, Fault | Sequence[Fault]] | None = None,
+        events: Iterable[Input] = (),
+        auto_advance: bool = True,
+        tasks: Mapping[str, Any] | None = None,
+        **submit: Any,
+    ) -> RunResult:
+        """Submit ``dag`` and drive it until it is final or can only wait for what no input and
+        no instant brings; see :func:`orchestrator.testing.run_dag`."""
+        if isinstance(clock, dt.datetime):
+            self.clock.set(clock)
+        elif clock is not None and clock is not self.clock and getattr(clock, "engine", None) is not self.db.engine:
+            raise KitError("clock= is this test's clock (orchestrator.clock) or a datetime to start at")
+        chosen = _faults(faults)
+        events = list(events)
+        names = set(dag.nodes) | {n.task for n in dag.nodes.values()}
+        unknown = sorted(set(chosen) - names) + sorted(
+            i.key for i in events if i.kind in ("approve", "reject") and i.key not in dag.nodes
+        )
+        if unknown:
+            raise KitError(f"{unknown} name no node key or task name of DAG {dag.name!r} (a typo tests nothing)")
+        self.faults.update(chosen)
+        self.tasks.override(tasks)
+        self._register(dag)
+        started = self.clock.now()
+        handle = self.orc.submit(dag, **submit)
+        return self.drive(handle.id, events=events, auto_advance=auto_advance, started_at=started)
+
+    def submit(self, dag: DAG, **options: Any) -> RunHandle:
+        """Submit without driving (then :meth:`drive` or ``RunResult.resume``)."""
+        self._register(dag)
+        return self.orc.submit(dag, **options)
+
+    def emit(self, key: str, payload: dict[str, Any] | None = None, **options: Any) -> Emitted:
+        """Emit an event now (:meth:`Orchestrator.emit`); ``resume()`` a run to let it act on it."""
+        return self.orc.emit(key, payload, **options)
+
+    def signal(self, run: Any, name: str, payload: dict[str, Any] | None = None, **options: Any) -> Emitted:
+        """Signal a run now (:meth:`Orchestrator.signal`)."""
+        return self.orc.signal(_run_id(run), name, payload, **options)
+
+    def approve(self, run: Any, key: str, *, by: str = "test", comment: str | None = None) -> None:
+        """Approve a run's approval node now (:meth:`Orchestrator.approve`)."""
+        self.orc.approve(_run_id(run), key, by=by, comment=comment)
+
+    def reject(self, run: Any, key: str, *, by: str = "test", comment: str | None = None) -> None:
+        self.orc.reject(_run_id(run), key, by=by, comment=comment)
+
+    def reconcile(self) -> dict[str, int]:
+        """One reconciler pass now (the kit's worker counted alive at the clock's now)."""
+        self.orc.touch_worker(WORKER, sorted(self._queues), CONCURRENCY)
+        return self.orc.reconcile()
+
+    def result(self, run: Any, *, started_at: dt.datetime | None = None) -> RunResult:
+        """A snapshot of a run."""
+        run_id = _run_id(run)
+        view = self.orc.visible(run_id)
+        return RunResult(
+            run_id=run_id,
+            state=view.state,
+            tasks=self.orc.tasks(run_id),
+            ledger=self.orc.events(run_id),
+            deliveries=[d for d in self.deliveries if d.run_id == run_id],
+            started_at=started_at or view.created_at or self.clock.now(),
+            now=self.clock.now(),
+            kit=self,
+        )
+
+    # -------------------------------------------------------------- driving
+
+    def drive(
+        self,
+        run: Any,
+        *,
+        events: Iterable[Input] = (),
+        auto_advance: bool = True,
+        started_at: dt.datetime | None = None,
+    ) -> RunResult:
+        """Run every message, reconcile, deliver the inputs and (``auto_advance``) jump the
+        clock to the next instant something waits for, until the run is final or nothing
+        more can happen; returns its snapshot."""
+        run_id = _run_id(run)
+        started = started_at or self.orc.visible(run_id).created_at or self.clock.now()
+        self._inputs.extend(events)
+        horizon = self.clock.now() + MAX_ADVANCE
+        for _ in range(MAX_IDLE_STEPS):
+            self._settle()
+            if self.orc.run_state(run_id).terminal:
+                break
+            if self._give_input(run_id, started, force=False):
+                continue
+            if auto_advance:
+                due = self._next_instant(started)
+                if due is not None and due <= horizon:
+                    self.clock.advance_to(due + NUDGE)
+                    continue
+            if self._give_input(run_id, started, force=True):
+                continue
+            break
+        else:
+            raise KitError(
+                f"run {run_id} did not settle after {MAX_IDLE_STEPS} jumps of the clock and inputs:\n"
+                + self.result(run_id, started_at=started).explain()
+            )
+        return self.result(run_id, started_at=started)
+
+    def _settle(self) -> None:
+        """Deliver every message, then reconcile, until a pass publishes nothing."""
+        while True:
+            while self.publisher.queue:
+                self._deliver(self.publisher.queue.popleft())
+            self.reconcile()
+            if not self.publisher.queue:
+                return
+
+    def _next_instant(self, started: dt.datetime) -> dt.datetime | None:
+        """The earliest instant something waits for: a retry's ``not_before``, a wait's wake,
+        a lease's end (a worker that died), a lost message's dispatch timeout, a deadline, a
+        timed input; ``None`` when nothing waits for time."""
+        t, r = s.tasks.c, s.runs.c
+        terminal = [st.value for st in TERMINAL]
+        timeout = sa.func.make_interval(0, 0, 0, 0, 0, 0, self.settings.dispatch_timeout)
+        queries = [
+            sa.select(sa.func.min(t.not_before)).where(t.state == TaskState.RETRYING.value),
+            sa.select(sa.func.min(t.wake_at)).where(t.state == TaskState.WAITING.value),
+            sa.select(sa.func.min(t.lease_expires_at)).where(t.state == TaskState.RUNNING.value),
+            sa.select(sa.func.min(t.dispatched_at) + timeout).where(t.state == TaskState.QUEUED.value),
+            sa.select(sa.func.min(t.deadline_at)).where(
+                t.deadline_at.is_not(None), t.deadline_checked_at.is_(None), t.state.not_in(terminal)
+            ),
+            sa.select(sa.func.min(r.deadline_at)).where(
+                r.deadline_at.is_not(None), r.deadline_checked_at.is_(None), r.state == RunState.RUNNING.value
+            ),
+        ]
+        with self.db.engine.connect() as conn:
+            found = [conn.execute(q).scalar() for q in queries]
+        found += [started + dt.timedelta(seconds=i.after) for i in self._inputs if i.after is not None]
+        instants = [f for f in found if f is not None]
+        return min(instants) if instants else None
+
+    def _give_input(self, run_id: str, started: dt.datetime, *, force: bool) -> bool:
+        """Deliver the first input that is due: timed, its instant reached; untimed, something
+        waits for it (with ``force``: the first untimed one, whatever waits)."""
+        if not self._inputs:
+            return False
+        now = self.clock.now()
+        waiting = self._waiting(run_id)
+        for i, item in enumerate(self._inputs):
+            if item.after is not None:
+                due = started + dt.timedelta(seconds=item.after) <= now
+            elif force:
+                due = True
+            elif item.kind in ("approve", "reject"):
+                due = waiting.get(item.key) == "approval"
+            else:
+                due = item.key in waiting.values() or any(
+                    e == item.key for e in self._waited_events(run_id if item.kind == "signal" else None)
+                )
+            if due:
+                del self._inputs[i]
+                self._apply(run_id, item)
+                return True
+        return False
+
+    def _waiting(self, run_id: str) -> dict[str, str]:
+        """The run's WAITING tasks: key -> what they wait for (``approval``, ``sleep``, ...)."""
+        t = s.tasks.c
+        with self.db.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.key, t.waiting).where(t.run_id == run_id, t.state == TaskState.WAITING.value)
+            ).all()
+        return {row.key: str((row.waiting or {}).get("kind")) for row in rows}
+
+    def _waited_events(self, run_id: str | None) -> list[str]:
+        """Event keys WAITING tasks wait for (of one run, or of every run)."""
+        t = s.tasks.c
+        query = sa.select(t.wait_event).where(t.state == TaskState.WAITING.value, t.wait_event.is_not(None))
+        if run_id is not None:
+            query = query.where(t.run_id == run_id)
+        with self.db.engine.connect() as conn:
+            return [str(k) for k in conn.execute(query).scalars()]
+
+    def _apply(self, run_id: str, item: Input) -> None:
+        """Deliver one input (an event for the run's tenant unless it names one)."""
+        try:
+            if item.kind == "emit":
+                tenant = item.tenant or self.orc.visible(run_id).tenant
+                self.orc.emit(item.key, item.payload, event_id=item.event_id, tenant=tenant)
+            elif item.kind == "signal":
+                self.orc.signal(run_id, item.key, item.payload, event_id=item.event_id)
+            elif item.kind == "approve":
+                self.orc.approve(run_id, item.key, by=item.by, comment=item.comment)
+            else:
+                self.orc.reject(run_id, item.key, by=item.by, comment=item.comment)
+        except OrchestratorError as exc:
+            raise KitError(
+                f"the input {item.kind}({item.key!r}) could not be delivered: {exc}\n" + self.result(run_id).explain()
+            ) from exc
+
+    # -------------------------------------------------------------- the worker
+
+    def _register(self, dag: DAG) -> None:
+        """Count the kit's worker as consuming every queue the DAG's nodes may be routed to."""
+        dedicated = set(self.settings.dedicated_tenants) | set(self.orc.store.tenants.dedicated())
+        queues = set(default_queues(sorted(dedicated))) | {n.queue for n in dag.nodes.values() if n.queue}
+        if not queues <= self._queues:
+            self._queues |= queues
+            self.orc.register_worker(WORKER, sorted(self._queues), CONCURRENCY)
+
+    def _fault(self, d: Dispatch) -> Fault | None:
+        names = [d.key]
+        if "[" in d.key:
+            names.append(d.key.split("[", 1)[0])  # a map's child: its map's faults
+        names.append(d.task_name)
+        for name in names:
+            for f in self.faults.get(name, ()):
+                if f.take():
+                    return f
+        return None
+
+    def _install(self, app: Any) -> None:
+        """Make this kit's orchestrator the one ``app``'s tasks find in this process."""
+        ident = (os.getpid(), id(app))
+        if ident not in self._installed:
+            self._installed[ident] = process._orchestrators.get(ident)
+        process._orchestrators[ident] = self.orc
+
+    def _deliver(self, d: Dispatch) -> None:
+        def record(outcome: str) -> None:
+            self.deliveries.append(Delivery(d.run_id, d.key, d.attempt, d.task_name, outcome))
+
+        if d.token.task_id in self.publisher.revoked:
+            record("revoked")
+            return
+        task = self.tasks.get(d.task_name)
+        if task is None:
+            raise KitError(f"no task named {d.task_name!r} (node {d.key!r}) in the kit's registry")
+        fault = self._fault(d)
+        if isinstance(fault, LoseDispatch):
+            record("lost")
+            return
+        self._install(task.app)
+        if isinstance(fault, CrashWorker):
+            self.orc.claim(d.token, f"{WORKER}:crashed", d.task_name)
+            record("crashed")
+            return
+        args, kwargs = roundtrip(task.app, d)
+        request = message_request(self.orc.signing_key, d, args, kwargs)
+        patched = "run" in task.__dict__
+        saved = task.__dict__.get("run")
+        if isinstance(fault, FailTimes):
+            task.run = _raiser(fault.error())
+        try:
+            self._tracer(task)(d.token.task_id, args, kwargs, request)
+        finally:
+            if isinstance(fault, FailTimes):
+                if patched:
+                    task.run = saved
+                else:
+                    del task.run
+        record("failed" if isinstance(fault, FailTimes) else "ran")
+
+    def _tracer(self, task: Any) -> Any:
+        tracer = self._tracers.get(id(task))
+        if tracer is None:
+            from celery.app.trace import build_tracer
+
+            tracer = build_tracer(task.name, task, app=task.app, eager=True, store_errors=False, hostname=WORKER)
+            self._tracers[id(task)] = tracer
+        return tracer
+
+    def close(self) -> None:
+        """Give the apps back the orchestrators they had before this kit, and the process
+        its heartbeater."""
+        from .. import worker
+
+        if self._heartbeater_was is None:
+            worker._heartbeaters.pop(os.getpid(), None)
+        else:
+            worker._heartbeaters[os.getpid()] = self._heartbeater_was
+        for ident, previous in self._installed.items():
+            if previous is None:
+                process._orchestrators.pop(ident, None)
+            else:
+                process._orchestrators[ident] = previous
+        self._installed.clear()
+
+
+def _raiser(error: BaseException) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    return run
+
+
+def roundtrip(app: Any, d: Dispatch) -> tuple[list[Any], dict[str, Any]]:
+    """The message's arguments as a worker reads them: through the app's serializer and back."""
+    from kombu import serialization
+
+    serializer = app.conf.task_serializer or "json"
+    body = (list(d.args), dict(d.kwargs), {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+    content_type, encoding, data = serialization.dumps(body, serializer=serializer)  # type: ignore[no-untyped-call]
+    args, kwargs, _ = serialization.loads(data, content_type, encoding, accept=[content_type])  # type: ignore[no-untyped-call]
+    return list(args), dict(kwargs)
+
+
+def message_request(key: bytes, d: Dispatch, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request a worker makes of the message the publisher would send for ``d``: its
+    fencing headers (signed with the deployment's key) among the request's fields."""
+    direct = bool(getattr(d, "direct", False))
+    signature = protocol.sign(key, d.task_name, d.token, (d.args, d.kwargs) if direct else None)
+    extra: dict[str, Any] = {"direct": True} if direct else {}
+    options = protocol.send_options(
+        d.token,
+        queue=d.queue,
+        soft_time_limit=d.soft_time_limit,
+        time_limit=d.time_limit,
+        signature=signature,
+        **extra,
+    )
+    headers: dict[str, Any] = options["headers"]
+    return {
+        **headers,
+        "id": d.token.task_id,
+        "task": d.task_name,
+        "hostname": WORKER,
+        "headers": headers,
+        "delivery_info": {"exchange": "", "routing_key": d.queue, "priority": None, "redelivered": False},
+        "timelimit": (d.time_limit, d.soft_time_limit),
+        "args": args,
+        "kwargs": kwargs,
+    }
+
+
+# ---------------------------------------------------------------------------------- the test's kit
+
+_current: Kit | None = None
+#: how the plugin makes a test's kit on first use (``request.getfixturevalue("orchestrator")``)
+_lazy: Callable[[], Kit] | None = None
+
+
+def current_kit() -> Kit:
+    """The running test's kit (the ``orchestrator`` fixture's)."""
+    if _current is None and _lazy is not None:
+        _lazy()
+    if _current is None:
+        raise KitError(
+            "no test kit: run under pytest with the orchestrator plugin (installed with the package), or"
+            " pass kit=Kit(KitDatabase.prepare(url))"
+        )
+    return _current
+
+
+def set_current(kit: Kit | None) -> None:
+    global _current
+    _current = kit
+
+
+def set_lazy(make: Callable[[], Kit] | None) -> None:
+    global _lazy
+    _lazy = make
+
+
+def run_dag(
+    dag: DAG,
+    *,
+    clock: Clock | dt.datetime | None = None,
+    faults: Mapping[str, Fault | Sequence[Fault]] | None = None,
+    events: Iterable[Input] = (),
+    auto_advance: bool = True,
+    tasks: Mapping[str, Any] | None = None,
+    kit: Kit | None = None,
+    **submit: Any,
+) -> RunResult:
+    """Run ``dag`` in this process through the production transitions and return what it came to.
+
+    Its tasks' bodies are the real Celery tasks its nodes name (``tasks={name: task or
+    function}`` stands one in), run one message at a time by an in-process worker through the
+    worker's own code; the broker is an in-process queue and the reconciler runs between
+    messages. ``faults={node key, map key or task name: FailTimes(2, exc=TimeoutError) |
+    LoseDispatch() | CrashWorker()}`` injects failures; ``events=[emit(...), signal(...),
+    approve(...), reject(...)]`` are delivered once something waits for them (or ``after``
+    seconds of virtual time). With ``auto_advance`` the test's virtual clock (``clock``: a
+    datetime starts the run at that instant) jumps to each instant the run waits for. The
+    other keywords are :meth:`Orchestrator.submit`'s (``idempotency_key``, ``logical_date``...).
+    """
+    return (kit or current_kit()).run_dag(
+        dag, clock=clock, faults=faults, events=events, auto_advance=auto_advance, tasks=tasks, **submit
+    )
