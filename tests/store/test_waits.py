@@ -5,7 +5,8 @@ before the wait is found by looking back; a duplicate event id wakes nothing; si
 one run; approvals; a cancel while waiting; an operator's retry of a timed-out wait; a body
 that defers (RUNNING -> WAITING -> READY, called again with its state); a sensor in reschedule
 mode; emits racing waits that begin at the same moment. The workers' part is
-``dynamic.drive``."""
+``dynamic.drive``. The waits whose time passes (a sleep, a timeout) are in
+``test_waits_timed.py``, on the test kit's virtual clock."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from orchestrator import DAG, Defer, Orchestrator, TaskState, ValidationError
+from orchestrator import DAG, Defer, Orchestrator, ValidationError
 from orchestrator import schema as s
 from orchestrator.dag import dag_from_spec
 from orchestrator.errors import OperatorError
@@ -114,21 +115,12 @@ def test_bad_events_are_refused_and_nothing_is_written(orc: Orchestrator) -> Non
         assert conn.execute(sa.select(sa.func.count()).select_from(s.emitted)).scalar_one() == 0
 
 
-def test_a_sleep_ends_by_the_reconcilers_pass_and_a_past_instant_at_once(orc: Orchestrator) -> None:
-    dag = DAG("nap")
-    dag.wait("nap", delay=0.3)
-    dag.task("after", "t", upstream=["nap"])
-    d = drive(orc, dag)
-    assert states(orc, d.run_id) == {"nap": "WAITING", "after": "PENDING"}
-    assert orc.reconcile()["waits_woken"] == 0  # not yet
-    time.sleep(0.35)
-    assert orc.reconcile()["waits_woken"] == 1
-    assert orc.task(d.run_id, "nap").result is None
-    d = drive(orc, dag, run_id=d.run_id)
-    assert d.run_state() == "SUCCEEDED"
+def test_a_wait_for_a_past_instant_ends_at_once(orc: Orchestrator) -> None:
+    # (a sleep that ends by the reconciler's pass: test_waits_timed.py, on the kit's clock)
     past = DAG("past")
     past.wait("w", until=dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
-    assert states(orc, drive(orc, past).run_id) == {"w": "SUCCEEDED"}
+    d = drive(orc, past)
+    assert states(orc, d.run_id) == {"w": "SUCCEEDED"}
     clean(orc, d.run_id)
 
 
@@ -139,35 +131,6 @@ def test_a_wall_time_in_a_zone_is_the_next_one(orc: Orchestrator) -> None:
     wake = row(orc, run.id, "w").wake_at.astimezone(__import__("zoneinfo").ZoneInfo("Europe/Paris"))
     now = dt.datetime.now(dt.UTC)
     assert (wake.hour, wake.minute) == (9, 30) and now < wake <= now + dt.timedelta(days=1, minutes=1)
-
-
-def test_a_timeout_fails_the_wait_or_skips_it(orc: Orchestrator) -> None:
-    d = drive(orc, order_flow(timeout=0.2))
-    time.sleep(0.3)
-    assert orc.reconcile()["waits_woken"] == 1
-    paid = orc.task(d.run_id, "paid")
-    assert paid.state is TaskState.FAILED and paid.error.startswith("WaitTimeout: waited for event order.paid")
-    assert states(orc, d.run_id)["b"] == "UPSTREAM_FAILED" and d.run_state() == "FAILED"
-    assert orc.emit("order.paid", {"order_id": 42}).woken == 0  # too late: nothing waits
-    skipped = drive(orc, order_flow(timeout=0.2, on_timeout="skip", lookback=0))  # not the late event above
-    time.sleep(0.3)
-    orc.reconcile()
-    assert orc.task(skipped.run_id, "paid").skip_reason == "wait_timeout"
-    assert states(orc, skipped.run_id)["b"] == "SKIPPED" and skipped.run_state() == "SUCCEEDED"
-    clean(orc, d.run_id, skipped.run_id)
-
-
-def test_an_operators_retry_of_a_timed_out_wait_waits_again(orc: Orchestrator) -> None:
-    d = drive(orc, order_flow(timeout=0.2))
-    time.sleep(0.3)
-    orc.reconcile()
-    assert d.run_state() == "FAILED"
-    orc.retry_task(d.run_id, "paid", by="alice")
-    assert states(orc, d.run_id)["paid"] == "WAITING" and d.run_state() == "RUNNING"
-    assert orc.emit("order.paid", {"order_id": 42}).woken == 1
-    d = drive(orc, order_flow(), run_id=d.run_id)
-    assert d.run_state() == "SUCCEEDED"
-    clean(orc, d.run_id)
 
 
 def test_a_cancel_while_waiting_ends_the_wait(orc: Orchestrator) -> None:
@@ -242,20 +205,6 @@ def test_a_body_that_defers_is_called_again_with_its_state(orc: Orchestrator) ->
         ("RUNNING", "WAITING", True),
     ]  # fmt: skip
     clean(orc, d.run_id)
-
-
-def test_a_deferred_body_that_times_out_fails_with_wait_timeout(orc: Orchestrator) -> None:
-    dag = DAG("late")
-    dag.task("job", "t")
-
-    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
-        raise Defer(delay=3600, timeout=0.2)
-
-    d = drive(orc, dag, body)
-    time.sleep(0.3)
-    orc.reconcile()
-    job = orc.task(d.run_id, "job")
-    assert job.state is TaskState.FAILED and job.error.startswith("WaitTimeout") and d.run_state() == "FAILED"
 
 
 def test_a_defer_with_bad_fields_is_refused() -> None:
