@@ -370,7 +370,12 @@ class OrchestratedTask(Task):  # type: ignore[misc]
                 count_drop("claim refused")
                 raise Ignore() from None
             if status == "unclaimed" and not isinstance(exc, LeaseLost):
-                _claim_late(orc, token, worker, self.name, status)
+                try:
+                    _claim_late(orc, token, worker, self.name, status)
+                except Ignore:
+                    if _terminated_by(exc) is not None:
+                        raise exc from None  # a terminated process goes on exiting
+                    raise
             fp, evidence = fingerprint(exc)
             # a terminate signal (a revoke of a fenced attempt, or a shutdown) is a fence when the
             # attempt no longer holds the task, the lease check the heartbeat makes

@@ -216,3 +216,34 @@ def test_a_body_that_will_not_stop_has_its_late_result_refused(cluster: Cluster)
     assert "lease lost for" in w1.text()
     verified(cluster, run.id)
     print(f"late result refused: {late[0].from_state} -> {late[0].to_state}: {late[0].reason}")
+
+
+def test_clearing_a_direct_body_before_its_claim(cluster: Cluster) -> None:
+    # Given a's first attempt, a direct message, sleeping in its body before its claim (a claim
+    # delay longer than the sleep: the row stays QUEUED while the body runs)
+    cluster.configure(ORCHESTRATOR_CLAIM_DELAY="60")
+    cluster.worker("w1", concurrency=2)
+    cluster.reconciler()
+    run = cluster.orc.submit(slow_then_fast("clear-unclaimed", 20.0))
+    cluster.wait_for(lambda: cluster.effects(run.id)[("a", 1)] == 1, 30, "a's body started", run_id=run.id)
+    assert cluster.store.reads.get_task(run.id, "a").state is T.QUEUED
+
+    # When an operator clears it
+    started = time.monotonic()
+    assert clear_cli(cluster, run.id, "a") == f"{run.id}: cleared 1 task(s): a"
+
+    # Then the revoke stops attempt 1's body, its late claim is refused and recorded, attempt 2
+    # runs and the run succeeds, with a's result committed once
+    assert cluster.wait_run(run.id, 30) is RunState.SUCCEEDED
+    assert time.monotonic() - started < 15
+    final, clear = succeeded_once_in_newest_generation(cluster, run.id)
+    assert (final, clear.from_state) == (2, "QUEUED")
+    cluster.wait_for(
+        lambda: [e for e in rejected(cluster.events(run.id), dst="RUNNING") if e.key == "a" and e.attempt == 1],
+        15,
+        "attempt 1's claim refused",
+        run_id=run.id,
+    )
+    # refused when the revoke stopped the body, not when its 20 s sleep would have ended
+    assert time.monotonic() - started < 12
+    verified(cluster, run.id)
