@@ -153,7 +153,8 @@ class _Unclaimed:
     """A direct message's body running before its claim (see :meth:`Heartbeater.track_direct`)."""
 
     thread_id: int
-    due: float
+    #: seconds of the claim delay left
+    left: float
     claim: Callable[[], bool]
     #: pending -> claiming -> held | refused
     state: str = "pending"
@@ -197,7 +198,7 @@ class Heartbeater:
         attempt is then tracked as any other."""
         _prepare_fencing()
         with self._lock:
-            self._unclaimed[token] = _Unclaimed(threading.get_ident(), time.monotonic() + self.claim_delay, claim)
+            self._unclaimed[token] = _Unclaimed(threading.get_ident(), self.claim_delay, claim)
             self._start()
 
     def untrack(self, token: FencingToken) -> str:
@@ -220,25 +221,30 @@ class Heartbeater:
             return "held" if self._active.pop(token, None) is not None else "lost"
 
     def _loop(self) -> None:
+        # time is counted in the sleeps made, never read from a clock: a worker whose clock is
+        # shifted or jumps (libfaketime moves the monotonic clock too) still beats and claims
+        # on time, and a relative sleep never waits for an absolute deadline
         interval = max(self.lease / 3.0, 0.05)
-        next_beat = time.monotonic() + interval
+        since_beat = 0.0
         while True:
             with self._lock:
-                now = time.monotonic()
-                due = [(t, e) for t, e in self._unclaimed.items() if e.state == "pending" and e.due <= now]
-                for _, entry in due:
-                    entry.state = "claiming"
-                wake = min([e.due for e in self._unclaimed.values() if e.state == "pending"] + [next_beat])
-            if not due and now < next_beat:
-                # a relative sleep in short steps, never a timed wait: a timed wait's deadline is
-                # absolute, and a worker whose clock is shifted (libfaketime) would sleep past it
-                time.sleep(min(max(wake - now, 0.001), _CLAIM_POLL))
-                continue
+                left = [e.left for e in self._unclaimed.values() if e.state == "pending"]
+            step = max(min([*left, interval - since_beat, _CLAIM_POLL]), 0.001)
+            time.sleep(step)
+            since_beat += step
+            due: list[tuple[FencingToken, _Unclaimed]] = []
+            with self._lock:
+                for token, entry in self._unclaimed.items():
+                    if entry.state == "pending":
+                        entry.left -= step
+                        if entry.left <= 0:
+                            entry.state = "claiming"
+                            due.append((token, entry))
             for token, entry in due:
                 self._claim(token, entry)
-            if time.monotonic() >= next_beat:
+            if since_beat >= interval:
                 self._beat()
-                next_beat = time.monotonic() + interval
+                since_beat = 0.0
 
     def _claim(self, token: FencingToken, entry: _Unclaimed) -> None:
         try:
