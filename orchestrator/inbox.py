@@ -16,9 +16,12 @@ before acknowledging it) is counted in the database (``orc_deliveries``); past
 ``ORCHESTRATOR_MAX_REDELIVERIES`` deliveries it is parked: republished unchanged to the
 ``orchestrator.parked`` queue, which no worker consumes, with the evidence in the database, and
 acknowledged. A task whose body kills its process can therefore not kill pool processes for
-ever, with or without fencing headers. A message the check lets through is a well-formed Celery
-protocol-2 message; whether it may touch a run is decided later, in the pool process, by its
-fencing headers and their signature (``orchestrator.worker``).
+ever, with or without fencing headers. The count is written before the message runs (it is the
+record of the delivery before, whose worker died: a direct message's body may have run there
+before its claim); a message whose count cannot be written goes back to its queue. A message
+the check lets through is a well-formed Celery protocol-2 message; whether it may touch a run
+is decided later, in the pool process, by its fencing headers and their signature
+(``orchestrator.worker``).
 """
 
 from __future__ import annotations
@@ -227,8 +230,11 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
         try:
             deliveries = orc.count_delivery(headers["id"], headers["task"])
         except Exception:
-            log.exception("could not count the redelivery of %s; running it", headers["id"])
-            return False
+            # the count is the record of the delivery before it, whose worker died (a direct
+            # message's body may have run there before its claim): never run without it
+            log.exception("could not count the redelivery of %s; it goes back to its queue", headers["id"])
+            message.reject_log_error(log, tuple(self.connection_errors), requeue=True)
+            return True
         limit = orc.settings.max_redeliveries
         if deliveries <= limit:
             return False

@@ -259,3 +259,33 @@ def test_a_direct_messages_signature_covers_its_arguments() -> None:
     assert not verify(key, "t", token, plain, (["a", 1.5], {"n": {"a": [1], "b": 2}}))
     assert not verify(key, "t", token, direct, (["a", float("nan")], {}))
     assert verify(key, "t", token, plain)
+
+
+def test_a_redelivered_message_whose_count_cannot_be_written_goes_back_to_its_queue(tmp_path: Path) -> None:
+    """The count of a redelivery is the record of the delivery before it (a direct message's
+    body may have run there before its claim): a message is never run without it."""
+    from types import SimpleNamespace
+
+    from orchestrator.celery_app import create_app
+    from orchestrator.inbox import GuardedConsumer
+
+    settings = Settings(
+        database_url="postgresql+psycopg://postgres@127.0.0.1:1/unreachable",
+        broker_url="memory://",
+        lease_seconds=0.2,
+        data_dir=str(tmp_path),
+    )
+    app = create_app(settings)
+
+    class Message:
+        headers = {"id": "r.k.1", "task": "tasks.probes.noop"}
+        delivery_info = {"redelivered": True}
+        requeued: bool | None = None
+
+        def reject_log_error(self, logger: object, errors: object, requeue: bool = False) -> None:
+            self.requeued = requeue
+
+    message = Message()
+    consumer = SimpleNamespace(app=app, connection_errors=())
+    assert GuardedConsumer._too_many_deliveries(consumer, message) is True  # type: ignore[arg-type]
+    assert message.requeued is True
