@@ -224,7 +224,9 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
         return on_task_received
 
     def _too_many_deliveries(self, message: Any) -> bool:
-        """Count a redelivery; past the limit park the message (and acknowledge it)."""
+        """Count a redelivery; past the limit park the message (and acknowledge it). ``True``
+        when the message must not run now: parked, or sent back to its queue because its count
+        could not be written."""
         headers = message.headers
         orc = current_orchestrator(self.app)
         try:
