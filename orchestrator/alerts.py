@@ -1,11 +1,14 @@
-"""Alerts for tasks parked in DEAD_LETTER, for schedules that could not fire and for missed
-deadlines: a log line, a Celery signal and an optional webhook.
+"""Alerts for tasks parked in DEAD_LETTER, for schedules that could not fire, for missed
+deadlines and for circuit breakers that changed state: a log line, a Celery signal and an
+optional webhook.
 
 Connect to :data:`task_dead_lettered`, :data:`schedule_failed` or :data:`deadline_missed`
 (``sender`` is the actor, keyword ``alert`` the payload; a schedule's payload has
 ``"event": "schedule_failed"``, a missed deadline's ``"event": "deadline_missed"`` with
 ``run_id``, ``dag``, ``tenant``, ``key`` (``None`` for the run's own deadline),
-``deadline_seconds``, ``due_at``, ``missed_at``, ``state``, ``on_deadline`` and ``reason``) or
+``deadline_seconds``, ``due_at``, ``missed_at``, ``state``, ``on_deadline`` and ``reason``; a
+breaker's ``"event": "breaker_changed"`` with ``breaker``, ``from_state``, ``state``, ``actor``,
+``by``, ``reason`` and ``at``; connect to :data:`breaker_changed`) or
 set ``ORCHESTRATOR_ALERT_WEBHOOK`` to receive a JSON POST per alert.
 """
 
@@ -25,12 +28,14 @@ log = logging.getLogger(__name__)
 task_dead_lettered = Signal(name="task_dead_lettered", providing_args={"alert"})
 schedule_failed = Signal(name="schedule_failed", providing_args={"alert"})
 deadline_missed = Signal(name="deadline_missed", providing_args={"alert"})
+breaker_changed = Signal(name="breaker_changed", providing_args={"alert"})
 
 #: an alert's ``"event"`` -> what the log line says, and the signal sent (no event: dead letter)
 _KINDS: dict[str | None, tuple[str, Signal]] = {
     None: ("task dead-lettered", task_dead_lettered),
     "schedule_failed": ("schedule could not fire", schedule_failed),
     "deadline_missed": ("deadline missed", deadline_missed),
+    "breaker_changed": ("circuit breaker changed state", breaker_changed),
 }
 
 

@@ -31,6 +31,11 @@ QUEUE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 TASK_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,254}")
 #: pool names and rate limit keys
 LIMIT_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+#: a resource's name as a node declares it: a breaker's name, where ``{tenant}`` may stand for
+#: the run's tenant (expanded at submit)
+RESOURCE_RE = re.compile(r"(?:[A-Za-z0-9_.:-]|\{tenant\})+")
+#: the most resources one task may declare
+MAX_RESOURCES = 16
 
 #: the bounds of every number and size a DAG may carry (the spec's schema; see README)
 MAX_ATTEMPTS = 1000
@@ -204,6 +209,9 @@ class Node:
     pool_slots: int = 1
     #: the deployment-wide token bucket each attempt takes a token of (``orchestrator limit set``)
     rate_limit: str | None = None
+    #: the resources the task uses, each with its circuit breaker (``orchestrator breaker set``);
+    #: ``{tenant}`` in a name becomes the run's tenant at submit
+    resources: tuple[str, ...] = ()
     #: seconds after the run's logical date (or its submit) by which the task must be done
     deadline: float | None = None
     #: a mapped node (``DAG.map``): it becomes one child per item
@@ -253,6 +261,8 @@ class Node:
                 spec["pool_slots"] = self.pool_slots
         if self.rate_limit is not None:
             spec["rate_limit"] = self.rate_limit
+        if self.resources:
+            spec["resources"] = list(self.resources)
         if self.deadline is not None:
             spec["deadline"] = self.deadline
         if self.map is not None:
@@ -322,6 +332,7 @@ class DAG:
         pool: str | None = None,
         pool_slots: int = 1,
         rate_limit: str | None = None,
+        resources: Iterable[str] = (),
         deadline: float | None = None,
         branch: bool = False,
         short_circuit: bool = False,
@@ -343,6 +354,9 @@ class DAG:
         or ignored as :data:`SIGNATURE_OPTIONS` says.
         ``pool`` (with ``pool_slots``) and ``rate_limit`` name a pool and a rate limit that
         must exist when the DAG is submitted (``orchestrator pool set``, ``limit set``).
+        ``resources`` names what the task uses (``["stripe", "erp:{tenant}"]``; ``{tenant}``
+        becomes the run's tenant): a resource's circuit breaker (``orchestrator breaker set``)
+        counts the task's outcomes and, while open, holds it READY at admission.
         ``deadline`` is the number of seconds after the run's logical date (or its submit) by
         which the task must be done (in a terminal state).
 
@@ -420,6 +434,7 @@ class DAG:
             pool=pool,
             pool_slots=pool_slots,
             rate_limit=rate_limit,
+            resources=_resources(resources, self.name, key),
             deadline=deadline,
             map=mapping,
             branch=branch,
@@ -827,6 +842,11 @@ def _validate_node(
         value = getattr(node, name)
         if value is not None and (not isinstance(value, str) or not LIMIT_NAME_RE.fullmatch(value)):
             raise fail(f"{name} {short(value)} must be 1-64 letters, digits, '_', '.', ':' or '-'")
+    problem = resources_problem(node.resources)
+    if problem:
+        raise fail(problem)
+    if node.resources and node.wait is not None:
+        raise fail("resources are for a task that runs on a worker, not a wait node")
     slots = node.pool_slots
     if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_POOL_SLOTS:
         raise fail(f"pool_slots must be an integer from 1 to {MAX_POOL_SLOTS}, not {short(slots)}")
@@ -956,6 +976,52 @@ def deadline_problem(value: Any) -> str | None:
     if not _positive(value) or value > MAX_DEADLINE:
         return f"deadline must be a number of seconds above 0 and at most {MAX_DEADLINE}, not {short(value)}"
     return None
+
+
+def _resources(values: Any, dag: str, key: str) -> tuple[str, ...]:
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise ValidationError("resources must be a list of resource names", dag=dag, node=key)
+    names = tuple(values)
+    problem = resources_problem(names)
+    if problem:
+        raise ValidationError(problem, dag=dag, node=key)
+    return tuple(dict.fromkeys(names))
+
+
+def resources_problem(names: Any) -> str | None:
+    """Why ``names`` is no list of resource names (``{tenant}`` allowed), or ``None``."""
+    if not isinstance(names, (tuple, list)):
+        return f"resources must be a list of resource names, not {short(names)}"
+    if len(names) > MAX_RESOURCES:
+        return f"a task may use at most {MAX_RESOURCES} resources, not {len(names)}"
+    for name in names:
+        if not isinstance(name, str) or len(name) > 64 or not RESOURCE_RE.fullmatch(name):
+            return (
+                f"resource {short(name)} must be 1-64 letters, digits, '_', '.', ':' or '-'"
+                " (and {tenant} for the run's tenant)"
+            )
+    return None
+
+
+def expand_resources(
+    names: Sequence[str], tenant: str, *, dag: str | None = None, node: str | None = None
+) -> list[str] | None:
+    """A node's resources for a run of ``tenant`` (``{tenant}`` replaced), or ``None`` for none;
+    raises :class:`ValidationError` when an expanded name is not a valid breaker name."""
+    if not names:
+        return None
+    out = []
+    for name in names:
+        full = name.replace("{tenant}", tenant)
+        if not LIMIT_NAME_RE.fullmatch(full):
+            raise ValidationError(
+                f"resource {name!r} for tenant {tenant!r} is {full!r}: a resource must be 1-64 letters,"
+                " digits, '_', '.', ':' or '-'",
+                dag=dag,
+                node=node,
+            )
+        out.append(full)
+    return list(dict.fromkeys(out))
 
 
 def _exception_names(values: Any, what: str, dag: str, key: str) -> tuple[str, ...]:
@@ -1238,6 +1304,7 @@ NODE_FIELDS = {
     "pool",
     "pool_slots",
     "rate_limit",
+    "resources",
     "deadline",
     "map",
     "branch",
@@ -1349,6 +1416,7 @@ def dag_from_spec(spec: Any) -> DAG:
             pool=raw.get("pool"),
             pool_slots=raw.get("pool_slots", 1),
             rate_limit=raw.get("rate_limit"),
+            resources=raw.get("resources") or (),
             deadline=raw.get("deadline"),
             **options,
         )
@@ -1418,6 +1486,7 @@ _SPEC_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
     ("pool", (str, type(None)), "a pool name"),
     ("pool_slots", (int,), "an integer"),
     ("rate_limit", (str, type(None)), "a rate limit key"),
+    ("resources", (list, type(None)), "a list of resource names"),
     ("deadline", (int, float, type(None)), "a number of seconds"),
     ("trigger_rule", (str, type(None)), "a trigger rule name"),
     ("branch", (bool,), "true or false"),

@@ -57,6 +57,7 @@ from .registry import CeleryRegistry, TaskRegistry
 from .routing import queue_tenant, route
 from .states import RunState, TaskState
 from .store import Store
+from .store.breakers import Breaker, BreakerEvent
 from .store.operator import OperatorActions
 from .store.reads import Reads
 from .store.waits import Emitted
@@ -787,6 +788,77 @@ class Orchestrator:
 
     def rate_limits(self) -> list[RateLimit]:
         return self.store.limits.rate_limits()
+
+    # circuit breakers per resource (store/breakers.py)
+    def set_breaker(
+        self,
+        name: str,
+        *,
+        window: str | float = 60.0,
+        min_calls: int = 20,
+        failure_rate: float = 0.5,
+        min_failures: int = 5,
+        open_for: str | float = "30s..10m",
+        probes: int = 1,
+        probe_lease: str | float | None = None,
+        ramp_max: int = 64,
+        failure_on: Sequence[str] = (),
+        mode: str = "on",
+        by: str | None = None,
+    ) -> Breaker:
+        """Create or change the circuit breaker of the resource ``name`` (tasks declare
+        ``resources=[...]``): it trips when its last ``window`` (``"60s"``) holds at least
+        ``min_calls`` calls, ``min_failures`` failures (time-outs, connection errors, the
+        exception classes named in ``failure_on``) and a ``failure_rate`` share of failures; open,
+        admission holds the resource's READY tasks for ``open_for`` (``"30s..10m"``: doubled per
+        consecutive re-open); half-open, ``probes`` leased probes decide; closed again, admission
+        ramps up in waves of 1, 2, 4 ... up to ``ramp_max``. ``mode``: on, metrics (counts, never
+        holds) or disabled. Deployment-wide."""
+        self._deployment_wide("breakers")
+        found = self.store.breakers.set(
+            name, window=window, min_calls=min_calls, failure_rate=failure_rate, min_failures=min_failures,
+            open_for=open_for, probes=probes, probe_lease=probe_lease, ramp_max=ramp_max, failure_on=failure_on,
+            mode=mode, by=by or local_by(),
+        )  # fmt: skip
+        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+        return found
+
+    def breaker(self, name: str) -> Breaker:
+        """The breaker ``name`` now: settings, state, its window's calls and failures, probes out."""
+        return self.store.breakers.get(name)
+
+    def breakers(self) -> list[Breaker]:
+        return self.store.breakers.find()
+
+    def breaker_events(self, name: str | None = None, *, limit: int = 100) -> list[BreakerEvent]:
+        """The breakers' ledger (every state change and operator action, with who), oldest first."""
+        return self.store.breakers.events(name, limit=limit)
+
+    def open_breaker(self, name: str, *, by: str | None = None, reason: str | None = None) -> Breaker:
+        """Force the breaker open (its resource's READY tasks are held) until :meth:`close_breaker`."""
+        self._deployment_wide("breakers")
+        return self.store.breakers.open(name, by=by or local_by(), reason=reason)
+
+    def close_breaker(self, name: str, *, by: str | None = None, reason: str | None = None) -> Breaker:
+        """Close the breaker now (no ramp) and turn it back on; its held tasks are admitted."""
+        self._deployment_wide("breakers")
+        found = self.store.breakers.close(name, by=by or local_by(), reason=reason)
+        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+        return found
+
+    def disable_breaker(self, name: str, *, by: str | None = None, reason: str | None = None) -> Breaker:
+        """The breaker never trips and counts nothing (until set or closed again)."""
+        self._deployment_wide("breakers")
+        found = self.store.breakers.disable(name, by=by or local_by(), reason=reason)
+        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+        return found
+
+    def remove_breaker(self, name: str, *, by: str | None = None) -> bool:
+        """Remove the breaker: its resource's tasks are no longer counted nor held."""
+        self._deployment_wide("breakers")
+        gone = self.store.breakers.remove(name, by=by or local_by())
+        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+        return gone
 
     def set_dag_limit(self, dag_name: str, max_running: int | None, *, tenant: str | None = None) -> None:
         """The most tasks QUEUED or RUNNING at once across every run of one tenant's DAG

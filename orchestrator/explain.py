@@ -11,7 +11,9 @@ run's tenant has its most tasks in flight, held by which runs), ``run_limit`` (t
 ``max_active_tasks`` in flight), ``dag_limit`` (its DAG has its most tasks in flight across runs,
 held by which runs), ``pool_full`` (the task's pool has fewer free slots than it asks, held by
 which tasks), ``pool_missing``, ``rate_limit`` (no token; when the next one comes),
-``rate_limit_missing``, ``tenant_share`` (other tenants with READY work for the same workers are
+``rate_limit_missing``, ``breaker`` (a circuit breaker of one of the task's resources holds it:
+``held: breaker stripe open until ...``, half-open with its probes out, or ramping),
+``tenant_share`` (other tenants with READY work for the same workers are
 further below their weighted share, so they go first; the run's tenant's slots by run),
 ``ready_behind`` (READY tasks admission takes first:
 of higher priority, or older, in any queue the workers of its queue also consume),
@@ -110,6 +112,9 @@ class ExplainInput:
     pools: dict[str, LimitUse | None] = field(default_factory=dict)
     #: the rate limits the run's READY tasks name (None: it does not exist)
     rates: dict[str, RateLimit | None] = field(default_factory=dict)
+    #: the circuit breakers of the run's READY tasks' resources that hold them now: name -> why
+    #: (``breaker stripe open until ...``)
+    breakers: dict[str, str] = field(default_factory=dict)
     #: per queue of the run's READY tasks, the fair share on the workers consuming it: tenant ->
     #: (tasks in flight on those workers' queues, weight, has READY work there)
     shares: dict[str, dict[str, tuple[int, float, bool]]] = field(default_factory=dict)
@@ -380,6 +385,11 @@ def _ready(t: Any, data: ExplainInput) -> list[Reason]:
 def _limits(t: Any, data: ExplainInput) -> list[Reason]:
     """The limits holding back the READY task ``t`` (admission's ``limits.held``, in words)."""
     reasons = []
+    for name in getattr(t, "resources", None) or ():
+        held = data.breakers.get(name)
+        if held is not None:
+            # admission looks at the breakers first: nothing else matters while one holds
+            return [Reason("breaker", f"held: {held}", {"breaker": name})]
     for kind, use, what, setting in (
         (
             "tenant_limit",

@@ -122,6 +122,7 @@ def families(snap: MetricsSnapshot) -> Iterator[Metric]:
     yield from _tasks(snap)
     yield from _workers(snap)
     yield from _schedules(snap)
+    yield from _breakers(snap)
     yield from _window(snap)
 
 
@@ -213,6 +214,42 @@ def _schedules(snap: MetricsSnapshot) -> Iterator[Metric]:
     for sch in snap.schedules:
         lag.add_metric([sch.name, sch.tenant], max((snap.now - sch.next_at).total_seconds(), 0.0))
     yield lag
+
+
+# ---------------------------------------------------------------------------- circuit breakers
+
+#: a breaker's states, each a series of ``orchestrator_breaker_state``
+BREAKER_STATES = ("closed", "open", "half_open")
+
+
+def _breakers(snap: MetricsSnapshot) -> Iterator[Metric]:
+    state = GaugeMetricFamily(
+        "orchestrator_breaker_state",
+        "1 for the state each circuit breaker is in (closed, open, half_open), 0 for the others",
+        labels=["breaker", "state", "mode"],
+    )
+    calls = GaugeMetricFamily(
+        "orchestrator_breaker_calls", "Calls each circuit breaker counted in its window", labels=["breaker"]
+    )
+    failures = GaugeMetricFamily(
+        "orchestrator_breaker_failures", "Failures each circuit breaker counted in its window", labels=["breaker"]
+    )
+    for name, mode, now_in, n_calls, n_failures in snap.breakers:
+        for st in BREAKER_STATES:
+            state.add_metric([name, st, mode], 1.0 if st == now_in else 0.0)
+        calls.add_metric([name], n_calls)
+        failures.add_metric([name], n_failures)
+    changes = GaugeMetricFamily(
+        "orchestrator_breaker_transitions",
+        "State changes of each circuit breaker recorded in its ledger, by the state it went to",
+        labels=["breaker", "to_state"],
+    )
+    for (name, to), n in sorted(snap.breaker_transitions.items()):
+        changes.add_metric([name, to], n)
+    yield state
+    yield calls
+    yield failures
+    yield changes
 
 
 # ---------------------------------------------------------------------------- the window

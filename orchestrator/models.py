@@ -371,3 +371,7 @@ class MetricsSnapshot:
     #: deadline misses recorded in the window (not cut by the row limit): (scope, tenant) -> count,
     #: scope ``run`` or ``task``
     deadline_misses: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: circuit breakers: (name, mode, state, calls in the window, failures in the window)
+    breakers: list[tuple[str, str, str, int, int]] = field(default_factory=list)
+    #: state changes of each breaker since it was made: (name, to state) -> count
+    breaker_transitions: dict[tuple[str, str], int] = field(default_factory=dict)

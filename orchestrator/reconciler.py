@@ -48,6 +48,7 @@ ACTIONS = (
     "waits_woken",
     "events_pruned",
     "trigger_firings",
+    "breaker_changes",
     "dispatched",
     "runs_finalized",
     "errors",
@@ -127,6 +128,18 @@ class Reconciler:
             self._next_prune = time.monotonic() + PRUNE_EVERY
             report["events_pruned"] = (
                 guarded("pruning old events", lambda: self.store.waits.prune_events(s.event_retention_seconds)) or 0
+            )
+        # the breakers: expired probe leases count as failures, open ones whose time is up become
+        # half-open (before the admission, which hands out their probes); each state change alerted
+        changed = guarded("passing over the breakers", self.store.breakers.reconcile) or []
+        for event in changed:
+            if event.from_state is None or event.from_state == event.to_state:
+                continue  # an operator's setting, not a state change
+            report["breaker_changes"] += 1
+            webhook = self.settings.alert_webhook or None
+            guarded(
+                f"alerting breaker {event.name}",
+                lambda: raise_alert(event.alert(), webhook=webhook, actor="reconciler"),  # noqa: B023
             )
         # one admission per pass, after everything above made its tasks READY; deadlines after
         # it, so a slow alert webhook never delays dispatch (slots a deadline's cancel frees

@@ -129,6 +129,9 @@ tasks = sa.Table(
     sa.Column("pool_slots", sa.Integer, nullable=False, server_default="1"),
     #: the rate limit (``orc_rate_limits``) each admission of the task takes a token of
     sa.Column("rate_limit", sa.String(64), nullable=True),
+    #: the resources the task uses (``resources=[...]``, ``{tenant}`` expanded): their circuit
+    #: breakers (``orc_breakers``) count its outcomes and hold it READY while open; null: none
+    sa.Column("resources", postgresql.ARRAY(sa.Text), nullable=True),
     #: the node's ``deadline`` (seconds after the run's logical date, or its submit) and when it
     #: falls due; the verdict and the miss as on ``orc_runs`` (done = in a terminal state)
     sa.Column("deadline_seconds", sa.Float, nullable=True),
@@ -353,6 +356,85 @@ dag_limits = sa.Table(
     sa.Column("max_running", sa.Integer, nullable=False),
     sa.Column("updated_at", TS, nullable=False),
 )
+
+breakers = sa.Table(
+    "orc_breakers",
+    metadata,
+    #: a circuit breaker per resource (``orchestrator breaker set NAME``): ``mode`` on (counts and
+    #: holds), metrics (counts, never holds) or disabled; ``state`` closed, open or half_open
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("mode", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    #: opened by an operator: stays open until ``breaker close``
+    sa.Column("forced", sa.Boolean, nullable=False, server_default=sa.false()),
+    #: the trip rule over the last ``window_seconds``: calls >= min_calls, failures >= min_failures
+    #: and failures / calls >= failure_rate
+    sa.Column("window_seconds", sa.Float, nullable=False),
+    sa.Column("min_calls", sa.Integer, nullable=False),
+    sa.Column("min_failures", sa.Integer, nullable=False),
+    sa.Column("failure_rate", sa.Float, nullable=False),
+    #: exception class names counted as the resource's failures besides time-outs and connection errors
+    sa.Column("failure_on", postgresql.ARRAY(sa.Text), nullable=True),
+    #: how long it stays open: open_min at the first trip, doubled per consecutive re-open up to open_max
+    sa.Column("open_min", sa.Float, nullable=False),
+    sa.Column("open_max", sa.Float, nullable=False),
+    #: half-open: how many probe permits, and each probe's lease
+    sa.Column("probes", sa.Integer, nullable=False),
+    sa.Column("probe_lease", sa.Float, nullable=False),
+    #: after closing, waves of 1, 2, 4 ... tasks up to ramp_max (1: no ramp)
+    sa.Column("ramp_max", sa.Integer, nullable=False),
+    sa.Column("open_for", sa.Float, nullable=True),
+    sa.Column("open_until", TS, nullable=True),
+    sa.Column("reopens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("probes_left", sa.Integer, nullable=False, server_default="0"),
+    #: the ramp's wave in progress (null: not ramping), tasks admitted and succeeded in it
+    sa.Column("wave", sa.Integer, nullable=True),
+    sa.Column("wave_admitted", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("wave_done", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("wave_at", TS, nullable=True),
+    sa.Column("changed_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+)
+
+breaker_counts = sa.Table(
+    "orc_breaker_counts",
+    metadata,
+    #: a breaker's calls and failures per second (its sliding window sums the last window_seconds)
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("second", TS, primary_key=True),
+    sa.Column("calls", sa.Integer, nullable=False),
+    sa.Column("failures", sa.Integer, nullable=False),
+)
+
+breaker_probes = sa.Table(
+    "orc_breaker_probes",
+    metadata,
+    #: a half-open breaker's probe permit handed to a task attempt, until lease_until (a probe
+    #: that outlives it counts as a failure)
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(32), primary_key=True),
+    sa.Column("key", sa.String(200), primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("lease_until", TS, nullable=False),
+)
+
+breaker_events = sa.Table(
+    "orc_breaker_events",
+    metadata,
+    #: every state change of a breaker and every operator action on it, with who acted; alerted_at:
+    #: when the reconciler posted its alert and counted its metric
+    sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(64), nullable=False),
+    sa.Column("from_state", sa.String(16), nullable=True),
+    sa.Column("to_state", sa.String(16), nullable=False),
+    sa.Column("actor", sa.String(32), nullable=False),
+    sa.Column("by", sa.String(255), nullable=True),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("at", TS, nullable=False),
+    sa.Column("alerted_at", TS, nullable=True),
+)
+sa.Index("ix_orc_breaker_events_name", breaker_events.c.name, breaker_events.c.id)
+sa.Index("ix_orc_breaker_events_unalerted", breaker_events.c.id, postgresql_where=sa.text("alerted_at IS NULL"))
 
 schedules = sa.Table(
     "orc_schedules",

@@ -166,3 +166,34 @@ def not_yet(self: Any, times: int = 2) -> dict[str, Any] | None:
     saved = ((ctx.resumed or {}).get("state") or {}) if ctx is not None else {}
     checks = int(saved.get("checks", 0))
     return {"checks": checks} if checks >= int(times) else None
+
+
+#: one Redis client per process for :func:`resource` (on the broker's Redis)
+_resource_redis: dict[str, Any] = {}
+
+
+@app.task(bind=True)
+def resource(self: Any, name: str = "fake", seconds: float = 0.0) -> int:
+    """A call to a fake external resource that fails on command, for circuit breakers: while the
+    Redis key ``orchestrator:fake:<name>:down`` (on the broker's Redis) is set, it raises
+    ``ConnectionError``; while ``orchestrator:fake:<name>:slow`` holds a number, each call takes
+    that many seconds instead of ``seconds``; every call is appended to
+    ``orchestrator:fake:<name>:calls`` as ``"<unix time> ok|down <run>/<key>#<attempt>"``.
+    Returns the attempt."""
+    import redis
+
+    url = str(self.app.conf.broker_url)
+    client = _resource_redis.get(url)
+    if client is None:
+        client = _resource_redis[url] = redis.Redis.from_url(url)
+    down = bool(client.exists(f"orchestrator:fake:{name}:down"))
+    ctx = current_context()
+    who = f"{ctx.run_id}/{ctx.key}#{ctx.attempt}" if ctx else "-"
+    client.rpush(f"orchestrator:fake:{name}:calls", f"{time.time():.6f} {'down' if down else 'ok'} {who}")
+    slow = client.get(f"orchestrator:fake:{name}:slow")
+    seconds = float(slow) if slow is not None else seconds
+    if seconds:
+        time.sleep(seconds)
+    if down:
+        raise ConnectionError(f"fake resource {name} is down")
+    return _attempt(self)

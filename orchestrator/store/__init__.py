@@ -20,6 +20,7 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``deliveries``            redelivered broker messages counted, parked ones with evidence
 ``tenants``               tenants' weights in the fair share of admission, their limits
 ``limits``                pools, rate limits (token buckets), per-DAG limits
+``breakers``              circuit breakers per resource: settings, operator actions, ledger
 ``schedules``             ``Store.schedule_rows``: schedules and their firings (decided under
                           each schedule's row lock; ``scoped(tenant)``: a tenant's only)
 ``rows``                  rows -> domain values (the only place)
@@ -46,6 +47,7 @@ from .. import schema as s
 from .admission import Admission
 from .attempts import Attempts
 from .backend import DEFAULT_POOL_SIZE, make_engine
+from .breakers import Breakers
 from .cleanup import Cleanup
 from .dags import DagRows
 from .database import Database, new_run_id
@@ -110,6 +112,7 @@ class Store:
         self.deliveries = Deliveries(self.db)
         self.tenants = Tenants(self.db)
         self.limits = Limits(self.db)
+        self.breakers = Breakers(self.db)
         self.schedule_rows = ScheduleRows(self.db)
         self.triggers = TriggerRows(self.db)
         self.dags = DagRows(self.db)

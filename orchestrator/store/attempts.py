@@ -29,6 +29,11 @@ from .settlement import Settlement
 T = TaskState
 t_tasks, t_edges = s.tasks, s.edges
 
+#: a failure counted by the breakers of the task's resources (``store/sql/breaker.sql``)
+_BREAKER_COUNT = sa.text(
+    "SELECT orc_breaker_v1(CAST(:res AS text[]), :run, :key, :attempt, true, CAST(:exc AS text[]), :actor)"
+)
+
 
 class Attempts:
     def __init__(
@@ -145,7 +150,7 @@ class Attempts:
             row = conn.execute(
                 sa.select(
                     t_tasks.c.max_attempts, t_tasks.c.backoff, t_tasks.c.fingerprint,
-                    t_tasks.c.fingerprint_streak, t_tasks.c.retry_on, t_tasks.c.no_retry_on,
+                    t_tasks.c.fingerprint_streak, t_tasks.c.retry_on, t_tasks.c.no_retry_on, t_tasks.c.resources,
                 ).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
             ).first()  # fmt: skip
             if row is None:
@@ -160,7 +165,16 @@ class Attempts:
                 threshold=self.poison_threshold,
             )
             common = {"error": error, "fingerprint": fingerprint, "fingerprint_streak": streak, "lease_losses": 0}
-            return self.finish(conn, run_id, key, attempt, state, actor, error, common, row.backoff, window)
+            out = self.finish(conn, run_id, key, attempt, state, actor, error, common, row.backoff, window)
+            if out.accepted and row.resources:
+                # the resources' breakers count the failure in this transaction (after the admission:
+                # the admission lock before a breaker's row, as on the success path)
+                conn.execute(
+                    _BREAKER_COUNT,
+                    {"res": list(row.resources), "run": run_id, "key": key, "attempt": attempt,
+                     "exc": list(exc_types), "actor": actor.role},
+                )  # fmt: skip
+            return out
 
         return self.db.transaction(tx)
 

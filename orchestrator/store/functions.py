@@ -16,8 +16,8 @@ from importlib import resources
 #: the files in the order they are installed (``legacy`` last: SQL-language shims over the
 #: ``_v1`` functions are checked when created)
 FILES = (
-    "decide", "reject", "limit_held", "admit_from", "pass_slot", "admit", "expand", "settle", "claim", "succeed",
-    "skip", "clear", "wait", "legacy",
+    "decide", "reject", "breaker", "limit_held", "admit_from", "pass_slot", "admit", "expand", "settle", "claim",
+    "succeed", "skip", "clear", "wait", "legacy",
 )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ from ..models import (
 )
 from ..states import DEADLINE_MISSED, NON_TERMINAL, RunState, TaskState
 from . import rows
+from .breakers import breaker_row
 from .database import Database
 from .limits import bucket
 from .probes import probe_effects
@@ -376,6 +377,7 @@ class Reads:
                     c.key, c.state, c.attempt, c.max_attempts, c.trigger_rule, c.n_upstream, c.n_done,
                     c.n_succeeded, c.n_failed, c.n_skipped, c.queue, c.priority, c.not_before,
                     c.dispatched_at, c.worker, c.lease_expires_at, c.pool, c.pool_slots, c.rate_limit,
+                    c.resources,
                     # dynamic DAGs: skips, the counters of the new rules, maps
                     c.skip_reason, c.n_upstream_failed, c.n_setup, c.n_setup_ok, c.n_setup_skipped,
                     c.min_success_ratio, c.map_spec.is_not(None).label("is_map"), c.map_parent, c.map_index,
@@ -647,6 +649,13 @@ class Reads:
                 scope = ("run" if is_run else "task", str(ten))
                 misses[scope] = misses.get(scope, 0) + int(n)
             on_duty = self.db.backend.reconciler_on_duty(conn) if tenant is None else []
+            breakers: list[tuple[str, str, str, int, int]] = []
+            transitions: dict[tuple[str, str], int] = {}
+            if tenant is None:  # deployment-wide, as the breakers are
+                for r in conn.execute(_BREAKER_COUNTS).all():
+                    breakers.append((r.name, r.mode, r.state, int(r.calls), int(r.failures)))
+                for name, to, n in conn.execute(_BREAKER_TRANSITIONS).all():
+                    transitions[(str(name), str(to))] = int(n)
         return MetricsSnapshot(
             now=now,
             open_tasks=open_tasks,
@@ -657,7 +666,23 @@ class Reads:
             events_read=len(events),
             reconciler_on_duty=on_duty,
             deadline_misses=misses,
+            breakers=breakers,
+            breaker_transitions=transitions,
         )
+
+
+#: each breaker's state and its window's counts (metrics)
+_BREAKER_COUNTS = sa.text(
+    "SELECT k.name, k.mode, k.state, coalesce(sum(c.calls), 0) AS calls, coalesce(sum(c.failures), 0) AS failures"
+    " FROM orc_breakers k LEFT JOIN orc_breaker_counts c ON c.name = k.name"
+    " AND c.second > now() - make_interval(secs => k.window_seconds)"
+    " GROUP BY k.name, k.mode, k.state ORDER BY k.name"
+)
+#: each breaker's state changes so far, by the state it went to (metrics)
+_BREAKER_TRANSITIONS = sa.text(
+    "SELECT e.name, e.to_state, count(*) FROM orc_breaker_events e"
+    " WHERE e.from_state IS NOT NULL AND e.from_state <> e.to_state GROUP BY e.name, e.to_state"
+)
 
 
 def _limit_uses(
@@ -702,6 +727,12 @@ def _limit_uses(
             holders = {f"{r.run_id}/{r.key}": int(r.pool_slots) for r in flying if r.pool == name}
             pools[name] = LimitUse(int(slots[name]), sum(holders.values()), holders)
         out["pools"] = pools
+    resources = sorted({r for t in ready for r in (getattr(t, "resources", None) or ())})
+    if resources:
+        # the breakers that hold their resource's tasks now, in words (``explain``: held: ...)
+        rows = conn.execute(sa.select(s.breakers).where(s.breakers.c.name.in_(resources))).all()
+        found_breakers = [breaker_row(r, (0, 0), []) for r in rows]
+        out["breakers"] = {b.name: b.hold_text() for b in found_breakers if b.holds}
     keys = sorted({t.rate_limit for t in ready if t.rate_limit is not None})
     if keys:
         found = {r.key: r for r in conn.execute(sa.select(s.rate_limits).where(s.rate_limits.c.key.in_(keys))).all()}

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import schema as s
-from ..dag import DAG, Node
+from ..dag import DAG, Node, expand_resources
 from ..dbtime import aware, db_now
 from ..errors import IdempotencyConflict, ValidationError
 from ..models import SUBMIT
@@ -54,6 +54,9 @@ class Submission:
         submit by the database clock. Raises :class:`ValidationError`, before anything is
         written, when a deadline after the logical date is beyond what a date can hold.
         """
+        for node in dag.nodes.values():
+            if node.resources:
+                expand_resources(node.resources, dag.tenant, dag=dag.name, node=node.key)
         base = _logical_base(logical_date) if logical_date is not None and dag.has_deadlines else None
         if base is not None:
             _due(base, dag)  # a logical date near year 9999: refused before the transaction
@@ -258,6 +261,7 @@ def _task_rows(
     when some node has a deadline (every row has the same columns: the COPY takes them from the
     first)."""
     node_deadlines = any(n.deadline is not None for n in dag.nodes.values())
+    uses_resources = any(n.resources for n in dag.nodes.values())
     children: dict[str, list[str]] = {}
     for node in dag.nodes.values():
         for parent in node.upstream:
@@ -322,6 +326,7 @@ def _task_rows(
             "pool": node.pool,
             "pool_slots": node.pool_slots,
             "rate_limit": node.rate_limit,
+            **({"resources": expand_resources(node.resources, dag.tenant)} if uses_resources else {}),
             **({"deadline_seconds": node.deadline, "deadline_at": due.get(node.key)} if node_deadlines else {}),
             **(_dynamic_columns(dag, node, setups, map_sources) if dynamic else {}),
         }

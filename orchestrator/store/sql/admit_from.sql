@@ -4,12 +4,15 @@
 -- then age); among the heads the highest class (a task READY for p_aging seconds counts one
 -- class higher, twice as long two), then the tenant furthest below its weighted share of the
 -- tasks in flight on these queues, then round robin (last_admitted_at), then the oldest. A pick
--- that a limit holds back (orc_limit_held_v1) is set aside with its tenant, run, pool or rate
--- limit and the next head is looked at: a held pick uses no room, and a pass looks at most
+-- that a limit holds back (orc_limit_held_v2) is set aside with its tenant, run, pool, rate
+-- limit or breaker (its resource) and the next head is looked at: a held pick uses no room, and a pass looks at most
 -- p_room + 1000 times (a backlog too big for its pool's free slots is passed over 1,000 at a
 -- time per pass, not all of it). Each row says whether its message is direct: the message's
 -- arguments are all the body gets (no upstream results, map item, sensor or resumed state), so a
--- worker may start the body before claiming (orc_claim_succeed_v1).
+-- worker may start the body before claiming (orc_claim_succeed_v1). A task admitted with
+-- resources takes its half-open breakers' probe permits and counts in their ramps' waves
+-- (orc_breaker_admitted_v1); for a task without resources (every task an earlier release
+-- wrote) nothing changed.
 
 CREATE OR REPLACE FUNCTION orc_admit_from_v2(p_queues text[], p_room integer, p_aging double precision)
  RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
@@ -27,6 +30,7 @@ DECLARE
     held_tenants text[] := '{}';
     held_pools text[] := '{}';
     held_rates text[] := '{}';
+    held_breakers text[] := '{}';
     why text;
     taken int := 0;
     looks int := 0;
@@ -43,17 +47,20 @@ BEGIN
                                  AND t.tenant > tq.tenant ORDER BY t.queue, t.state, t.tenant LIMIT 1)
             FROM tq WHERE tq.tenant IS NOT NULL
         )
-        SELECT h.run_id, h.key, h.tenant, h.pool, h.pool_slots, h.rate_limit, w.max_running AS tenant_limit,
+        SELECT h.run_id, h.key, h.tenant, h.pool, h.pool_slots, h.rate_limit, h.resources,
+               w.max_running AS tenant_limit,
                min(h.tenant) OVER () <> max(h.tenant) OVER () AS contested INTO pick
         FROM tq
         CROSS JOIN LATERAL (
-            SELECT p.run_id, p.key, p.tenant, p.priority_rank, p.ready_at, p.pool, p.pool_slots, p.rate_limit
+            SELECT p.run_id, p.key, p.tenant, p.priority_rank, p.ready_at, p.pool, p.pool_slots, p.rate_limit,
+                   p.resources
             FROM orc_tasks p
             WHERE p.queue = tq.queue AND p.state = 'READY' AND p.tenant = tq.tenant
               AND NOT ((p.run_id || '/' || p.key) = ANY (skipped))
               AND NOT (p.run_id = ANY (held_runs))
               AND (p.pool IS NULL OR NOT (p.pool = ANY (held_pools)))
               AND (p.rate_limit IS NULL OR NOT (p.rate_limit = ANY (held_rates)))
+              AND (p.resources IS NULL OR NOT (p.resources && held_breakers))
             ORDER BY p.priority_rank, p.ready_at
             LIMIT 1
         ) AS h
@@ -84,14 +91,16 @@ BEGIN
             ) AS f;
             CONTINUE;
         END IF;
-        why := orc_limit_held_v1(pick.run_id, pick.tenant, pick.tenant_limit, pick.pool, pick.pool_slots,
-                                 pick.rate_limit);
+        why := orc_limit_held_v2(pick.run_id, pick.tenant, pick.tenant_limit, pick.pool, pick.pool_slots,
+                                 pick.rate_limit, pick.resources);
         IF why IS NOT NULL THEN
             CASE why
                 WHEN 'tenant' THEN held_tenants := held_tenants || pick.tenant::text;
                 WHEN 'run' THEN held_runs := held_runs || pick.run_id::text;
                 WHEN 'pool' THEN held_pools := held_pools || pick.pool::text;
                 WHEN 'rate' THEN held_rates := held_rates || pick.rate_limit::text;
+                WHEN 'breaker' THEN
+                    held_breakers := held_breakers || coalesce(orc_breaker_held_v1(pick.resources), pick.resources[1]);
                 ELSE skipped := skipped || (pick.run_id || '/' || pick.key);
             END CASE;
             CONTINUE;
@@ -124,6 +133,10 @@ BEGIN
             CONTINUE;
         END IF;
         taken := taken + 1;
+        IF pick.resources IS NOT NULL THEN
+            -- a probe permit or a place in the ramp's wave (the admission lock is still held)
+            PERFORM orc_breaker_admitted_v1(pick.run_id, pick.key, pick.resources);
+        END IF;
         IF pick.rate_limit IS NOT NULL THEN
             -- the token (orc_limit_held found one under the admission lock, which is still held)
             UPDATE orc_rate_limits l

@@ -168,7 +168,8 @@ $$;
 -- key holds each item (its result is passed at claim time). The first slice (p_offset 0) also
 -- moves the node PENDING -> MAPPED with its total, widens its downstream's counters and grows
 -- the run's task counts by p_total. Recurses into the nodes mapped item by item over this one,
--- with the same slice. Returns how many children it made READY.
+-- with the same slice. Each child uses its node's resources (their circuit breakers). Returns
+-- how many children it made READY.
 
 CREATE OR REPLACE FUNCTION orc_map_insert_v1(p_run text, p_key text, p_items jsonb, p_offset integer,
     p_total integer, p_item_of text, p_actor text, p_by text, p_why text)
@@ -202,7 +203,7 @@ BEGIN
         wants_upstream, queue, priority, priority_rank, tenant, soft_time_limit, time_limit, ready_at, children,
         retry_on, no_retry_on, fingerprint_streak, lease_losses, pool, pool_slots, rate_limit, deadline_seconds,
         deadline_at, decides_run, map_parent, map_index, map_key, map_item_from, map_total, map_done, map_ok,
-        map_failed, map_skipped)
+        map_failed, map_skipped, resources)
     SELECT p_run, p_key || '[' || (x->>'k') || ']', h.task_name, h.args,
            CASE WHEN p_item_of IS NULL THEN (h.kwargs::jsonb || (x->'kw'))::json ELSE h.kwargs END,
            CASE WHEN o <= cap THEN 'READY' ELSE 'PENDING' END, 1, h.max_attempts, h.backoff, 'all_success',
@@ -218,7 +219,8 @@ BEGIN
            END,
            h.retry_on, h.no_retry_on, 0, 0, h.pool, h.pool_slots, h.rate_limit, h.deadline_seconds, h.deadline_at,
            true, p_key, (p_offset + o - 1)::int, x->>'k',
-           CASE WHEN p_item_of IS NULL THEN NULL ELSE p_item_of || '[' || (x->>'k') || ']' END, 0, 0, 0, 0, 0
+           CASE WHEN p_item_of IS NULL THEN NULL ELSE p_item_of || '[' || (x->>'k') || ']' END, 0, 0, 0, 0, 0,
+           h.resources
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o);
     readied := LEAST(cap, n);
     IF readied > 0 THEN

@@ -81,6 +81,14 @@ AS $$
 SELECT orc_settle_v1(p_run, p_key, p_state, p_children, p_actor, p_by)
 $$;
 
+CREATE OR REPLACE FUNCTION orc_limit_held_v1(p_run text, p_tenant text, p_tenant_limit integer, p_pool text,
+    p_pool_slots integer, p_rate text)
+ RETURNS text
+ LANGUAGE sql
+AS $$
+SELECT orc_limit_held_v2(p_run, p_tenant, p_tenant_limit, p_pool, p_pool_slots, p_rate, NULL)
+$$;
+
 CREATE OR REPLACE FUNCTION orc_admit_from_v1(p_queues text[], p_room integer, p_aging double precision)
  RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
                soft_time_limit double precision, time_limit double precision, priority_rank integer,

@@ -2,7 +2,9 @@
 --
 -- One statement, so one round trip in autocommit: the result checked (orc_result_problem_v1),
 -- the compare-and-set and its ledger row, a branch's or short circuit's skips
--- (orc_follow_v1), the settlement (orc_settle_v2), then what to publish (orc_dispatch_v1).
+-- (orc_follow_v1), the settlement (orc_settle_v2), then what to publish (orc_dispatch_v1), then,
+-- for a task that uses resources, the call counted by their breakers (orc_breaker_v1; a task
+-- without resources, as every task an earlier release wrote, costs one null check).
 -- Returns {"accepted": true, "dispatches": [...]}, {"accepted": false, "conflict"} or, for a
 -- result its node cannot use (nothing written), {"accepted": false, "invalid":
 -- "BranchError: ..." | "MapError: ..."}: the worker then fails the attempt.
@@ -20,9 +22,12 @@ DECLARE
     feeds boolean;
     conflict text;
     problem text;
+    res text[];
+    dispatches json;
     readied int := 0;
 BEGIN
-    SELECT t.flow, t.feeds_map INTO flow, feeds FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
+    SELECT t.flow, t.feeds_map, t.resources INTO flow, feeds, res
+    FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
     IF flow IS NOT NULL OR feeds THEN
         problem := orc_result_problem_v1(p_run, p_key, p_result);
         IF problem IS NOT NULL THEN
@@ -42,8 +47,11 @@ BEGIN
         readied := orc_follow_v1(p_run, p_key, flow, kids, p_result, 'worker', NULL);
     END IF;
     readied := readied + orc_settle_v2(p_run, p_key, 'SUCCEEDED', kids, 'worker', NULL);
-    RETURN json_build_object('accepted', true,
-                             'dispatches', orc_dispatch_v1(readied, who, p_window, p_worker_ttl, p_depth, p_aging));
+    dispatches := orc_dispatch_v1(readied, who, p_window, p_worker_ttl, p_depth, p_aging);
+    IF res IS NOT NULL THEN
+        PERFORM orc_breaker_v1(res, p_run, p_key, p_attempt, false, NULL, 'worker');
+    END IF;
+    RETURN json_build_object('accepted', true, 'dispatches', dispatches);
 END
 $$;
 
