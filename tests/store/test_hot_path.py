@@ -76,8 +76,9 @@ def _in_flight(store: Store, run_id: str) -> int:
 
 
 def test_a_completion_that_made_nothing_ready_passes_its_slot_on(store: Store) -> None:
-    """A middle task of a fan-out frees one slot of its worker and hands it to the next READY
-    task (one dispatch, no admission pass); a completion that made tasks READY admits up to the
+    """A middle task of a fan-out frees one slot of its worker; the slots are handed to the next
+    READY tasks in batches (no admission pass): once the group is down to one message per slot,
+    the completion fills it to the window; a completion that made tasks READY admits up to the
     window; a completion by a worker that is not registered runs the whole admission."""
     store.workers.unregister("w")
     store.workers.register("g1", default_queues(), 2)  # window 2 * depth 2 = 4
@@ -89,7 +90,11 @@ def test_a_completion_that_made_nothing_ready_passes_its_slot_on(store: Store) -
     first = out.dispatches[0].key
     assert store.attempts.claim(run_id, first, 1, "g1:7", 30, "t") is not None
     out = store.attempts.succeed(run_id, first, 1, None, 100)
-    assert len(out.dispatches) == 1 and _in_flight(store, run_id) == 4  # the slot passed on
+    assert out.dispatches == [] and _in_flight(store, run_id) == 3  # still a message per slot and more
+    second = next(k for k in (f"m{i}" for i in range(20)) if store.reads.get_task(run_id, k).state.value == "QUEUED")
+    assert store.attempts.claim(run_id, second, 1, "g1:7", 30, "t") is not None
+    out = store.attempts.succeed(run_id, second, 1, None, 100)
+    assert len(out.dispatches) == 2 and _in_flight(store, run_id) == 4  # down to 2: both slots passed on
     with store.engine.connect() as conn:
         passed = conn.execute(
             sa.text(

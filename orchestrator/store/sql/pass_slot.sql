@@ -1,8 +1,11 @@
--- orc_pass_slot_v2: a completion that made nothing READY hands its worker's slot on.
+-- orc_pass_slot_v2: a completion that made nothing READY hands its worker's slots on, in batches.
 --
--- When the worker's group (p_queues, its queues as JSON text) is under its capacity x p_depth,
--- the best READY task of those queues is admitted (orc_admit_from_v2 with room 1), without the
--- admission lock unless a limit applies: no scan of other queues, no waiting behind admissions.
+-- When the worker's group (p_queues, its queues as JSON text) is down to one message per slot
+-- in flight (capacity x (p_depth - 1) below its capacity x p_depth; with a depth of 1, one slot
+-- free), it is filled again to capacity x p_depth with the best READY tasks of those queues
+-- (orc_admit_from_v2), without the admission lock unless a limit applies: no scan of other
+-- queues, no waiting behind admissions, and one admission per batch of completions instead of
+-- one per completion.
 
 CREATE OR REPLACE FUNCTION orc_pass_slot_v2(p_queues text, p_worker_ttl double precision, p_depth integer,
     p_aging double precision)
@@ -25,9 +28,9 @@ BEGIN
             AND t.state IN ('QUEUED', 'RUNNING')
             ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000) AS i)), 0)::int
                 INTO used FROM unnest(qs) AS q(name);
-    IF used >= capacity * p_depth THEN
+    IF used > capacity * p_depth - greatest(capacity * (p_depth - 1), 1) THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM orc_admit_from_v2(qs, 1, p_aging);
+    RETURN QUERY SELECT * FROM orc_admit_from_v2(qs, capacity * p_depth - used, p_aging);
 END
 $$;
