@@ -18,9 +18,10 @@ DAG's, its pool's slots, its rate limit's tokens: ``orc_limit_held_v1``); a held
 aside with its tenant, run, pool or rate limit, and the next best one is taken.
 
 A completion whose settlement made no task READY does not run this admission: the server
-function ``orc_succeed_v1`` hands the slot its worker freed to the best READY task of that
-worker's queues (``orc_pass_slot_v2``), without the admission lock, if the worker's group is
-under its window. Everything else that changes the READY backlog or the capacity runs the whole
+function ``orc_succeed_v2`` hands its worker group's slots on in batches (``orc_pass_slot_v2``):
+nothing while the group has more than one message per slot in flight, then the best READY tasks
+of the group's queues up to its window, counted again under the admission lock. Everything
+else that changes the READY backlog or the capacity runs the whole
 admission: a completion that made tasks READY, a failure, a submit, a worker registering, the
 reconciler's pass.
 """

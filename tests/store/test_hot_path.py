@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,55 @@ def test_the_count_of_tasks_in_flight_is_planned_on_the_index_beside_a_big_histo
         assert estimates and max(estimates) <= 100, estimates
     finally:
         st.dispose()
+
+
+def test_two_completions_handing_slots_on_at_once_never_overfill_the_window(store: Store) -> None:
+    """Two completions of one group (of two runs: nothing else serialises them), each down to
+    one message per slot in its own snapshot (the other's task still RUNNING there): the second
+    batch is counted again under the admission lock once the first committed, so together they
+    fill the window, not more."""
+    import threading
+
+    store.workers.unregister("w")
+    store.workers.register("g1", default_queues(), 2)  # window 2 * depth 2 = 4
+    runs = []
+    for name in ("one", "two"):
+        dag = DAG(name, tenant=name)  # two tenants: fair share admits from both
+        for i in range(10):
+            dag.task(f"m{i}", "t")
+        run_id, _ = store.submission.create_run(
+            dag, queues={k: route("default", dag.priority) for k in dag.nodes}, wants_upstream=lambda _: False
+        )
+        runs.append(run_id)
+    assert len(store.admission.admit_ready(100)) == 4
+
+    def queued() -> list[tuple[str, str]]:
+        return [(r, t.key) for r in runs for t in store.reads.get_tasks(r) if t.state.value == "QUEUED"]
+
+    in_flight = lambda: sum(_in_flight(store, r) for r in runs)  # noqa: E731
+    flying = queued()
+    a = next(x for x in flying if x[0] == runs[0])
+    b = next(x for x in flying if x[0] == runs[1])
+    c = next(x for x in flying if x not in (a, b))
+    for run_id, key in (a, b, c):
+        assert store.attempts.claim(run_id, key, 1, "g1:7", 30, "t") is not None
+    assert store.attempts.succeed(*c, 1, None, 100).dispatches == [] and in_flight() == 3  # no batch yet
+    # the admission lock held elsewhere, so that both completions reach the batch before either commits
+    got: dict[str, int] = {}
+    with store.engine.connect() as blocker:
+        blocker.execute(sa.text("SELECT pg_advisory_lock(1869767425)"))
+        threads = [
+            threading.Thread(
+                target=lambda x=x: got.__setitem__(x[0], len(store.attempts.succeed(*x, 1, None, 100).dispatches))
+            )
+            for x in (a, b)
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # both waiting for the lock, each having counted 2 in flight
+        assert got == {}
+        blocker.execute(sa.text("SELECT pg_advisory_unlock(1869767425)"))
+        blocker.commit()
+        for t in threads:
+            t.join(10)
+    assert sorted(got.values()) == [1, 2] and in_flight() == 4

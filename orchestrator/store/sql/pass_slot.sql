@@ -20,6 +20,7 @@ DECLARE
     qs text[] := ARRAY(SELECT json_array_elements_text(p_queues::json));
     capacity int;
     used int;
+    room int;
 BEGIN
     SELECT coalesce(sum(w.concurrency), 0)::int INTO capacity FROM orc_workers w
     WHERE w.queues::text = p_queues AND w.seen_at > now() - make_interval(secs => p_worker_ttl);
@@ -28,9 +29,25 @@ BEGIN
             AND t.state IN ('QUEUED', 'RUNNING')
             ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000) AS i)), 0)::int
                 INTO used FROM unnest(qs) AS q(name);
-    IF used > capacity * p_depth - greatest(capacity * (p_depth - 1), 1) THEN
+    room := capacity * p_depth - used;
+    IF room < greatest(capacity * (p_depth - 1), 1) THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM orc_admit_from_v2(qs, capacity * p_depth - used, p_aging);
+    IF room > 1 THEN
+        -- a batch: counted again under the admission lock, so that two completions handing
+        -- slots on at once never fill the same room twice (the second sees the first's
+        -- admissions once it commits); a single slot is replaced without it (only its own)
+        PERFORM pg_advisory_xact_lock(1869767425);
+        SELECT coalesce(sum((SELECT count(*) FROM unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
+            CROSS JOIN LATERAL (SELECT 1 FROM orc_tasks t WHERE t.queue = q.name AND t.state = s.state
+                AND t.state IN ('QUEUED', 'RUNNING')
+                ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000) AS i)), 0)::int
+                    INTO used FROM unnest(qs) AS q(name);
+        room := capacity * p_depth - used;
+        IF room <= 0 THEN
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT * FROM orc_admit_from_v2(qs, room, p_aging);
 END
 $$;
