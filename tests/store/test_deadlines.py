@@ -232,30 +232,6 @@ def test_a_task_deadline_with_cancel_cancels_the_run(store: Store) -> None:
     assert check_runs(store, [run_id]) == []
 
 
-def test_no_miss_when_the_run_finishes_in_time(store: Store, alerted: list[dict[str, Any]]) -> None:
-    # Given a run with a 1 s deadline (after its submit) and a node deadline, done at once
-    dag = DAG("quick", deadline=1.0, on_deadline="cancel")
-    dag.task("a", "t", deadline=1.0)
-    run_id = submit(store, dag)
-    run_task(store, run_id, "a")
-    assert store.reads.get_run(run_id).state is RunState.SUCCEEDED
-    r = reconciler(store)
-    assert r.run_pass()["deadlines_missed"] == 0  # not due yet: not judged
-    assert columns(store, s.runs, s.runs.c.id == run_id)[1] is None
-
-    # When the deadlines fall due
-    time.sleep(1.1)
-    report = r.run_pass()
-
-    # Then they are judged met: no event, no alert, no cancel, and the rows leave the due index
-    assert (report["deadlines_missed"], report["deadline_cancels"], report["errors"]) == (0, 0, 0)
-    for table, where in ((s.runs, (s.runs.c.id == run_id,)), (s.tasks, (s.tasks.c.run_id == run_id,))):
-        due, checked, missed = columns(store, table, *where)
-        assert due is not None and checked is not None and missed is None
-    assert misses(store, run_id) == [] and alerted == []
-    assert store.reads.get_run(run_id).state is RunState.SUCCEEDED
-
-
 def test_a_run_that_ends_late_between_passes_still_missed(store: Store, alerted: list[dict[str, Any]]) -> None:
     # Given a run with a 0.3 s deadline that ends after it, while no reconciler looked
     dag = DAG("slow", deadline=0.3)

@@ -6,7 +6,7 @@ one run; approvals; a cancel while waiting; an operator's retry of a timed-out w
 that defers (RUNNING -> WAITING -> READY, called again with its state); a sensor in reschedule
 mode; emits racing waits that begin at the same moment. The workers' part is
 ``dynamic.drive``. The waits whose time passes (a sleep, a timeout) are in
-``test_waits_timed.py``, on the test kit's virtual clock."""
+``test_timed_on_kit.py``, on the test kit's virtual clock."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_bad_events_are_refused_and_nothing_is_written(orc: Orchestrator) -> Non
 
 
 def test_a_wait_for_a_past_instant_ends_at_once(orc: Orchestrator) -> None:
-    # (a sleep that ends by the reconciler's pass: test_waits_timed.py, on the kit's clock)
+    # (a sleep that ends by the reconciler's pass: test_timed_on_kit.py, on the kit's clock)
     past = DAG("past")
     past.wait("w", until=dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
     d = drive(orc, past)

@@ -1,7 +1,8 @@
-"""Waits whose time passes, on the test kit's virtual clock (``orchestrator.testing``): a day's
-sleep, an hour's timeout that fails or skips its wait, an operator's retry of a timed-out wait,
-a deferred body's timeout. Each ran with real sleeps of a few tenths of a second before the kit;
-now the durations are the ones a DAG would use and no test waits in real time."""
+"""Waits and deadlines whose time passes, on the test kit's virtual clock
+(``orchestrator.testing``): a day's sleep, an hour's timeout that fails or skips its wait, an
+operator's retry of a timed-out wait, a deferred body's timeout, deadlines met by a quick run.
+Each ran with real sleeps of tenths of a second before the kit; now the durations are the ones
+a DAG would use and no test waits in real time."""
 
 from __future__ import annotations
 
@@ -72,3 +73,22 @@ def test_a_deferred_body_that_times_out_fails_with_wait_timeout(orchestrator: Ki
     result = orchestrator.run_dag(dag, tasks={"tasks.probes.noop": export})
     assert result.states["job"] == T.FAILED and result.errors["job"].startswith("WaitTimeout")
     assert result.elapsed.total_seconds() >= 6 * 3600
+
+
+def test_deadlines_that_fall_due_after_a_quick_run_are_judged_met(orchestrator: Kit) -> None:
+    # Given a run with an hour's deadline (after its submit) and a node deadline, done at once
+    dag = DAG("quick", deadline=3600, on_deadline="cancel")
+    dag.task("a", NOOP, deadline=3600)
+    done = orchestrator.run_dag(dag)
+    assert done.state == "SUCCEEDED"
+    assert orchestrator.reconcile()["deadlines_missed"] == 0  # not due yet: not judged
+
+    # When the deadlines fall due
+    orchestrator.clock.advance(hours=1, seconds=1)
+    report = orchestrator.reconcile()
+
+    # Then they are judged met: no miss, no cancel, no error, and the run stays SUCCEEDED
+    assert (report["deadlines_missed"], report["deadline_cancels"], report["errors"]) == (0, 0, 0)
+    after = done.resume(auto_advance=False)
+    assert after.state == "SUCCEEDED"
+    assert not [e for e in after.ledger if (e.reason or "").startswith("deadline missed")]
