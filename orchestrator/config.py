@@ -35,8 +35,9 @@ class Settings:
     #: seconds a claimed task may go without a heartbeat before it counts as lost
     lease_seconds: float = 30.0
     #: seconds a direct message's body runs before its worker claims it (a body that finishes
-    #: sooner commits its claim and its success in one transaction); 0: claim before every body
-    claim_delay: float = 0.2
+    #: sooner commits its claim and its success in one transaction); 0 (the default): claim
+    #: before every body
+    claim_delay: float = 0.0
     #: seconds between reconciler passes (due retries -> READY, lost work, READY -> dispatch)
     tick_seconds: float = 1.0
     #: run the reconciler service in every worker's main process (one on duty at a time)
