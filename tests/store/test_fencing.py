@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -71,7 +72,7 @@ def test_pool_thread_body_is_interrupted(taken_over: tuple[Heartbeater, Store, s
 
 
 @pytest.fixture
-def queued(pg_clean: str) -> tuple[Orchestrator, Store, str]:
+def queued(pg_clean: str) -> Iterator[tuple[Orchestrator, Store, str]]:
     """A run whose task ``a`` is QUEUED (attempt 1), and a driver of the worker's side."""
     store = Store(pg_clean)
     store.workers.register("w", default_queues(), 10)
@@ -89,7 +90,10 @@ def queued(pg_clean: str) -> tuple[Orchestrator, Store, str]:
         publisher=RecordingPublisher(),
         registry=StaticRegistry(["t", "up"], upstream=["up"]),
     )
-    return orc, store, run_id
+    yield orc, store, run_id
+    # its hot-path sessions would be counted by the next test of the same database
+    store.attempts.hot.close()
+    store.dispose()
 
 
 def _ledger(store: Store, run_id: str, key: str) -> list[tuple[str | None, str, bool]]:
