@@ -479,14 +479,12 @@ class Reads:
             )
 
     def _redeliveries(self, conn: Connection, run_ids: Sequence[str]) -> dict[str, int]:
-        found: dict[str, int] = {}
+        # a message id is its task id, ``<run>.<key>.<attempt>``: one query for every run
         d = s.deliveries.c
-        for run_id in run_ids:
-            rows_ = conn.execute(
-                sa.select(d.message_id, d.deliveries).where(d.message_id.like(run_id.replace("_", "\\_") + ".%"))
-            ).all()
-            found.update({m: int(n) - 1 for m, n in rows_})
-        return found
+        found = conn.execute(
+            sa.select(d.message_id, d.deliveries).where(sa.func.split_part(d.message_id, ".", 1).in_(list(run_ids)))
+        ).all()
+        return {m: int(n) - 1 for m, n in found}
 
     def finished_runs(self, run_ids: Sequence[str]) -> int:
         """How many of ``run_ids`` are in a final state."""
