@@ -332,11 +332,10 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         else:
             claim = _claim_or_ignore(orc, token, worker, self.name)
             crash_point("after_claim_commit")
-            args, kwargs, upstream, resumed, sensor = claim.args, dict(claim.kwargs), {}, claim.resumed, claim.sensor
+            args, kwargs, resumed, sensor = claim.args, dict(claim.kwargs), claim.resumed, claim.sensor
+            upstream = claim.upstream_results
             if claim.wants_upstream:
-                upstream = kwargs[UPSTREAM_KWARG] = claim.upstream_results
-            else:
-                upstream = claim.upstream_results
+                kwargs[UPSTREAM_KWARG] = upstream
             hb.track(token)
         context = _context.set(TaskContext(token.run_id, token.key, token.attempt, upstream, orc.logical_date, resumed))
         status: str | None = None
