@@ -103,6 +103,10 @@ class Settings:
     #: again at a peak; a thread waits for a free one beyond that), and for the hot path's claims
     #: and outcomes; opened as needed (docs/operations.md counts a deployment's connections)
     db_pool_size: int = 4
+    #: group commit: the claims and outcomes that one process's threads make while one of
+    #: theirs is in flight go together in one transaction (one round trip, one commit); a
+    #: process with one body at a time (prefork) is unchanged
+    group_commit: bool = False
     #: the database URL goes through a pooler in transaction mode (PgBouncer): no server-side
     #: prepared statements, no session state on its connections; the reconciler's duty (a
     #: session advisory lock) then needs ``db_direct_url``

@@ -159,6 +159,7 @@ class Orchestrator:
             retry_seconds=s.lease_seconds,
             priority_aging=s.priority_aging_seconds,
             pool_size=s.db_pool_size,
+            group_commit=s.group_commit,
             transaction_pooler=s.db_transaction_pooler,
             direct_url=s.db_direct_url,
         )

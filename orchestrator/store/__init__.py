@@ -84,6 +84,7 @@ class Store:
         pool_size: int = DEFAULT_POOL_SIZE,
         transaction_pooler: bool = False,
         direct_url: str = "",
+        group_commit: bool = False,
     ) -> None:
         self.db = Database(
             url_or_engine,
@@ -100,7 +101,12 @@ class Store:
         )
         self.submission = Submission(self.db, self.ledger)
         self.attempts = Attempts(
-            self.db, self.ledger, self.settlement, self.admission, poison_threshold=poison_threshold
+            self.db,
+            self.ledger,
+            self.settlement,
+            self.admission,
+            poison_threshold=poison_threshold,
+            group_commit=group_commit,
         )
         self.recovery = Recovery(
             self.db, self.ledger, self.settlement, self.admission, self.attempts,

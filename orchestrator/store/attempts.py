@@ -37,7 +37,14 @@ _BREAKER_COUNT = sa.text(
 
 class Attempts:
     def __init__(
-        self, db: Database, ledger: Ledger, settlement: Settlement, admission: Admission, *, poison_threshold: int
+        self,
+        db: Database,
+        ledger: Ledger,
+        settlement: Settlement,
+        admission: Admission,
+        *,
+        poison_threshold: int,
+        group_commit: bool = False,
     ) -> None:
         self.db = db
         self.ledger = ledger
@@ -46,7 +53,11 @@ class Attempts:
         self.poison_threshold = poison_threshold
         #: the claim and the success are server functions (one round trip each)
         self.hot = HotPath(
-            db.engine, retry_seconds=db.retry_seconds, pool_size=db.pool_size, prepare=not db.transaction_pooler
+            db.engine,
+            retry_seconds=db.retry_seconds,
+            pool_size=db.pool_size,
+            prepare=not db.transaction_pooler,
+            group_commit=group_commit,
         )
 
     def claim(

@@ -10,6 +10,17 @@ and without a pool pre-ping. A dropped or refused connection is replaced and the
 backoff, for ``retry_seconds`` (the lease: a worker holding an outcome keeps trying to commit it
 while its lease could still be valid): the call is a compare-and-set, so a retry after an
 ambiguous commit is refused, never applied twice.
+
+Group commit (``group_commit=True``, ``ORCHESTRATOR_GROUP_COMMIT``): the calls that the threads of
+one process make while one of them is already in flight wait for it and then go together, in
+one transaction sent as one pipeline (one round trip, one commit): the first caller to find no
+call in flight leads, runs its own call alone, and hands the lead on to the first call queued
+behind it, which runs everything queued so far. A call never waits for a timer, so a lone
+thread (a prefork pool process) always runs alone, in autocommit, as without it. When a group's
+transaction fails (a deadlock with another process's group, a dropped connection, an error one
+of its calls raises), it is rolled back (or its commit is in doubt) and each of its calls is
+made again on its own, with the retries above: every call is a compare-and-set, so one whose
+group did commit is refused the second time, never applied twice.
 """
 
 from __future__ import annotations
@@ -37,6 +48,27 @@ _CLAIM_SUCCEED = (
 )
 _SKIP = "SELECT orc_skip_v1(%s::text, %s::text, %s::int, %s::text, %s::int, %s::float8, %s::int, %s::float8)"
 
+
+class _Call:
+    """One call of a group: its statement, and its result or error once its group ran."""
+
+    __slots__ = ("done", "error", "lead", "params", "query", "result")
+
+    def __init__(self, query: str, params: tuple[Any, ...]) -> None:
+        self.query = query
+        self.params = params
+        self.result: Any = None
+        self.error: BaseException | None = None
+        #: handed the lead: run everything queued (this call included)
+        self.lead = False
+        self.done = threading.Event()
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 #: connections a forked child inherited from its parent: kept referenced, never closed, so
 #: that garbage collection in the child cannot end the parent's session
 _inherited: list[Any] = []
@@ -51,6 +83,7 @@ class HotPath:
         retry_seconds: float = 0.0,
         pool_size: int = DEFAULT_POOL_SIZE,
         prepare: bool = True,
+        group_commit: bool = False,
     ) -> None:
         url = engine.url.set(drivername="postgresql")
         self.dsn = url.render_as_string(hide_password=False)
@@ -64,6 +97,13 @@ class HotPath:
         self._pid = os.getpid()
         self._idle: list[psycopg.Connection[Any]] = []
         self._slots = threading.BoundedSemaphore(pool_size)
+        #: group commit: calls waiting behind the one in flight, and whether one is
+        self.group_commit = group_commit
+        self._group_lock = threading.Lock()
+        self._queued: list[_Call] = []
+        self._leading = False
+        #: groups committed together, the calls in them, and groups that failed (made alone)
+        self.groups = self.grouped_calls = self.groups_failed = 0
 
     def _own(self) -> None:
         """In a forked child: leave the parent's connections alone and start an empty pool."""
@@ -75,6 +115,9 @@ class HotPath:
             _inherited.extend(self._idle)
             self._idle = []
             self._slots = threading.BoundedSemaphore(self.pool_size)
+            self._group_lock = threading.Lock()
+            self._queued = []
+            self._leading = False
             self._pid = os.getpid()
 
     def _checkout(self) -> tuple[psycopg.Connection[Any], threading.BoundedSemaphore]:
@@ -103,6 +146,89 @@ class HotPath:
         slots.release()
 
     def _call(self, query: str, params: tuple[Any, ...]) -> Any:
+        if self.group_commit:
+            return self._grouped(query, params)
+        return self._alone(query, params)
+
+    def _grouped(self, query: str, params: tuple[Any, ...]) -> Any:
+        """Group commit: run alone when nothing is in flight, else wait for the lead and run
+        with every call queued behind the one in flight."""
+        self._own()
+        me = _Call(query, params)
+        with self._group_lock:
+            if self._leading:
+                self._queued.append(me)
+                lead = False
+            else:
+                self._leading = lead = True
+        if not lead:
+            me.done.wait()
+            if not me.lead:
+                return me.outcome()
+        group = [me]
+        try:
+            if me.lead:
+                with self._group_lock:
+                    group, self._queued = self._queued, []
+            if len(group) == 1:
+                me.result = self._alone(query, params)
+            else:
+                self._run_group(group)
+        except BaseException as exc:
+            for call in group:
+                if call.result is None and call.error is None:
+                    call.error = exc
+            raise
+        finally:
+            for call in group:
+                if call is not me:
+                    call.done.set()
+            with self._group_lock:
+                if self._queued:
+                    # the first call queued leads the next group (it stays in the queue)
+                    self._queued[0].lead = True
+                    self._queued[0].done.set()
+                else:
+                    self._leading = False
+        return me.outcome()
+
+    def _run_group(self, group: list[_Call]) -> None:
+        """The group's calls in one transaction, one pipeline; if it fails, each alone."""
+        try:
+            conn, slots = self._checkout()
+        except psycopg.OperationalError:
+            conn = None
+        if conn is not None:
+            broken = False
+            try:
+                # BEGIN, the calls and COMMIT queued together: one round trip
+                with conn.pipeline():
+                    with conn.transaction():
+                        cursors = [conn.execute(c.query, c.params, prepare=self.prepare) for c in group]
+                rows = [cur.fetchone() for cur in cursors]
+                for call, row in zip(group, rows, strict=True):
+                    assert row is not None
+                    call.result = row[0]
+                with self._group_lock:
+                    self.groups += 1
+                    self.grouped_calls += len(group)
+                return
+            except psycopg.Error as exc:
+                broken = isinstance(exc, psycopg.OperationalError) and not isinstance(
+                    exc, psycopg.errors.DeadlockDetected
+                )
+                log.warning("a group of %d calls failed (%s): each is made alone", len(group), type(exc).__name__)
+                with self._group_lock:
+                    self.groups_failed += 1
+            finally:
+                self._checkin(conn, slots, broken=broken)
+        for call in group:
+            try:
+                call.result = self._alone(call.query, call.params)
+            except Exception as exc:  # noqa: BLE001 - raised to the call's own thread
+                call.error = exc
+
+    def _alone(self, query: str, params: tuple[Any, ...]) -> Any:
         deadline = time.monotonic() + self.retry_seconds
         i = 0
         while True:

@@ -292,3 +292,81 @@ def test_two_completions_handing_slots_on_at_once_never_overfill_the_window(stor
         for t in threads:
             t.join(10)
     assert sorted(got.values()) == [1, 2] and in_flight() == 4
+
+
+@pytest.mark.parametrize("bad", [False, True], ids=["clean", "one-call-raises"])
+def test_group_commit_runs_the_calls_queued_behind_one_in_flight_in_one_transaction(pg_url: str, bad: bool) -> None:
+    """With group commit, the outcomes that threads make while one is in flight (held here by a
+    lock on the run's row) go in one transaction: their ledger rows share its ``now()``. A
+    group in which one call raises is rolled back and each call made alone: the others are
+    accepted once, the bad one raises to its own caller."""
+    import threading
+
+    st = Store(pg_url, pool_size=2, group_commit=True)
+    hot = st.attempts.hot
+    try:
+        empty_tables(st.engine)
+        st.workers.register("w", default_queues(), 100)
+        run_id = _fan_out(st, 16)
+        st.admission.admit_ready(10)
+        assert st.attempts.claim(run_id, "root", 1, "w", 30, "t") is not None
+        assert st.attempts.succeed(run_id, "root", 1, None, 1000).accepted
+        st.admission.admit_ready(1000)
+        keys = [f"m{i}" for i in range(16)]
+        for key in keys:
+            assert st.attempts.claim(run_id, key, 1, "w", 30, "t") is not None
+        results: dict[str, Any] = {}
+
+        def succeed(key: str) -> None:
+            try:
+                results[key] = st.attempts.succeed(run_id, key, 1, {"k": key}, 1000).accepted
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                results[key] = exc
+
+        def divide() -> None:
+            try:
+                results["bad"] = hot._call("SELECT 1 / %s::int", (0,))
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                results["bad"] = exc
+
+        with st.engine.connect() as holder:
+            holder.execute(sa.text("SELECT 1 FROM orc_runs WHERE id = :r FOR UPDATE"), {"r": run_id})
+            first = threading.Thread(target=succeed, args=(keys[0],))
+            first.start()
+            deadline = time.monotonic() + 10
+            while not hot._leading and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # the first call waits on the run's row
+            rest = [threading.Thread(target=succeed, args=(k,)) for k in keys[1:]]
+            if bad:
+                rest.insert(7, threading.Thread(target=divide))
+            for t in rest:
+                t.start()
+            while len(hot._queued) < len(rest) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(hot._queued) == len(rest)
+            holder.commit()  # releases the row: the first call commits, then the group
+        for t in [first, *rest]:
+            t.join(30)
+        assert {k: results[k] for k in keys} == {k: True for k in keys}
+        with st.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT key, at FROM orc_task_events WHERE run_id = :r AND to_state = 'SUCCEEDED'"
+                    " AND key LIKE 'm%' AND accepted"
+                ),
+                {"r": run_id},
+            ).all()
+        assert sorted(r.key for r in rows) == sorted(keys)  # each once
+        stamps = {r.at for r in rows if r.key != keys[0]}
+        if bad:
+            assert "division by zero" in str(results["bad"])
+            assert (hot.groups, hot.groups_failed) == (0, 1)
+            assert len(stamps) == 15  # made alone, one transaction each
+        else:
+            assert (hot.groups, hot.grouped_calls, hot.groups_failed) == (1, 15, 0)
+            assert len(stamps) == 1  # one transaction
+        assert {t.key: t.state for t in st.reads.get_tasks(run_id)}["sink"] in {T.READY, T.QUEUED}
+    finally:
+        hot.close()
+        st.dispose()
