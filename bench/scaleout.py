@@ -699,6 +699,10 @@ class Admin:
             self.value("select xact_commit + xact_rollback from pg_stat_database where datname = %s", (self.database,))
         )
 
+    def deadlocks(self) -> int:
+        self.conn.execute("select pg_stat_clear_snapshot()")
+        return int(self.value("select deadlocks from pg_stat_database where datname = %s", (self.database,)))
+
     def sessions(self) -> dict[str, int]:
         rows = self.conn.execute(
             "select coalesce(application_name, ''), count(*) from pg_stat_activity"
@@ -1136,6 +1140,7 @@ class Scaleout:
                 own[0] += 1
 
             tx_before = self.admin.transactions()
+            deadlocks_before = self.admin.deadlocks()
             st_before = self.statements()
             before_proxy = self.proxy_stats(hosts, "reset")
             cpu_before = Cpu.sample(hosts, self.pgbouncer, self.redis)
@@ -1159,6 +1164,7 @@ class Scaleout:
         self.orc.store.dispose()
         left = self.wait_no_sessions()
         tx_after = self.admin.transactions()
+        deadlocks = self.admin.deadlocks() - deadlocks_before
         st_after = self.statements()
         figures = self.db_figures(run.id)
         if figures["succeeded"] != tasks:
@@ -1196,6 +1202,7 @@ class Scaleout:
                 "transactions_per_task": (tx_after - tx_before - own_tx) / tasks,
                 "transactions": tx_after - tx_before,
                 "bench_own_transactions": own_tx,
+                "deadlocks": deadlocks,
                 "sessions_left_before_reading_transactions": left,
                 "redis_round_trips_per_task": redis_rt / tasks,
                 "server_sessions_peak": peak.peak,
@@ -1298,6 +1305,7 @@ def report(bench: Scaleout, meta: dict[str, Any]) -> str:
             f" proxies {cpu['proxies']:.2f}"
             + (f", pgbouncer {cpu['pgbouncer']:.2f}" if bench.pgbouncer is not None else "")
             + f" (cores busy: postgres {util['postgres']:.2f}, workers {util['workers']:.2f});"
+            + f" deadlocks {r['deadlocks']};"
             f" server sessions peak without this process {r['server_sessions_peak_without_bench']};"
             f" redis conns per host {'/'.join(str(c) for c in r['redis_connections_per_host'])}"
             + (f"; statements/task {r['statements_per_task']:.2f}" if r.get("statements_per_task") is not None else "")

@@ -17,9 +17,10 @@ one transaction sent as one pipeline (one round trip, one commit): the first cal
 call in flight leads, runs its own call alone, and hands the lead on to the first call queued
 behind it, which runs everything queued so far. A call never waits for a timer, so a lone
 thread (a prefork pool process) always runs alone, in autocommit, as without it. When a group's
-transaction fails (a deadlock with another process's group, a dropped connection, an error one
-of its calls raises), it is rolled back (or its commit is in doubt) and each of its calls is
-made again on its own, with the retries above: every call is a compare-and-set, so one whose
+transaction fails (a lock it waited for over 0.1 s, as when it and another process's group wait
+for each other; a dropped connection; an error one of its calls raises), it is rolled back (or
+its commit is in doubt) and each of its calls is made again on its own, with the retries above:
+every call is a compare-and-set, so one whose
 group did commit is refused the second time, never applied twice.
 """
 
@@ -68,6 +69,13 @@ class _Call:
             raise self.error
         return self.result
 
+
+#: a group waits at most this long for a lock, then is rolled back and its calls made alone: a
+#: group holds the locks of its first calls while it waits for its later ones' (a fan-in's
+#: row, the admission lock taken after the rows), so two groups, or a group and a lone call,
+#: can wait for each other; this ends that in 0.1 s where Postgres's deadlock check would wait
+#: ``deadlock_timeout`` (1 s) first
+_GROUP_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '100ms'"
 
 #: connections a forked child inherited from its parent: kept referenced, never closed, so
 #: that garbage collection in the child cannot end the parent's session
@@ -204,6 +212,7 @@ class HotPath:
                 # BEGIN, the calls and COMMIT queued together: one round trip
                 with conn.pipeline():
                     with conn.transaction():
+                        conn.execute(_GROUP_LOCK_TIMEOUT)
                         cursors = [conn.execute(c.query, c.params, prepare=self.prepare) for c in group]
                 rows = [cur.fetchone() for cur in cursors]
                 for call, row in zip(group, rows, strict=True):
@@ -214,9 +223,7 @@ class HotPath:
                     self.grouped_calls += len(group)
                 return
             except psycopg.Error as exc:
-                broken = isinstance(exc, psycopg.OperationalError) and not isinstance(
-                    exc, psycopg.errors.DeadlockDetected
-                )
+                broken = conn.broken
                 log.warning("a group of %d calls failed (%s): each is made alone", len(group), type(exc).__name__)
                 with self._group_lock:
                     self.groups_failed += 1
