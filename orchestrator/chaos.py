@@ -280,6 +280,8 @@ class Deployment:
     pg_relays: dict[str, Relay] = field(default_factory=dict)
     #: worker ``chaos0``'s libfaketime time file (``+0``, ``-7m``...), when libfaketime is installed
     clock_file: Path | None = None
+    #: ORCHESTRATOR_CLAIM_DELAY of the workers (0: claim before every body)
+    claim_delay: float = 0.0
 
     @property
     def broker_url(self) -> str:
@@ -300,6 +302,7 @@ class Deployment:
             ORCHESTRATOR_RECORD_PROBE_EFFECTS="1",
             ORCHESTRATOR_HAZARD_PROBES="1",
             ORCHESTRATOR_MAX_TIME_LIMIT="60",
+            ORCHESTRATOR_CLAIM_DELAY=str(self.claim_delay),
             PYTHONPATH=str(ROOT),
         )
         return env
@@ -733,6 +736,7 @@ def run_chaos(
     min_faults: int = 0,
     fault_interval: float = 0.6,
     timeout: float = 900.0,
+    claim_delay: float = 0.0,
     echo: Callable[[str], None] = print,
 ) -> int:
     """Run the soak; print the report; return 0 only if no invariant was broken (nothing lost,
@@ -741,7 +745,8 @@ def run_chaos(
     At least ``runs`` runs are driven; more are submitted while fewer than ``min_faults`` faults
     have been injected, so every fault lands on a busy deployment. Without ``database_url`` the
     soak runs its own PostgreSQL server (and may restart it); with one, that database is wiped
-    and every kind but ``pg_restart`` is injected.
+    and every kind but ``pg_restart`` is injected. ``claim_delay``: the workers'
+    ``ORCHESTRATOR_CLAIM_DELAY`` (direct messages' bodies run before their claim).
     """
     # two generators, so the DAGs do not depend on how the faults interleave with them
     rng = random.Random(seed)
@@ -764,7 +769,7 @@ def run_chaos(
             pg.init()
             pg.start()
             database_url = pg.url
-        dep = Deployment(database_url, workers, data, pg=pg)
+        dep = Deployment(database_url, workers, data, pg=pg, claim_delay=claim_delay)
         engine = make_engine(database_url)
         migrate.reset(engine)
         engine.dispose()

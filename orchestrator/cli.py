@@ -1679,7 +1679,11 @@ def backfill(name: str, start: str, end: str, max_active: int, wait_: bool, dry_
               help="Use this Postgres database (wiped first) instead of a private server of the soak's own;"
                    " the server is then never restarted.")  # fmt: skip
 @click.option("--timeout", default=900.0, show_default=True, help="Give up after this many seconds.")
-def chaos(runs: int, seed: int, workers: int, min_faults: int, database_url: str | None, timeout: float) -> None:
+@click.option("--claim-delay", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="The workers' ORCHESTRATOR_CLAIM_DELAY (direct messages' bodies before their claim).")  # fmt: skip
+def chaos(
+    runs: int, seed: int, workers: int, min_faults: int, database_url: str | None, timeout: float, claim_delay: float
+) -> None:
     """Soak a local deployment (private Postgres and Redis, real workers, reconciler) under
     eleven kinds of random fault, and report them per kind.
 
@@ -1689,7 +1693,7 @@ def chaos(runs: int, seed: int, workers: int, min_faults: int, database_url: str
     from .chaos import run_chaos
 
     sys.exit(run_chaos(runs=runs, seed=seed, database_url=database_url, workers=workers,
-                       min_faults=min_faults, timeout=timeout))  # fmt: skip
+                       min_faults=min_faults, timeout=timeout, claim_delay=claim_delay))  # fmt: skip
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -39,7 +39,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from celery import Celery, Task, signals
-from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker.request import Request
 
 from .crashpoints import crash_point
@@ -156,7 +156,7 @@ class _Unclaimed:
     #: seconds of the claim delay left
     left: float
     claim: Callable[[], bool]
-    #: pending -> claiming -> held | refused
+    #: pending -> claiming -> held | refused | failed (the claim could not be written)
     state: str = "pending"
     #: the body returned or raised (its thread is in untrack(): not to be interrupted)
     finished: bool = False
@@ -204,8 +204,9 @@ class Heartbeater:
     def untrack(self, token: FencingToken) -> str:
         """Stop tracking the attempt once its body returned or raised: ``"unclaimed"`` (a direct
         body that finished before its claim: the caller claims, with its outcome), ``"held"``
-        (claimed and still holding the task), ``"refused"`` (its delayed claim lost) or
-        ``"lost"`` (its lease was taken over)."""
+        (claimed and still holding the task), ``"refused"`` (its delayed claim lost),
+        ``"failed"`` (its delayed claim could not be written: the body was stopped unrecorded)
+        or ``"lost"`` (its lease was taken over)."""
         with self._lock:
             entry = self._unclaimed.get(token)
             if entry is not None:
@@ -216,8 +217,8 @@ class Heartbeater:
                 del self._unclaimed[token]
                 if entry.state == "pending":
                     return "unclaimed"
-                if entry.state == "refused":
-                    return "refused"
+                if entry.state in ("refused", "failed"):
+                    return entry.state
             return "held" if self._active.pop(token, None) is not None else "lost"
 
     def _loop(self) -> None:
@@ -247,18 +248,19 @@ class Heartbeater:
                 since_beat = 0.0
 
     def _claim(self, token: FencingToken, entry: _Unclaimed) -> None:
+        failed = False
         try:
             held = entry.claim()
         except Exception:
-            log.exception("claim of %s failed; its body is stopped and left to the reconciler", token.task_id)
-            held = False
+            log.exception("claim of %s failed; its body is stopped and its message requeued", token.task_id)
+            held, failed = False, True
         with self._lock:
             # under the lock: untrack() waits while the claim is being made, then reads its outcome
             if held:
                 entry.state = "held"
                 self._active[token] = entry.thread_id
             else:
-                entry.state = "refused"
+                entry.state = "failed" if failed else "refused"
                 if not entry.finished:
                     log.info("claim of %s refused: stopping its body (a duplicate or stale message)", token.task_id)
                     _interrupt(entry.thread_id)
@@ -346,6 +348,8 @@ class OrchestratedTask(Task):  # type: ignore[misc]
                 status = hb.untrack(token)
             if status == "refused":
                 raise Ignore()
+            if status == "failed":
+                raise _requeue()
         except Skip as exc:
             if status == "lost":
                 # the lease was lost meanwhile: this attempt no longer holds the task
@@ -365,7 +369,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
                 return None
             orc.defer_attempt(token, spec)
             return None
-        except Ignore:
+        except (Ignore, Reject):
             raise
         except BaseException as exc:
             if status is None:
@@ -374,10 +378,12 @@ class OrchestratedTask(Task):  # type: ignore[misc]
                 # a direct body whose delayed claim lost: the claim's rejection is in the ledger
                 count_drop("claim refused")
                 raise Ignore() from None
+            if status == "failed":
+                raise _requeue() from None
             if status == "unclaimed" and not isinstance(exc, LeaseLost):
                 try:
                     _claim_late(orc, token, worker, self.name, status)
-                except Ignore:
+                except (Ignore, Reject):
                     if _terminated_by(exc) is not None:
                         raise exc from None  # a terminated process goes on exiting
                     raise
@@ -420,7 +426,11 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             orc.fail_attempt(token, error=problem, retryable=False)
             raise ResultNotSerializable(f"task {self.name} ({token.task_id}): {problem}")
         if status == "unclaimed":
-            orc.complete(token, result, claim=(worker, self.name, time.monotonic() - started))
+            try:
+                orc.complete(token, result, claim=(worker, self.name, time.monotonic() - started))
+            except Exception:
+                log.exception(_UNRECORDED, token.task_id)
+                raise _requeue() from None
         else:
             orc.complete(token, result)
         return result
@@ -451,9 +461,31 @@ def _claim_or_ignore(orc: Orchestrator, token: FencingToken, worker: str, task_n
 
 def _claim_late(orc: Orchestrator, token: FencingToken, worker: str, task_name: str, status: str | None) -> None:
     """A direct body that finished unclaimed with another outcome than a success: claim now,
-    before that outcome is recorded (a refused claim drops it)."""
-    if status == "unclaimed":
-        _claim_or_ignore(orc, token, worker, task_name)
+    before that outcome is recorded (a refused claim drops it; a claim that cannot be written
+    requeues the message)."""
+    if status != "unclaimed":
+        return
+    try:
+        claim = orc.claim(token, worker, task_name)
+    except Exception:
+        log.exception(_UNRECORDED, token.task_id)
+        raise _requeue() from None
+    if claim is None:
+        log.info("claim of %s refused; duplicate or stale message dropped", token.task_id)
+        count_drop("claim refused")
+        raise Ignore()
+
+
+_UNRECORDED = "the claim of %s's direct body could not be written; its message goes back to its queue"
+
+
+def _requeue() -> Reject:
+    """A direct body ran, and its claim could not be written (the database unreachable past the
+    retries, or the commit in doubt): its message goes back to its queue instead of being
+    acknowledged, so the execution is not left without a record. It comes back flagged
+    redelivered: the inbox counts the delivery (``orc_deliveries``, the record) and the
+    attempt claims before its body runs again (a commit that did happen refuses that claim)."""
+    return Reject(requeue=True)
 
 
 class OrchestratedRequest(Request):  # type: ignore[misc]

@@ -166,3 +166,54 @@ def test_two_reconcilers_republish_each_lost_task_once(cluster: Cluster, tmp_pat
     lost_races = rejected(events, dst="QUEUED", actor="reconciler")
     assert all(e.key in lost and e.attempt == 1 for e in lost_races), lost_races
     cluster.assert_clean([run_id])
+
+
+def test_a_direct_body_whose_claim_cannot_be_written_goes_back_to_its_queue(cluster: Cluster) -> None:
+    """A direct message's body runs before its claim; when the claim (folded into its success)
+    cannot be written - the database unreachable past the retries - the message is requeued,
+    not acknowledged: it comes back redelivered (counted in ``orc_deliveries``, the record of
+    that execution), claims first and runs again. Before, it was acked and only the
+    reconciler's re-publish (or a duplicate copy, with no record at all) ran it again."""
+    import sqlalchemy as sa
+
+    from orchestrator.chaos import Relays
+
+    relays = Relays()
+    try:
+        url = sa.engine.make_url(cluster.database_url)
+        relay = relays.add("pg", (url.host or "127.0.0.1", url.port or 5432))
+        relayed = url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
+        # Given a worker whose bodies of direct messages run up to 2 s before their claim, on a
+        # database connection through a relay (leases of 2 s: an outcome is retried for 2 s)
+        cluster.configure(ORCHESTRATOR_CLAIM_DELAY="2")
+        w = cluster.start_worker("direct", concurrency=1, env={"ORCHESTRATOR_DATABASE_URL": relayed})
+        cluster.wait_ready(w)
+        dag = DAG("direct-unwritten")
+        x = dag.task("x", P + "sleep", kwargs={"seconds": 0.8})
+        dag.task("z", P + "echo", upstream=[x])
+        run = cluster.orc.submit(dag)
+        # When the database is cut off from the worker while x's body runs, for longer than the
+        # worker retries its outcome
+        cluster.wait_for(lambda: cluster.effects(run.id)[("x", 1)] >= 1, 30, "x's body started", run_id=run.id)
+        assert cluster.store.reads.get_task(run.id, "x").state is T.QUEUED  # unclaimed
+        relays.cut(relay)
+        import time
+
+        time.sleep(4.0)
+        relays.reopen(relay)
+        # Then the run succeeds; x ran twice, the second time claimed first after a counted
+        # redelivery, and the reconciler re-published nothing
+        assert cluster.wait_run(run.id, 60) is RunState.SUCCEEDED, w.tail()
+        assert cluster.effects(run.id)[("x", 1)] == 2
+        assert "could not be written; its message goes back to its queue" in w.text()
+        events = cluster.events(run.id)
+        assert republished(events) == {}
+        with cluster.store.engine.connect() as conn:
+            counted = conn.execute(
+                sa.text("SELECT deliveries FROM orc_deliveries WHERE message_id = :m"), {"m": f"{run.id}.x.1"}
+            ).scalar()
+        assert counted == 2
+        cluster.assert_clean([run.id])
+    finally:
+        cluster.close()
+        relays.close()
