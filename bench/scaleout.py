@@ -991,6 +991,7 @@ class Scaleout:
                 "ORCHESTRATOR_BROKER_URL": f"redis://{host.outside}:{REDIS_PORT}/{r_db}",
                 "ORCHESTRATOR_DB_POOL_SIZE": str(self.args.pool_size),
                 "ORCHESTRATOR_GROUP_COMMIT": "1" if self.args.group_commit else "0",
+                "ORCHESTRATOR_CLAIM_DELAY": str(self.args.claim_delay),
                 "ORCHESTRATOR_DATA_DIR": str(host.tmp / "data"),
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                 "PYTHONUNBUFFERED": "1",
@@ -1242,6 +1243,7 @@ def report(bench: Scaleout, meta: dict[str, Any]) -> str:
         f"Scale-out bench: {args.slots} thread slots per host, sleep {args.task_seconds:g}s x {args.tasks_per_slot}"
         f" per slot, {args.noop_tasks} no-ops; {args.rtt_ms:g} ms RTT; ORCHESTRATOR_DB_POOL_SIZE={args.pool_size};"
         + (" ORCHESTRATOR_GROUP_COMMIT=1;" if args.group_commit else "")
+        + (f" ORCHESTRATOR_CLAIM_DELAY={args.claim_delay:g};" if args.claim_delay else "")
         + (f" PgBouncer transaction mode, {args.pgbouncer_pool_size} server connections" if args.pgbouncer else "")
         + f" ({meta['cpus']} CPUs, Python {meta['python']})",
         "",
@@ -1360,6 +1362,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pool-size", type=int, default=4, help="ORCHESTRATOR_DB_POOL_SIZE of each worker (default 4)")
     p.add_argument("--pgbouncer", action="store_true", help="run through PgBouncer in transaction mode")
     p.add_argument("--group-commit", action="store_true", help="ORCHESTRATOR_GROUP_COMMIT=1 on the workers")
+    p.add_argument("--claim-delay", type=float, default=0.0, help="ORCHESTRATOR_CLAIM_DELAY of the workers (default 0)")
     p.add_argument("--pgbouncer-pool-size", type=int, default=8, help="PgBouncer's default_pool_size (default 8)")
     p.add_argument("--database-url", default=DEFAULT_DB, help=f"name must contain 'scaleout' (default {DEFAULT_DB})")
     p.add_argument("--redis-url", default=DEFAULT_REDIS, help=f"flushed before each scenario (default {DEFAULT_REDIS})")
@@ -1438,6 +1441,7 @@ def main(argv: list[str] | None = None) -> int:
         "pool_size": args.pool_size,
         "pgbouncer": args.pgbouncer,
         "group_commit": args.group_commit,
+        "claim_delay": args.claim_delay,
         "pgbouncer_pool_size": args.pgbouncer_pool_size if args.pgbouncer else None,
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
