@@ -230,7 +230,10 @@ class Heartbeater:
         while True:
             with self._lock:
                 left = [e.left for e in self._unclaimed.values() if e.state == "pending"]
-            step = max(min([*left, interval - since_beat, _CLAIM_POLL]), 0.001)
+            # a direct body may start while this thread sleeps: with a claim delay, never sleep
+            # longer than _CLAIM_POLL (without one, no body starts unclaimed)
+            poll = [_CLAIM_POLL] if self.claim_delay > 0 else []
+            step = max(min([*left, interval - since_beat, *poll]), 0.001)
             time.sleep(step)
             since_beat += step
             due: list[tuple[FencingToken, _Unclaimed]] = []
