@@ -8,6 +8,7 @@ memory (:class:`RecordingPublisher`) and run the engine and the reconciler witho
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -98,18 +99,25 @@ class CeleryPublisher:
         if not batch:
             return 0
         crash_point("after_dispatch_commit")
-        sent = 0
+        sent = queued = 0
         try:
             key = self.signing_key()
             with self.app.producer_or_acquire() as producer:
-                for d in batch:
-                    signature = sign(key, d.task_name, d.token, (d.args, d.kwargs) if d.direct else None)
-                    priority = message_priority(d.priority_rank) if self.priorities else None
-                    if self.lean is not None:
-                        self.lean.send(producer, d, signature, priority)
-                    else:
-                        self._send_task(producer, d, signature, priority)
-                    sent += 1
+                # several messages go to Redis in one pipeline (kombu >= 5.7's producer batch: one
+                # round trip instead of one per message); elsewhere one by one
+                group = getattr(producer, "batch", None) if len(batch) > 1 else None
+                with group() if group is not None else contextlib.nullcontext():
+                    for d in batch:
+                        signature = sign(key, d.task_name, d.token, (d.args, d.kwargs) if d.direct else None)
+                        priority = message_priority(d.priority_rank) if self.priorities else None
+                        if self.lean is not None:
+                            self.lean.send(producer, d, signature, priority)
+                        else:
+                            self._send_task(producer, d, signature, priority)
+                        queued += 1
+                        if group is None:
+                            sent = queued
+                sent = queued
         except Exception:
             log.exception(
                 "publish failed after %d of %d messages; the reconciler re-publishes the rest", sent, len(batch)

@@ -72,3 +72,36 @@ def test_task_events_keep_send_task() -> None:
         Settings.from_env({}, broker_url=f"{REDIS_BASE}/13", database_url="postgresql://unused/x", task_events=True)
     )
     assert CeleryPublisher(app, lambda: KEY).lean is None
+
+
+def test_several_messages_go_to_redis_in_one_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A completion's dispatches reach Redis in one round trip (kombu's producer batch): 50
+    messages, one pipeline executed, every message in its queue in order."""
+    import redis.client
+
+    broker = f"{REDIS_BASE}/13"
+    queue = f"orchestrator.test.batch.{uuid.uuid4().hex[:8]}"
+    ds = [Dispatch("r" * 32, f"k{i}", 1, "tasks.probes.noop", [], {}, queue, None, 60.0) for i in range(50)]
+    app = create_app(Settings.from_env({}, broker_url=broker, database_url="postgresql://unused/x"))
+    executed: list[int] = []
+    original = redis.client.Pipeline.execute
+
+    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        executed.append(len(self.command_stack))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
+    try:
+        assert CeleryPublisher(app, lambda: KEY).publish(ds) == 50
+        monkeypatch.setattr(redis.client.Pipeline, "execute", original)
+        with Connection(broker) as conn:
+            q = conn.SimpleQueue(app.amqp.queues[queue], no_ack=True)
+            try:
+                keys = [q.get(timeout=5).headers["orc_key"] for _ in ds]
+            finally:
+                q.close()
+    finally:
+        with Connection(broker) as conn:
+            app.amqp.queues[queue].bind(conn.default_channel).delete()
+    assert keys == [f"k{i}" for i in range(50)]
+    assert [n for n in executed if n >= 50] == [50], executed  # the 50 LPUSHes in one pipeline
