@@ -183,23 +183,23 @@ def test_a_direct_body_whose_claim_cannot_be_written_goes_back_to_its_queue(clus
         url = sa.engine.make_url(cluster.database_url)
         relay = relays.add("pg", (url.host or "127.0.0.1", url.port or 5432))
         relayed = url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
-        # Given a worker whose bodies of direct messages run up to 2 s before their claim, on a
+        # Given a worker whose bodies of direct messages run up to 10 s before their claim, on a
         # database connection through a relay (leases of 2 s: an outcome is retried for 2 s)
-        cluster.configure(ORCHESTRATOR_CLAIM_DELAY="2")
+        cluster.configure(ORCHESTRATOR_CLAIM_DELAY="10")
         w = cluster.start_worker("direct", concurrency=1, env={"ORCHESTRATOR_DATABASE_URL": relayed})
         cluster.wait_ready(w)
         dag = DAG("direct-unwritten")
-        x = dag.task("x", P + "sleep", kwargs={"seconds": 0.8})
+        x = dag.task("x", P + "sleep", kwargs={"seconds": 3.0})
         dag.task("z", P + "echo", upstream=[x])
         run = cluster.orc.submit(dag)
-        # When the database is cut off from the worker while x's body runs, for longer than the
-        # worker retries its outcome
+        # When the database is cut off from the worker while x's 3 s body runs, until well after
+        # the body ended and the worker's retries of its outcome (2 s) gave up
         cluster.wait_for(lambda: cluster.effects(run.id)[("x", 1)] >= 1, 30, "x's body started", run_id=run.id)
         assert cluster.store.reads.get_task(run.id, "x").state is T.QUEUED  # unclaimed
         relays.cut(relay)
         import time
 
-        time.sleep(4.0)
+        time.sleep(7.0)
         relays.reopen(relay)
         # Then the run succeeds; x ran twice, the second time claimed first after a counted
         # redelivery, and the reconciler re-published nothing
