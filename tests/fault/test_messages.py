@@ -184,8 +184,10 @@ def test_a_direct_body_whose_claim_cannot_be_written_goes_back_to_its_queue(clus
         relay = relays.add("pg", (url.host or "127.0.0.1", url.port or 5432))
         relayed = url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
         # Given a worker whose bodies of direct messages run up to 10 s before their claim, on a
-        # database connection through a relay (leases of 2 s: an outcome is retried for 2 s)
-        cluster.configure(ORCHESTRATOR_CLAIM_DELAY="10")
+        # database connection through a relay (leases of 2 s: an outcome is retried for 2 s), and
+        # a reconciler that re-publishes a QUEUED task only after a minute (the redelivery, not a
+        # re-publish, is what must bring x back)
+        cluster.configure(ORCHESTRATOR_CLAIM_DELAY="10", ORCHESTRATOR_DISPATCH_TIMEOUT="60")
         w = cluster.start_worker("direct", concurrency=1, env={"ORCHESTRATOR_DATABASE_URL": relayed})
         cluster.wait_ready(w)
         dag = DAG("direct-unwritten")
