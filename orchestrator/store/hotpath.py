@@ -20,8 +20,8 @@ thread (a prefork pool process) always runs alone, in autocommit, as without it.
 transaction fails (a lock it waited for over 0.1 s, as when it and another process's group wait
 for each other; a dropped connection; an error one of its calls raises), it is rolled back (or
 its commit is in doubt) and each of its calls is made again on its own, with the retries above:
-every call is a compare-and-set, so one whose
-group did commit is refused the second time, never applied twice.
+every call is a compare-and-set, so one whose group did commit is refused the second time, never
+applied twice.
 """
 
 from __future__ import annotations
