@@ -1,4 +1,4 @@
-"""A cleared or re-expanded task's messages never reuse a revoked Celery task id (placeholder: filled by the change that needs it).
+"""A cleared or re-expanded task's messages never reuse a revoked Celery task id (placeholder).
 
 Revision ID: 0019
 Revises: 0018
