@@ -17,7 +17,8 @@ rewrites. Eleven kinds of fault:
   server stopped (fast: every session ended) and started again 1-3 s later (private server only);
 - ``pg_partition``: one worker's Postgres relay blackholes for 3-5 s (more than the 2 s lease):
   nothing passes either way, connections hang, then heal and carry on;
-- ``clock_jump``: worker ``chaos0``'s clock jumps by 1-10 minutes, forward or back;
+- ``clock_jump``: worker ``chaos0``'s wall clock jumps by 1-10 minutes, forward or back (its
+  monotonic clock stays real, as a real jump leaves it: :func:`skewed_env`);
 - ``duplicate_publish``: a queued or running task's message published a second time.
 
 About two DAGs in five also wait (``orchestrator.waits``): an event wait with a match, a short
@@ -100,6 +101,54 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
 def libfaketime() -> Path | None:
     """libfaketime's multi-threaded preload library, if installed (``apt-get install faketime``)."""
     return next((p for p in LIBFAKETIME if p.exists()), None)
+
+
+#: the skewed worker's ``sitecustomize``: ``time.sleep`` as relative ``select`` timeouts (see
+#: :func:`skewed_env`)
+SLEEP_SHIM = """\
+# written by orchestrator.chaos for the worker whose wall clock jumps (libfaketime)
+import select
+import time
+
+
+def _sleep(seconds):
+    if seconds < 0:
+        raise ValueError("sleep length must be non-negative")
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        select.select([], [], [], left)
+
+
+time.sleep = _sleep
+"""
+
+
+def skewed_env(lib: Path, clock_file: Path, data: Path, pythonpath: str) -> dict[str, str]:
+    """The environment of the worker whose wall clock jumps: libfaketime preloaded, reading its
+    offset from ``clock_file``, with the monotonic clock left real, as a real clock jump leaves it.
+
+    libfaketime 0.9.10 cannot fake the wall clock alone for Python 3.11 and later both ways:
+    with the monotonic clock faked (its default) every timed wait of a thread (``Event.wait(t)``,
+    ``Lock.acquire(timeout=t)``: ``sem_clockwait`` on CLOCK_MONOTONIC, which it does not
+    intercept) gets a deadline of about 1.8e9 s and never wakes (wolfcw/libfaketime#390): the
+    worker's registry and reconciler threads stopped at their first wait, its capacity row went
+    stale and the soak reported every run after it lost and stuck; with
+    ``FAKETIME_DONT_FAKE_MONOTONIC=1`` ``time.sleep`` (an absolute ``clock_nanosleep``) fails
+    with EINVAL (wolfcw/libfaketime#426). So the monotonic clock is left real and a
+    ``sitecustomize`` written under ``data`` makes ``time.sleep`` relative ``select`` timeouts."""
+    shim = data / "skewed-site"
+    shim.mkdir(exist_ok=True)
+    (shim / "sitecustomize.py").write_text(SLEEP_SHIM)
+    return {
+        "LD_PRELOAD": str(lib),
+        "FAKETIME_TIMESTAMP_FILE": str(clock_file),
+        "FAKETIME_CACHE_DURATION": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(shim), pythonpath) if p),
+    }
 
 
 class PrivatePostgres:
@@ -341,10 +390,7 @@ class Deployment:
         env = self.env(database_url=self._relayed_url(self.pg_relays.get(name)), broker_port=broker_port)
         lib = libfaketime()
         if name == SKEWED and self.clock_file is not None and lib is not None:
-            # libfaketime 0.9.10 fails sleeps (EINVAL) with FAKETIME_DONT_FAKE_MONOTONIC=1, so
-            # the monotonic clock is offset with the wall clock
-            env.update(LD_PRELOAD=str(lib), FAKETIME_TIMESTAMP_FILE=str(self.clock_file),
-                       FAKETIME_CACHE_DURATION="1")  # fmt: skip
+            env.update(skewed_env(lib, self.clock_file, self.data, env.get("PYTHONPATH", "")))
         self.worker_procs[name] = self._spawn(name, cmd, env)
 
     def start_reconciler(self) -> None:
