@@ -58,6 +58,7 @@ import sqlalchemy as sa
 from . import migrate
 from .dag import DAG
 from .engine import Orchestrator
+from .mix import Mixer, run_states
 from .protocol import FencingToken, send_options, sign
 from .store import Store, make_engine
 
@@ -446,6 +447,9 @@ class Deployment:
         raise RuntimeError(f"{what} did not come up in {timeout}s")
 
 
+#: after the last fault and the last action, every run final within this many seconds (or
+#: waiting on something ``explain`` names); past it the rest counts as stuck
+SETTLE_SECONDS = 180.0
 #: the retry options of every soak task: a fault costs an attempt, never the run
 RETRY: dict[str, Any] = {"max_attempts": 10, "backoff": {"base": 0.2, "cap": 1.0}}
 #: the shapes a soak DAG takes beyond its plain probe nodes (``plain``: none)
@@ -783,6 +787,9 @@ def run_chaos(
     fault_interval: float = 0.6,
     timeout: float = 900.0,
     claim_delay: float = 0.0,
+    mix: int = 0,
+    action_interval: float = 0.8,
+    settle: float = SETTLE_SECONDS,
     echo: Callable[[str], None] = print,
 ) -> int:
     """Run the soak; print the report; return 0 only if no invariant was broken (nothing lost,
@@ -793,11 +800,18 @@ def run_chaos(
     soak runs its own PostgreSQL server (and may restart it); with one, that database is wiped
     and every kind but ``pg_restart`` is injected. ``claim_delay``: the workers'
     ``ORCHESTRATOR_CLAIM_DELAY`` (direct messages' bodies run before their claim).
+
+    ``mix``: at least this many operator actions (:mod:`orchestrator.mix`) at random moments,
+    one every ``action_interval`` seconds or so, while the faults go on; the runs they start
+    are followed too. After the last fault and the last action every run must be final within
+    ``settle`` seconds, or wait on something ``explain`` names; past it the soak stops waiting and
+    counts the rest as stuck.
     """
     # two generators, so the DAGs do not depend on how the faults interleave with them
     rng = random.Random(seed)
     fault_rng = random.Random(seed + 1_000_003)
     emit_rng = random.Random(seed + 2_000_003)  # when the events come
+    mix_rng = random.Random(seed + 3_000_003)  # which actions, at what
     data = Path(tempfile.mkdtemp(prefix="orc-chaos-"))
     pg: PrivatePostgres | None = None
     dep: Deployment | None = None
@@ -829,7 +843,9 @@ def run_chaos(
         started = time.monotonic()
         dep.start()
         injector = Injector(dep, orc, fault_rng, echo)
+        mixer = Mixer(orc, mix_rng, echo) if mix else None
         run_ids: list[str] = []
+        next_action = time.monotonic() + 3.0
         Deployment._wait(lambda: _live_workers(orc) >= workers, "workers", 60)
         next_fault = time.monotonic() + 2.0
         next_look = 0.0
@@ -878,8 +894,15 @@ def run_chaos(
                         break
                     emitted += 0 if done.duplicate else 1
                     woken += done.woken
+            if mixer is not None:
+                run_ids += mixer.new_runs
+                mixer.new_runs.clear()
+                if up and mixer.count < mix and time.monotonic() >= next_action:
+                    mixer.act(run_ids)
+                    next_action = time.monotonic() + action_interval * (0.5 + mix_rng.random())
             enough_faults = sum(injector.counts.values()) >= min_faults
-            if not pending and not enough_faults:
+            enough_actions = mixer is None or mixer.count >= mix
+            if not pending and not (enough_faults and enough_actions):
                 # faults only mean something while there is work: keep the deployment busy
                 pending.append(runs + len(run_ids))
             if time.monotonic() >= next_fault and not enough_faults:
@@ -888,18 +911,31 @@ def run_chaos(
                 except Exception as exc:  # noqa: BLE001 - a failed injection is reported, the soak goes on
                     echo(f"fault injection failed: {exc!r}")
                 next_fault = time.monotonic() + fault_interval * (0.5 + rng.random())
-            if (not pending and not emits and enough_faults and not injector.heals and up
-                    and _finished(orc, run_ids) == len(run_ids)):  # fmt: skip
-                break
+            if not pending and not emits and enough_faults and enough_actions and not injector.heals and up:
+                if _finished(orc, run_ids) == len(run_ids):
+                    break
+                quiet = time.monotonic() - max(injector.last_fault, mixer.last_action if mixer else 0.0)
+                if quiet > settle:
+                    echo(f"not every run final {settle:g}s after the last fault and action: giving up waiting")
+                    break
             time.sleep(0.05)
         injector.heal_due(everything=True)
-        # from the last fault's end until every run was final: how long the system took to heal
-        recovered = time.monotonic() - injector.last_fault
+        # from the last fault's end (and last action's) until every run was final: how long the
+        # system took to heal
+        recovered = time.monotonic() - max(injector.last_fault, mixer.last_action if mixer else 0.0)
         with contextlib.suppress(sa.exc.DBAPIError):
             with probe.connect() as conn:
                 injector.observe(int(conn.execute(PROGRESS).scalar_one()))
         problems = _safe_check(orc, run_ids)
-        report = _summary(orc, run_ids, problems, injector, recovered, time.monotonic() - started)
+        # an open run whose every open task waits on something explain names is not stuck
+        named = _named_waits(orc, run_ids)
+        problems = [p for p in problems if not any(r in p for r in named)]
+        report = _summary(orc, [r for r in run_ids if r not in named], problems, injector, recovered,
+                          time.monotonic() - started)  # fmt: skip
+        report["named_waits"] = named
+        report["settle"] = settle
+        if mixer is not None:
+            report["actions"] = mixer.summary(problems)
         report["restarts"] = restarts
         report["emitted"], report["woken"] = emitted, woken
         report["waits"] = _waits(orc, run_ids)
@@ -953,6 +989,24 @@ def _waits(orc: Orchestrator, run_ids: list[str]) -> int:
         except sa.exc.DBAPIError:
             time.sleep(0.2)
     return -1
+
+
+def _named_waits(orc: Orchestrator, run_ids: list[str]) -> dict[str, str]:
+    """The open runs whose every open task is WAITING on something ``explain`` names (an
+    approval, an event...): run id -> what the first one waits for."""
+    named: dict[str, str] = {}
+    with contextlib.suppress(Exception):
+        for run_id, state in run_states(orc, run_ids).items():
+            if state != "RUNNING":
+                continue
+            found = [e for e in orc.explain(run_id) if e.state.value not in _FINAL_TASK]
+            reasons = [next((r.detail for r in e.reasons if r.kind == "waiting"), None) for e in found]
+            if found and all(e.state.value == "WAITING" for e in found) and all(reasons):
+                named[run_id] = str(reasons[0])
+    return named
+
+
+_FINAL_TASK = {"SUCCEEDED", "FAILED", "UPSTREAM_FAILED", "SKIPPED", "CANCELLED"}
 
 
 def _safe_check(orc: Orchestrator, run_ids: list[str]) -> list[str]:
@@ -1018,8 +1072,32 @@ def _format(r: dict[str, Any]) -> list[str]:
         f"waits begun: {r.get('waits', 0)}  events emitted: {r.get('emitted', 0)}  waits and bodies they woke:"
         f" {r.get('woken', 0)}",
         f"processes that exited by themselves and were restarted: {r.get('restarts', 0)}",
+    ]
+    lines += _format_actions(r.get("actions"))
+    named = r.get("named_waits") or {}
+    lines += [
+        f"runs left waiting on something explain names: {len(named)}"
+        + "".join(f"\n  {run}: {what}" for run, what in list(named.items())[:5]),
         f"lost: {r['lost']}  committed twice: {r['committed_twice']}  stuck: {r['stuck']}",
-        f"time to recover (last fault's end -> every run final): {r['recovery_seconds']}s  (soak took {r['seconds']}s)",
+        f"time to recover (last fault's end -> every run final): {r['recovery_seconds']}s  (soak took {r['seconds']}s;"
+        f" bound {r.get('settle', SETTLE_SECONDS):g}s)",
     ]
     lines.extend(f"violation: {v}" for v in r["other_violations"])
+    return lines
+
+
+def _format_actions(actions: dict[str, dict[str, Any]] | None) -> list[str]:
+    """The per action kind table of ``--mix``."""
+    if not actions:
+        return []
+    total = sum(a["count"] for a in actions.values())
+    lines = [
+        f"operator actions: {total} of {len(actions)} kinds",
+        "per action kind: count, applied, refused (not allowed then), errors, violations in the runs it touched:",
+    ]
+    for kind, a in actions.items():
+        targets = ", ".join(f"{t} {n}" for t, n in sorted(a["targets"].items()))
+        lines.append(f"  {kind:<18} {a['count']:>5} {a['applied']:>5} {a['refused']:>5} {a['errors']:>5}"
+                     f" {a['violations']:>5}   {targets}")  # fmt: skip
+        lines.extend(f"      error: {sample}" for sample in a["samples"])
     return lines

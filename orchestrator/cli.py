@@ -1681,8 +1681,18 @@ def backfill(name: str, start: str, end: str, max_active: int, wait_: bool, dry_
 @click.option("--timeout", default=900.0, show_default=True, help="Give up after this many seconds.")
 @click.option("--claim-delay", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="The workers' ORCHESTRATOR_CLAIM_DELAY (direct messages' bodies before their claim).")  # fmt: skip
+@click.option("--mix", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Also this many operator actions, maps, waits and events at random moments (the interaction"
+                   " soak; see docs/operations.md).")  # fmt: skip
 def chaos(
-    runs: int, seed: int, workers: int, min_faults: int, database_url: str | None, timeout: float, claim_delay: float
+    runs: int,
+    seed: int,
+    workers: int,
+    min_faults: int,
+    database_url: str | None,
+    timeout: float,
+    claim_delay: float,
+    mix: int,
 ) -> None:
     """Soak a local deployment (private Postgres and Redis, real workers, reconciler) under
     eleven kinds of random fault, and report them per kind.
@@ -1693,7 +1703,7 @@ def chaos(
     from .chaos import run_chaos
 
     sys.exit(run_chaos(runs=runs, seed=seed, database_url=database_url, workers=workers,
-                       min_faults=min_faults, timeout=timeout, claim_delay=claim_delay))  # fmt: skip
+                       min_faults=min_faults, timeout=timeout, claim_delay=claim_delay, mix=mix))  # fmt: skip
 
 
 if __name__ == "__main__":  # pragma: no cover
