@@ -168,8 +168,14 @@ $$;
 -- key holds each item (its result is passed at claim time). The first slice (p_offset 0) also
 -- moves the node PENDING -> MAPPED with its total, widens its downstream's counters and grows
 -- the run's task counts by p_total. Recurses into the nodes mapped item by item over this one,
--- with the same slice. Each child uses its node's resources (their circuit breakers). Returns
--- how many children it made READY.
+-- with the same slice. Each child uses its node's resources (their circuit breakers). A node
+-- expanded again (its map cleared with what it maps over: its attempt > 1, its old children
+-- removed) never reuses an attempt of a key: each child's first attempt continues after the
+-- highest one the ledger holds for its key in the run (one indexed look-up for the slice; a first
+-- expansion skips it), and its max_attempts moves with it (the whole retry budget), so its
+-- messages' Celery task ids <run>.<key>.<attempt> differ from every one an earlier generation
+-- used (those the clear revoked too) and the claim's attempt fencing refuses their messages.
+-- Returns how many children it made READY.
 
 CREATE OR REPLACE FUNCTION orc_map_insert_v1(p_run text, p_key text, p_items jsonb, p_offset integer,
     p_total integer, p_item_of text, p_actor text, p_by text, p_why text)
@@ -185,8 +191,17 @@ DECLARE
     cap int;
     readied int;
     c text;
+    prior jsonb := '{}'::jsonb;
 BEGIN
     SELECT t.* INTO h FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
+    IF h.attempt > 1 THEN
+        -- expanded again: the attempts each key used before (a removed child's are in the ledger)
+        prior := (SELECT coalesce(jsonb_object_agg(e.key, e.top), '{}'::jsonb) FROM (
+                      SELECT e.key, max(e.attempt) AS top FROM orc_task_events e
+                      WHERE e.run_id = p_run AND e.accepted AND e.key IN (
+                          SELECT p_key || '[' || (x->>'k') || ']' FROM jsonb_array_elements(p_items) AS a(x))
+                      GROUP BY e.key) AS e);
+    END IF;
     -- the downstream nodes mapped item by item over this node, and the others
     chained := ARRAY(SELECT d.key FROM orc_tasks d
                      WHERE d.run_id = p_run AND d.key IN (SELECT json_array_elements_text(h.children))
@@ -206,7 +221,9 @@ BEGIN
         map_failed, map_skipped, resources)
     SELECT p_run, p_key || '[' || (x->>'k') || ']', h.task_name, h.args,
            CASE WHEN p_item_of IS NULL THEN (h.kwargs::jsonb || (x->'kw'))::json ELSE h.kwargs END,
-           CASE WHEN o <= cap THEN 'READY' ELSE 'PENDING' END, 1, h.max_attempts, h.backoff, 'all_success',
+           CASE WHEN o <= cap THEN 'READY' ELSE 'PENDING' END,
+           1 + coalesce((prior->>(p_key || '[' || (x->>'k') || ']'))::int, 0),
+           h.max_attempts + coalesce((prior->>(p_key || '[' || (x->>'k') || ']'))::int, 0), h.backoff, 'all_success',
            CASE WHEN p_item_of IS NULL THEN 0 ELSE 1 END, 0, 0, 0, 0, 0, 0, 0, 0,
            h.wants_upstream, h.queue, h.priority, h.priority_rank, h.tenant, h.soft_time_limit, h.time_limit,
            -- in map order, and an item's later stages as old as its first: a chained map runs
@@ -225,7 +242,8 @@ BEGIN
     readied := LEAST(cap, n);
     IF readied > 0 THEN
         INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
-        SELECT p_run, p_key || '[' || (x->>'k') || ']', 1, 'PENDING', 'READY', p_actor, p_by,
+        SELECT p_run, p_key || '[' || (x->>'k') || ']',
+               1 + coalesce((prior->>(p_key || '[' || (x->>'k') || ']'))::int, 0), 'PENDING', 'READY', p_actor, p_by,
                'mapped from ' || p_key || ' (item ' || (p_offset + o - 1) || ')', true, now()
         FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o) WHERE o <= cap;
     END IF;
