@@ -111,6 +111,10 @@ class Settings:
     #: prepared statements, no session state on its connections; the reconciler's duty (a
     #: session advisory lock) then needs ``db_direct_url``
     db_transaction_pooler: bool = False
+    #: seconds any statement of an emit (or a signal) may run: the matching of its payload
+    #: against the waits and event triggers of its key, their wakes, the admission of what they
+    #: made READY; past it the emit is rolled back (``EmitTimeout``, nothing written); 0: no bound
+    emit_timeout_seconds: float = 30.0
     #: a URL straight to Postgres (not through a pooler) for the reconciler's duty lock, which
     #: it holds on a connection of its own; empty: the database URL
     db_direct_url: str = field(default="", repr=False)

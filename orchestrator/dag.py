@@ -768,7 +768,7 @@ def _validate_node(
         label = k if isinstance(k, str) and not text_problem(k, 300) else short(k)
         raise ValidationError(f"node key {short(k)} must be 1-200 letters, digits, '_' or '-'", dag=d, node=label)
     if getattr(node, "wait", None) is not None or node.task == WAIT_TASK:
-        _validate_wait(node, fail)
+        _validate_wait(node, fail, d)
     elif known is None or not isinstance(node.task, str) or node.task not in known:
         if not isinstance(node.task, str) or not TASK_NAME_RE.fullmatch(node.task):
             raise fail(f"task {short(node.task)} is not a valid Celery task name")
@@ -877,15 +877,18 @@ def _validate_node(
     if node.sensor is not None:
         if not isinstance(node.sensor, SensorSpec):
             raise fail(f"sensor must be a SensorSpec, not {type(node.sensor).__name__}")
+        node.sensor.checked((d, k))  # a hand-built one too
         for what in ("map", "branch", "short_circuit"):
             if getattr(node, what):
                 raise fail(f"a sensor cannot be a {what.replace('_', ' ')}")
 
 
-def _validate_wait(node: Node, fail: Callable[[str], ValidationError]) -> None:
-    """A wait node: the wait task name with a :class:`WaitSpec`, nothing a worker would run."""
+def _validate_wait(node: Node, fail: Callable[[str], ValidationError], dag: str | None = None) -> None:
+    """A wait node: the wait task name with a :class:`WaitSpec` (one ``WaitSpec.make`` would
+    build, its match within the bounds), nothing a worker would run."""
     if not isinstance(node.wait, WaitSpec) or node.task != WAIT_TASK:
         raise fail(f"{WAIT_TASK!r} is the task of a wait node: build it with DAG.wait or DAG.approval")
+    node.wait.checked((dag, node.key))
     if node.args or node.kwargs:
         raise fail("a wait node takes no arguments")
     for what in ("map", "branch", "short_circuit", "setup", "teardown", "sensor", "pool", "rate_limit"):

@@ -322,16 +322,19 @@ class Orchestrator:
     ) -> Emitted:
         """Emit the event ``key`` with a JSON object ``payload`` for ``tenant`` (a bound
         orchestrator: its own; else ``tenant`` or ``default``): written once per ``event_id``
-        (a second emit of the same id for the tenant is ignored: ``duplicate``), and every task
+        (a second emit of the same id, key and payload is ignored: ``duplicate``), and every task
         of the tenant WAITING for that key whose match the payload contains is woken in the
         same transaction; what they made READY is published after it. Raises
-        :class:`ValidationError` (nothing written) for a bad key, payload or event id."""
+        :class:`ValidationError` (nothing written) for a bad key, payload or event id,
+        :class:`EventIdConflict` for an ``event_id`` the tenant used with another key or payload,
+        :class:`EmitTimeout` past ``ORCHESTRATOR_EMIT_TIMEOUT_SECONDS``."""
         check_event_key(key)
         owner = self._tenant_of(tenant)
         body = self._payload(payload, "event")
         done = self.store.waits.emit(
-            owner, key, body, self._event_id(event_id), None, by, self.settings.dispatch_window
-        )
+            owner, key, body, self._event_id(event_id), None, by, self.settings.dispatch_window,
+            self.settings.emit_timeout_seconds,
+        )  # fmt: skip
         self.publisher.publish(done.dispatches)
         if not done.duplicate:  # the event triggers' runs (any beat finishes what this leaves)
             self.triggers.finish(done.id)
@@ -349,8 +352,9 @@ class Orchestrator:
         body = self._payload(payload, "signal")
         view = self.visible(run_id)
         done = self.store.waits.emit(
-            view.tenant, name, body, self._event_id(event_id), run_id, by, self.settings.dispatch_window
-        )
+            view.tenant, name, body, self._event_id(event_id), run_id, by, self.settings.dispatch_window,
+            self.settings.emit_timeout_seconds,
+        )  # fmt: skip
         self.publisher.publish(done.dispatches)
         return done
 

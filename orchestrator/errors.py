@@ -75,6 +75,13 @@ class IdempotencyConflict(ValidationError):
         super().__init__(message, dag=dag)
 
 
+class EmitTimeout(ValidationError):
+    """An emit's matching (its payload against the match of every wait and event trigger of its
+    key, their wakes, the admission of what they made READY) ran past its statement bound
+    (``ORCHESTRATOR_EMIT_TIMEOUT_SECONDS``); it was rolled back: nothing was written or woken.
+    Emit it again, or make the waits on that key fewer or their matches smaller."""
+
+
 class RunNotFound(OrchestratorError):
     """No run has the given id."""
 
@@ -112,3 +119,15 @@ class ConflictError(OperatorError):
     """A state change lost its compare-and-set: the task or run no longer holds the state
     (or attempt) the action expected. The refused write is in the ledger as a rejected event;
     re-read the state and decide again."""
+
+
+class EventIdConflict(ConflictError):
+    """An emit or a signal reused an ``event_id`` its tenant already emitted with another key,
+    payload or target run; nothing was written and nothing woken (the same key, payload and
+    target is an idempotent duplicate, answered ``duplicate``). ``event_id`` names the id, ``id``
+    the first event's row. HTTP 409; CLI exit 2. Use a new id for a new event."""
+
+    def __init__(self, message: str, *, event_id: str, id: int) -> None:
+        self.event_id = event_id
+        self.id = id
+        super().__init__(message)

@@ -42,7 +42,7 @@ from .errors import OrchestratorError, ValidationError
 from .scheduling import check_placeholders, load_factory, render, spec_hash
 from .store.schedules import iso
 from .store.triggers import TriggerRows, idempotency_key
-from .waits import check_event_key
+from .waits import check_event_key, check_match
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -228,6 +228,10 @@ class Triggers:
         if match is not None:
             if not isinstance(match, Mapping):
                 raise TriggerError(f"trigger {name!r}: match must be a JSON object, not {type(match).__name__}")
+            try:  # a wait's bounds: every emit of the key checks its payload against it
+                check_match(match, (None, None))
+            except ValidationError as exc:
+                raise TriggerError(f"trigger {name!r}: {exc}") from None
             match = json.loads(json.dumps(match))
         if params is not None and not isinstance(params, Mapping):
             raise TriggerError(f"trigger {name!r}: params must be a mapping")

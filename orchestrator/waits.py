@@ -21,6 +21,7 @@ reconciler's indexed pass over the waits due (a sleep over, a sensor's next chec
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -43,6 +44,14 @@ ON_TIMEOUT = ("fail", "skip")
 EVENT_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}")
 #: a wall time (``until="09:30"``): HH:MM or HH:MM:SS
 WALL_TIME_RE = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?")
+#: the most bytes of JSON a ``match`` (a wait's, a Defer's, an event trigger's) may hold, and the
+#: most elements of any array in it: an emit checks its payload against the match of every wait
+#: and trigger on its key, and a wait that begins checks the match against every event of its
+#: lookback; JSON containment of an array costs its elements times the payload array's, so a
+#: 10,000-element match against a 59 KB payload took 0.62 s of server CPU per check
+MAX_MATCH_BYTES = 4096
+MAX_MATCH_ITEMS = 32
+MAX_MATCH_DEPTH = 16
 
 
 def _fail(message: str, where: tuple[str | None, str | None]) -> ValidationError:
@@ -73,12 +82,40 @@ def check_seconds(value: Any, what: str, where: tuple[str | None, str | None], *
 
 
 def check_match(match: Any, where: tuple[str | None, str | None]) -> dict[str, Any] | None:
-    """A match is data: a JSON object the event's payload must contain (JSON containment)."""
+    """A match is data: a JSON object the event's payload must contain (JSON containment), of at
+    most :data:`MAX_MATCH_BYTES` of JSON and :data:`MAX_MATCH_ITEMS` elements in any array (its
+    values are checked as plain JSON with the DAG: ``dag.check_json``). Raises
+    :class:`ValidationError` naming the node."""
     if match is None:
         return None
     if not isinstance(match, Mapping) or not all(isinstance(k, str) for k in match):
         raise _fail(f"match must be a JSON object the payload contains, not {type(match).__name__}", where)
-    return dict(match)  # its values are checked as JSON with the DAG (dag.check_json)
+    stack: list[tuple[Any, int]] = [(match, 0)]
+    seen = 0
+    while stack:  # iterative, and each value is at least a byte of JSON: a cycle ends here too
+        item, depth = stack.pop()
+        seen += 1
+        if seen > MAX_MATCH_BYTES:
+            raise _fail(f"match holds more than {MAX_MATCH_BYTES} values; at most {MAX_MATCH_BYTES} bytes", where)
+        if isinstance(item, (Mapping, list, tuple)) and depth >= MAX_MATCH_DEPTH:
+            raise _fail(f"match is nested more than {MAX_MATCH_DEPTH} deep", where)
+        if isinstance(item, Mapping):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            if len(item) > MAX_MATCH_ITEMS:
+                raise _fail(
+                    f"match holds an array of {len(item)} elements; at most {MAX_MATCH_ITEMS} (each is looked for"
+                    " in the payload's array: match on an id instead of a list)",
+                    where,
+                )
+            stack.extend((v, depth + 1) for v in item)
+    try:
+        size = len(json.dumps(match, separators=(",", ":"), allow_nan=False, default=str).encode())
+    except (ValueError, RecursionError):
+        size = 0  # not JSON: check_json names what is wrong
+    if size > MAX_MATCH_BYTES:
+        raise _fail(f"match is {size} bytes of JSON; at most {MAX_MATCH_BYTES} (match on a few fields)", where)
+    return dict(match)
 
 
 def instant(value: Any, what: str, where: tuple[str | None, str | None]) -> str:
@@ -180,6 +217,30 @@ class WaitSpec:
             lookback=DEFAULT_LOOKBACK if lookback is None else _lookback(lookback, where),
         )
 
+    def checked(self, where: tuple[str | None, str | None] = (None, None)) -> WaitSpec:
+        """This spec, if it is one :meth:`make` would build (a hand-built ``WaitSpec(...)`` is
+        checked at submit like ``DAG.wait``'s); raises :class:`ValidationError` naming the node."""
+        if self.kind not in KINDS:
+            raise _fail(f"a wait's kind is one of {', '.join(KINDS)}, not {str(self.kind)[:40]!r}", where)
+        if self.at is not None and self.until is not None:
+            raise _fail("a wait has an instant (until) or a wall time (at), not both", where)
+        try:
+            made = WaitSpec.make(
+                event=self.event, match=self.match, until=self.at if self.at is not None else self.until,
+                delay=self.delay, tz=self.tz, timeout=self.timeout, on_timeout=self.on_timeout,
+                lookback=self.lookback if self.kind == "event" else None, approval=self.kind == "approval",
+                where=where,
+            )  # fmt: skip
+        except (TypeError, ValueError, AttributeError) as exc:
+            why = f"not a valid WaitSpec ({type(exc).__name__}): build it with DAG.wait or WaitSpec.make"
+            raise _fail(why, where) from exc
+        if made != self:
+            raise _fail(
+                f"a hand-built WaitSpec must be as WaitSpec.make builds it (DAG.wait, DAG.approval): {self!r}"[:300],
+                where,
+            )
+        return made
+
     def to_spec(self) -> dict[str, Any]:
         """The spec format's ``wait`` field."""
         spec: dict[str, Any] = {}
@@ -262,11 +323,26 @@ class SensorSpec:
         if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not 1.0 <= backoff <= 10.0:
             raise _fail(f"backoff must be a factor from 1 to 10, not {str(backoff)[:40]!r}", where)
         every_s = check_seconds(every, "every", where)
-        assert every_s is not None
+        if every_s is None:
+            raise _fail("every must be a number of seconds between checks, not null", where)
         most = check_seconds(max_every, "max_every", where)
         if most is not None and most < every_s:
             raise _fail("max_every must be at least every", where)
         return cls(every_s, check_seconds(timeout, "timeout", where), float(backoff), most, str(on_timeout))
+
+    def checked(self, where: tuple[str | None, str | None] = (None, None)) -> SensorSpec:
+        """This spec, if it is one :meth:`make` would build (a hand-built ``SensorSpec(...)`` is
+        checked at submit like ``DAG.sensor``'s); raises :class:`ValidationError` naming the node."""
+        try:
+            made = SensorSpec.make(
+                every=self.every, timeout=self.timeout, backoff=self.backoff, max_every=self.max_every,
+                on_timeout=self.on_timeout, where=where,
+            )  # fmt: skip
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise _fail(f"not a valid SensorSpec ({type(exc).__name__}): build it with DAG.sensor", where) from exc
+        if made != self:
+            raise _fail(f"a hand-built SensorSpec must be as SensorSpec.make builds it: {self!r}"[:300], where)
+        return made
 
     def interval(self, checks: int) -> float:
         """Seconds before check number ``checks + 1`` (after ``checks`` said "not yet")."""

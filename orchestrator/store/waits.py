@@ -6,7 +6,12 @@ that wrote the event (or found the wait due), so an event is matched exactly onc
 waits that exist when it commits, and a wait that begins after it finds it by looking back
 (``orc_wait_v1``): the emitter and the waiter serialise on the event key's advisory lock.
 What a wake made READY is admitted in the same transaction; the caller publishes the returned
-dispatches after the commit."""
+dispatches after the commit.
+
+The advisory lock is the tenant's (``orc_event_lock_v1``): one tenant's submits and emits never
+wait on another's. An emit's statements are bounded (``ORCHESTRATOR_EMIT_TIMEOUT_SECONDS``), and so is each
+match (``waits.MAX_MATCH_BYTES``, ``MAX_MATCH_ITEMS``), so one emit cannot hold a server process
+for long whatever its tenant's waits hold."""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import schema as s
-from ..errors import OperatorError, RunNotFound, TaskNotFound
+from ..errors import EmitTimeout, EventIdConflict, OperatorError, RunNotFound, TaskNotFound
 from ..models import Dispatch
 from ..states import TaskState as T
 from .admission import Admission
@@ -29,6 +34,10 @@ t_tasks, t_runs, t_emitted = s.tasks, s.runs, s.emitted
 _EMIT = sa.text("SELECT orc_emit_v1(:tenant, :key, CAST(:payload AS jsonb), :event_id, :run, :by)").bindparams(
     sa.bindparam("payload", type_=sa.String)
 )
+#: an emit's statement bound (``SET LOCAL``: this transaction's statements only)
+_BOUND = sa.text("SELECT set_config('statement_timeout', :ms, true)")
+#: query_canceled: a statement ran past its statement_timeout
+_CANCELED = "57014"
 _WAKE_DUE = sa.text("SELECT orc_wake_due_v1(:limit, 'reconciler')")
 _DEFER = sa.text("SELECT orc_defer_v1(:run, :key, :attempt, CAST(:spec AS jsonb), 'worker')")
 _WAKE = sa.text("SELECT orc_wake_v1(:run, :key, :attempt, :how, CAST(:payload AS jsonb), 'operator', :by, :reason)")
@@ -46,27 +55,59 @@ class Emitted:
     dispatches: list[Dispatch]
 
 
+def _reused(tenant: str, event_id: str, key: str, run_id: str | None, out: dict[str, Any]) -> str:
+    """What differs between a reused event id's first event and this one, in words."""
+    first = f"a signal to run {out['run']}" if out["run"] is not None else "an event (to no run)"
+    differs = {
+        "key": f"with the key {out['key']!r}, not {key!r}",
+        "run": f"as {first}, not " + (f"a signal to run {run_id}" if run_id is not None else "an event"),
+        "payload": "with another payload",
+    }[out["conflict"]]
+    return (
+        f"event id {event_id!r} of tenant {tenant!r} was emitted before {differs}; nothing was written (a new event"
+        " needs a new event_id; the same key and payload again is answered as a duplicate)"
+    )
+
+
 class Waits:
     def __init__(self, db: Database, admission: Admission) -> None:
         self.db = db
         self.admission = admission
 
     def emit(
-        self, tenant: str, key: str, payload_json: str, event_id: str, run_id: str | None, by: str | None, window: int
-    ) -> Emitted:
-        """Write the event and wake its waits (``orc_emit_v1``), then admit what they made READY."""
+        self, tenant: str, key: str, payload_json: str, event_id: str, run_id: str | None, by: str | None, window: int,
+        timeout: float = 0.0,
+    ) -> Emitted:  # fmt: skip
+        """Write the event and wake its waits (``orc_emit_v1``), then admit what they made READY.
+        An ``event_id`` the tenant emitted before is a duplicate (nothing woken again) when it
+        came with the same key, payload and run; else :class:`EventIdConflict`. Raises
+        :class:`EmitTimeout` when a statement of it runs past ``timeout`` seconds (0: no
+        bound). Nothing is written when it raises."""
 
         def tx(conn: Connection) -> Emitted:
+            if timeout > 0:
+                conn.execute(_BOUND, {"ms": str(max(1, round(timeout * 1000)))})
             out = conn.execute(
                 _EMIT,
                 {"tenant": tenant, "key": key, "payload": payload_json, "event_id": event_id, "run": run_id, "by": by},
             ).scalar_one()
+            if out.get("conflict"):
+                raise EventIdConflict(_reused(tenant, event_id, key, run_id, out), event_id=event_id, id=int(out["id"]))
             if run_id is None and not out["duplicate"]:  # the event triggers' firings, with the event
                 record_firings(conn, tenant, key, payload_json, int(out["id"]))
             dispatches = self.admission.admit(conn, window) if out["readied"] else []
             return Emitted(int(out["id"]), event_id, bool(out["duplicate"]), int(out["woken"]), dispatches)
 
-        return self.db.transaction(tx)
+        try:
+            return self.db.transaction(tx)
+        except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != _CANCELED or "statement timeout" not in str(exc.orig):
+                raise
+            raise EmitTimeout(
+                f"emit of {key!r} for tenant {tenant!r} ran past its bound of {timeout:g} s"
+                " (ORCHESTRATOR_EMIT_TIMEOUT_SECONDS) matching and waking the waits and triggers on that key; nothing"
+                " was written (emit it again, or make those waits fewer or their matches smaller)"
+            ) from None
 
     def defer(
         self, run_id: str, key: str, attempt: int, spec_json: str, window: int

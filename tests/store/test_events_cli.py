@@ -52,11 +52,12 @@ def test_emit_prints_what_it_woke_and_refuses_bad_input(use_cli: CliRunner, orc:
     assert orc.task(run.id, "go").state.value == "WAITING"
     out = use_cli.invoke(cli.main, ["emit", "go", "--payload", '{"n": 1}', "--event-id", "e1"])
     assert out.exit_code == 0 and out.stdout.strip() == "event e1: woke 1 task(s)", out.output
-    again = use_cli.invoke(cli.main, ["emit", "go", "--event-id", "e1", "--json"])
+    again = use_cli.invoke(cli.main, ["emit", "go", "--payload", '{"n": 1}', "--event-id", "e1", "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout) == {
         "id": json.loads(again.stdout)["id"], "event_id": "e1", "duplicate": True, "woken": 0,
     }  # fmt: skip
-    assert use_cli.invoke(cli.main, ["emit", "go", "--event-id", "e1"]).stdout.strip() == "event e1: duplicate, ignored"
+    twice = use_cli.invoke(cli.main, ["emit", "go", "--payload", '{"n": 1}', "--event-id", "e1"])
+    assert twice.stdout.strip() == "event e1: duplicate, ignored"
     for args in (["emit", "bad key!"], ["emit", "go", "--payload", "[1]"], ["emit", "go", "--payload", "{nope"]):
         bad = use_cli.invoke(cli.main, args)
         assert bad.exit_code == 2 and bad.stderr.startswith("error: "), (args, bad.output)

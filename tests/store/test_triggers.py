@@ -100,7 +100,7 @@ def test_an_event_starts_one_run_per_trigger_with_the_payload_over_the_params(or
 def test_a_duplicate_event_id_starts_nothing(orc: Orchestrator) -> None:
     orc.triggers.add("first", event="orders.new", spec=etl())
     orc.emit("orders.new", {"a": 1}, event_id="same")
-    again = orc.emit("orders.new", {"a": 2}, event_id="same")
+    again = orc.emit("orders.new", {"a": 1}, event_id="same")  # the same event again (another payload: a conflict)
     assert again.duplicate
     assert len(trigger_runs(orc)) == 1 and len(orc.triggers.firings("first")) == 1
     assert orc.triggers.tick() == []

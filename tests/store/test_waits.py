@@ -72,7 +72,7 @@ def test_an_event_wakes_its_wait_and_its_payload_is_the_result(orc: Orchestrator
     done = orc.emit("order.paid", {"order_id": 42, "amount": 9.5}, event_id="evt-1")
     assert (done.woken, done.duplicate) == (1, False)
     assert orc.task(d.run_id, "paid").result == {"order_id": 42, "amount": 9.5}
-    again = orc.emit("order.paid", {"order_id": 42}, event_id="evt-1")
+    again = orc.emit("order.paid", {"amount": 9.5, "order_id": 42}, event_id="evt-1")  # the same event again
     assert again.duplicate and again.woken == 0 and again.id == done.id
     d = drive(orc, order_flow(), run_id=d.run_id)
     assert d.ran[-1][0] == "b" and d.ran[-1][2] == {"paid": {"order_id": 42, "amount": 9.5}}

@@ -74,15 +74,18 @@ $$;
 
 -- orc_event_lock_v1: the lock an emit of an event key and a wait that begins on it take, held
 -- to the end of the transaction, so that either the emit sees the wait or the wait sees the
--- event. Keys share 256 locks (a two-key advisory lock in its own class: never the admission's):
--- a transaction that begins waits on thousands of keys (a submit, a settlement) holds at most
--- 256 locks, within the server's shared lock table; two keys of a bucket only serialise.
+-- event. A tenant's keys share 256 locks: a two-key advisory lock whose first key is the
+-- tenant's (no other lock of ours has two keys; the admission's has one) and whose second is
+-- the key's bucket. A transaction that begins waits on thousands of keys (a submit, a
+-- settlement) holds at most 256 locks, within the server's shared lock table; two keys of a
+-- bucket only serialise, and only within their tenant: another tenant's emit never waits on
+-- them (two tenants share buckets only if their names' 32-bit hashes are equal).
 
 CREATE OR REPLACE FUNCTION orc_event_lock_v1(p_tenant text, p_key text)
  RETURNS void
  LANGUAGE sql
 AS $$
-    SELECT pg_advisory_xact_lock(1869768553, (hashtextextended(p_tenant || '/' || p_key, 0) & 255)::integer)
+    SELECT pg_advisory_xact_lock(hashtext('orc-event:' || p_tenant), (hashtextextended(p_key, 0) & 255)::integer)
 $$;
 
 -- orc_wait_text_v1: what a wait waits for, as the ledger and explain say it.
@@ -201,7 +204,9 @@ $$;
 -- (tenant, event id) under its key's lock, then every task of the tenant WAITING for that key
 -- (a signal: of that run) whose match its payload contains is woken (orc_wake_v1), in this
 -- transaction. Returns {"id", "duplicate": false, "woken", "readied"}, or {"id", "duplicate":
--- true} for an event id seen before (nothing woken again).
+-- true} for an event id seen before (nothing woken again); when that id came with another key,
+-- run or payload, also "conflict": "key", "run" or "payload", with the first one's "key" and
+-- "run" (the caller refuses it: EventIdConflict).
 
 CREATE OR REPLACE FUNCTION orc_emit_v1(p_tenant text, p_key text, p_payload jsonb, p_event_id text, p_run text,
     p_by text)
@@ -211,6 +216,7 @@ CREATE OR REPLACE FUNCTION orc_emit_v1(p_tenant text, p_key text, p_payload json
 AS $$
 DECLARE
     eid bigint;
+    first_event record;
     w record;
     woken int := 0;
     readied int := 0;
@@ -222,8 +228,12 @@ BEGIN
     ON CONFLICT (tenant, event_id) DO NOTHING
     RETURNING id INTO eid;
     IF eid IS NULL THEN
-        SELECT e.id INTO eid FROM orc_events e WHERE e.tenant = p_tenant AND e.event_id = p_event_id;
-        RETURN json_build_object('id', eid, 'duplicate', true, 'woken', 0, 'readied', 0);
+        SELECT e.id, e.key, e.run_id, CASE WHEN e.key IS DISTINCT FROM p_key THEN 'key'
+                                           WHEN e.run_id IS DISTINCT FROM p_run THEN 'run'
+                                           WHEN e.payload IS DISTINCT FROM p_payload THEN 'payload' END AS differs
+        INTO first_event FROM orc_events e WHERE e.tenant = p_tenant AND e.event_id = p_event_id;
+        RETURN json_build_object('id', first_event.id, 'duplicate', true, 'woken', 0, 'readied', 0,
+                                 'conflict', first_event.differs, 'key', first_event.key, 'run', first_event.run_id);
     END IF;
     FOR w IN SELECT t.run_id, t.key, t.attempt FROM orc_tasks t
              WHERE t.state = 'WAITING' AND t.tenant = p_tenant AND t.wait_event = p_key
