@@ -94,6 +94,10 @@ class Settings:
     #: empty: on a loopback bind ``serve`` makes a token at start and prints its login URL, on
     #: any other bind it refuses to start (checked in :mod:`orchestrator.web`)
     ui_auth: str = field(default="", repr=False)
+    #: ``serve`` sits behind a proxy that terminates TLS: its cookies (the session's, the XSRF
+    #: token's) are ``Secure`` (a request that came over TLS gets them ``Secure`` anyway);
+    #: ``orchestrator serve --behind-tls-proxy`` says the same
+    ui_behind_tls_proxy: bool = False
     #: seconds an event (``orchestrator emit``) is kept: for the lookback of waits that begin
     #: after it and for de-duplication by event id; the reconciler deletes older ones
     event_retention_seconds: float = 7 * 86400.0

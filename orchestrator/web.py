@@ -49,7 +49,13 @@ at start and prints its login URL (Jupyter's model); on any other address it ref
 No request header (``Host``, ``X-Forwarded-For``, ...) grants or denies anything: credentials
 decide. A browser POST always needs the XSRF token of the page it came from; a bearer-token
 request needs none (a browser never sends that header by itself). Every action is recorded in
-the ledger with who acted and from where: ``alice (web from 10.0.0.7)``.
+the ledger with who acted and from where: ``alice (web from 10.0.0.7)``. Wrong credentials, on
+every way in, are rate-limited per client and in total (:class:`LoginLimiter`: 429 with
+``Retry-After``; the total limit never refuses a right credential); ``/login?token=`` logs in
+directly only from a typed or same-origin navigation (``Sec-Fetch-Site``), else it shows the
+form; ``POST /logout`` clears the session; cookies are ``Secure`` over TLS or behind a TLS proxy
+(``ORCHESTRATOR_UI_BEHIND_TLS_PROXY``, ``serve --behind-tls-proxy``); on a bind that is not
+loopback a basic-auth password needs :data:`MIN_PASSWORD_CHARS` characters.
 
 Every response carries a Content-Security-Policy (scripts of this origin, or inline ones with
 the page's nonce only), ``X-Frame-Options: DENY``, ``nosniff``, ``Referrer-Policy:
@@ -72,6 +78,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -143,6 +150,94 @@ SERVER_OPTIONS: dict[str, Any] = {
 }
 #: the session cookie set by a token login (its value: the credential's name, signed)
 SESSION_COOKIE = "orc_user"
+#: a basic-auth password shorter than this is refused on a bind that is not loopback
+MIN_PASSWORD_CHARS = 12
+
+
+class LoginLimiter:
+    """Wrong credentials, counted per client and in total (token buckets refilled over
+    ``window`` seconds): every way a credential comes in (the login form, ``/login?token=``,
+    ``Authorization: Bearer`` and ``Basic``) goes through :meth:`locked` before it is checked and
+    :meth:`failed` when it was wrong.
+
+    * A client (its address; an IPv6 client's /64 network) with ``per_client`` wrong attempts
+      in the window is answered 429 with ``Retry-After`` before anything is checked, right or
+      wrong: a guess from it says nothing. Other clients are not affected.
+    * Past ``total`` wrong attempts in the window from all clients together, a wrong attempt
+      is answered 429 (``Retry-After``) after ``delay`` seconds; a right credential still
+      passes, so many guessing clients slow each other down but never lock the owner out.
+
+    At most ``clients`` addresses are remembered (the ones with the fewest failures go first).
+    ``clock`` is injected for tests. Used on the IO loop only (a lock keeps it safe anyway)."""
+
+    def __init__(
+        self,
+        *,
+        per_client: int = 10,
+        total: int = 100,
+        window: float = 60.0,
+        delay: float = 1.0,
+        clients: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_client, self.total, self.window, self.delay = per_client, total, window, delay
+        self.clients = clients
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at)
+        self._all = (float(total), clock())
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def client_of(address: str | None) -> str:
+        """The client an address counts as: itself, or an IPv6 address's /64 network (one
+        host holds a whole /64)."""
+        try:
+            ip = ipaddress.ip_address(address or "")
+        except ValueError:
+            return address or "?"
+        if isinstance(ip, ipaddress.IPv6Address):
+            if ip.ipv4_mapped is not None:
+                return str(ip.ipv4_mapped)
+            return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+        return str(ip)
+
+    def _refill(self, bucket: tuple[float, float], size: int, now: float) -> float:
+        tokens, at = bucket
+        return min(float(size), tokens + (now - at) * size / self.window)
+
+    def _wait(self, tokens: float, size: int) -> float:
+        return 0.0 if tokens >= 1 else max(1.0, (1 - tokens) * self.window / size)
+
+    def locked(self, client: str) -> float:
+        """Seconds until ``client`` may try a credential again (0: now)."""
+        with self._lock:
+            found = self._buckets.get(client)
+            if found is None:
+                return 0.0
+            return self._wait(self._refill(found, self.per_client, self.clock()), self.per_client)
+
+    def failed(self, client: str) -> float:
+        """Count a wrong credential of ``client``; the seconds until the total budget has room
+        again (0: it has)."""
+        with self._lock:
+            now = self.clock()
+            found = self._buckets.pop(client, None)
+            tokens = self._refill(found, self.per_client, now) if found else float(self.per_client)
+            self._buckets[client] = (tokens - 1, now)  # the newest last
+            if len(self._buckets) > self.clients:
+                fullest = max(self._buckets, key=lambda c: self._refill(self._buckets[c], self.per_client, now))
+                self._buckets.pop(fullest)
+            had = self._refill(self._all, self.total, now)
+            self._all = (max(had - 1, -float(self.total)), now)
+            return self._wait(had, self.total)
+
+
+class TooManyAttempts(tornado.web.HTTPError):
+    """429: too many wrong credentials; ``retry_after`` seconds until the next try counts."""
+
+    def __init__(self, retry_after: float, reason: str) -> None:
+        super().__init__(429, reason=reason)
+        self.retry_after = max(1, math.ceil(retry_after))
 
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
@@ -246,7 +341,9 @@ def _same(given: str, secret: str) -> bool:
 
 class Access:
     """Who may read and act: the credentials of ``ORCHESTRATOR_UI_AUTH``; unset, a token made
-    now on a loopback bind (:attr:`generated`), and a refusal on any other bind."""
+    now on a loopback bind (:attr:`generated`), and a refusal on any other bind. On a bind that
+    is not loopback a basic-auth password shorter than :data:`MIN_PASSWORD_CHARS` is refused
+    too (:class:`ConfigurationError`, naming the entry and user, never the password)."""
 
     def __init__(self, auth: str, bind: str) -> None:
         self.credentials = parse_ui_auth(auth)
@@ -262,6 +359,13 @@ class Access:
                 )
             self.generated = secrets.token_urlsafe(32)
             self.credentials = (Credential("token", "token", self.generated),)
+        if not self.local:
+            for i, c in enumerate(self.credentials, 1):
+                if c.kind == "basic" and len(c.secret) < MIN_PASSWORD_CHARS:
+                    raise _refuse(
+                        f"entry {i} (user {c.name!r}): a password must be at least {MIN_PASSWORD_CHARS}"
+                        f" characters when serve binds {bind or '0.0.0.0'} (not a loopback address)"
+                    )
         self.by_name = {c.name: c for c in self.credentials}
 
     @property
@@ -319,6 +423,8 @@ class _Base(tornado.web.RequestHandler):
     page = True
     #: where an error page links back to (an action's run), besides the runs list
     back: str | None = None
+    #: the request was authenticated by an ``Authorization: Bearer`` token (no XSRF needed)
+    _bearer = False
 
     @property
     def orc(self) -> Orchestrator:
@@ -362,10 +468,23 @@ class _Base(tornado.web.RequestHandler):
         if sum(len(k) + len(v) + 4 for k, v in request.headers.get_all()) > MAX_HEADER_BYTES:
             raise tornado.web.HTTPError(431, reason=f"request headers larger than {MAX_HEADER_BYTES} bytes")
 
-    def prepare(self) -> None:
+    @property
+    def limiter(self) -> LoginLimiter:
+        return self.settings["limiter"]  # type: ignore[no-any-return]
+
+    @property
+    def secure_cookies(self) -> bool:
+        """Whether cookies get ``Secure``: the request came over TLS (the connection's own
+        protocol, never a header), or ``serve`` sits behind a TLS proxy (its option)."""
+        return self.request.protocol == "https" or bool(self.settings.get("behind_tls_proxy"))
+
+    async def prepare(self) -> None:
         request = self.request
         self._check_size()
-        if request.path in ("/healthz", "/login"):
+        await self._authenticate()
+        if request.method not in ("GET", "HEAD", "OPTIONS"):
+            self._check_forgery()
+        if request.path in ("/healthz", "/login", "/logout"):
             return
         if self.current_user is None:
             if (
@@ -378,23 +497,56 @@ class _Base(tornado.web.RequestHandler):
                 raise tornado.web.HTTPError(401)  # write_error asks for the password
             self.redirect("/login?" + urlencode({"next": request.uri or "/"}))  # finishes the request
 
-    def get_current_user(self) -> Credential | None:
+    async def _authenticate(self) -> None:
+        """Who is asking: an ``Authorization`` header decides when there is one (checked
+        through :meth:`attempt`, so wrong ones are rate-limited), else the session cookie."""
         access = self.access
         header = self.request.headers.get("Authorization", "")
+        self._bearer = False
         if header.startswith("Basic "):
-            return access.basic(header)
-        if header.startswith("Bearer "):
-            return access.bearer(header)
+            self.current_user = await self.attempt(lambda: access.basic(header))
+        elif header.startswith("Bearer "):
+            self.current_user = await self.attempt(lambda: access.bearer(header))
+            self._bearer = self.current_user is not None
+        else:
+            self.current_user = self.get_current_user()
+
+    async def attempt(self, check: Callable[[], Credential | None]) -> Credential | None:
+        """Check a presented credential under the :class:`LoginLimiter`: a client over its
+        budget is refused (429) before the check, and past the total budget a wrong
+        credential is answered 429 after a delay; a right one always passes."""
+        limiter = self.limiter
+        client = limiter.client_of(self.request.remote_ip)
+        wait = limiter.locked(client)
+        if wait:
+            raise TooManyAttempts(wait, "too many wrong credentials from this address: try again later")
+        found = check()
+        if found is not None:
+            return found
+        busy = limiter.failed(client)
+        if busy:
+            await asyncio.sleep(limiter.delay)
+            raise TooManyAttempts(busy, "too many wrong credentials: try again later")
+        return None
+
+    def get_current_user(self) -> Credential | None:
+        """The session cookie's credential; a request with an ``Authorization`` header is
+        authenticated by :meth:`prepare` (never here, so a wrong one is counted once)."""
+        if self.request.headers.get("Authorization", "").startswith(("Basic ", "Bearer ")):
+            return None
         cookie = self.get_signed_cookie(SESSION_COOKIE, max_age_days=1)
-        return access.by_name.get(cookie.decode()) if cookie else None
+        return self.access.by_name.get(cookie.decode()) if cookie else None
 
     def check_xsrf_cookie(self) -> None:
-        # Tornado checks XSRF before prepare(): sizes and authentication first, so a POST
-        # without credentials is 401 whatever its XSRF token
-        self._check_size()
-        if self.current_user is None and self.request.path != "/login":
+        # Tornado checks XSRF before prepare(); prepare() does it (_check_forgery) after the
+        # sizes and authentication, so a POST without credentials is 401 whatever its XSRF
+        # token, and a wrong credential is counted before anything else is said
+        pass
+
+    def _check_forgery(self) -> None:
+        if self.current_user is None and self.request.path not in ("/login", "/logout"):
             raise tornado.web.HTTPError(401)
-        if self.access.bearer(self.request.headers.get("Authorization", "")):
+        if getattr(self, "_bearer", False):
             return  # a browser never sends this header by itself: no forgery possible
         self._check_origin()
         super().check_xsrf_cookie()
@@ -426,6 +578,8 @@ class _Base(tornado.web.RequestHandler):
         if status_code == 401 and self.access.has_basic:
             self.set_header("WWW-Authenticate", 'Basic realm="orchestrator", charset="UTF-8"')
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, TooManyAttempts):
+            self.set_header("Retry-After", str(exc.retry_after))
         message = str(exc) if isinstance(exc, OrchestratorError) else (self._reason or "error")
         if isinstance(exc, tornado.web.HTTPError) and exc.reason:
             message = exc.reason
@@ -850,40 +1004,62 @@ class Health(_Base):
 
 class Login(_Base):
     """``GET /login?token=TOKEN`` (the URL ``serve`` prints) and the form: a right token sets the
-    session cookie and goes on to ``next`` (default ``/runs``); a wrong one sets nothing."""
+    session cookie and goes on to ``next`` (default ``/runs``); a wrong one sets nothing. Both are
+    rate-limited (:class:`LoginLimiter`).
 
-    def get(self) -> None:
+    The URL logs in directly only when the browser says it was typed, pasted or opened from
+    outside a page (``Sec-Fetch-Site: none``) or came from this app (``same-origin``): a link on
+    another site (or a client that says nothing) gets the login form with the token filled in,
+    and the form's POST (XSRF token, same origin) logs in. So another site cannot log a browser
+    in with a token of its choosing, nor use it to try tokens."""
+
+    async def get(self) -> None:
         target = safe_next(self.get_query_argument("next", "/runs"))
         token = self.get_query_argument("token", None)
         if token is None:
-            self.write(render("login.html", title="Log in", handler=self, next=target, failed=False))
+            self.write(render("login.html", title="Log in", handler=self, next=target, failed=False, token=""))
             return
-        cred = self.access.token(token)
+        if self.request.headers.get("Sec-Fetch-Site") not in ("none", "same-origin"):
+            self.write(render("login.html", title="Log in", handler=self, next=target, failed=False, token=token))
+            return
+        cred = await self.attempt(lambda: self.access.token(token))
         if cred is None:
             raise tornado.web.HTTPError(403, reason="wrong token")
         self._log_in(cred, target)
 
-    def post(self) -> None:
+    async def post(self) -> None:
         target = safe_next(self.get_body_argument("next", "/runs"))
-        cred = self.access.token(self.get_body_argument("token", ""))
+        given = self.get_body_argument("token", "")
+        cred = await self.attempt(lambda: self.access.token(given))
         if cred is None:
             self.set_status(401)
-            self.write(render("login.html", title="Log in", handler=self, next=target, failed=True))
+            self.write(render("login.html", title="Log in", handler=self, next=target, failed=True, token=""))
             return
         self._log_in(cred, target)
 
     def _log_in(self, cred: Credential, target: str) -> None:
         # Lax, not Strict: the login URL is opened from a terminal or a chat, and the redirect
         # that follows must carry the cookie; a cross-site POST is still stopped by the XSRF token
-        self.set_signed_cookie(SESSION_COOKIE, cred.name, expires_days=1, httponly=True, samesite="Lax")
+        self.set_signed_cookie(
+            SESSION_COOKIE, cred.name, expires_days=1, httponly=True, samesite="Lax", secure=self.secure_cookies
+        )
         self.redirect(target)
+
+
+class Logout(_Base):
+    """``POST /logout`` (XSRF token, same origin): clears the session cookie and goes to the
+    login form. A browser keeps basic-auth passwords itself: only closing it forgets them."""
+
+    def post(self) -> None:
+        self.clear_cookie(SESSION_COOKIE, httponly=True, samesite="Lax", secure=self.secure_cookies)
+        self.redirect("/login", status=303)
 
 
 class NotFound(_Base):
     """Any other address: 404 (after authentication, with the security headers)."""
 
-    def prepare(self) -> None:
-        super().prepare()
+    async def prepare(self) -> None:
+        await super().prepare()
         if not self._finished:
             raise tornado.web.HTTPError(404)
 
@@ -1047,7 +1223,10 @@ class RunAction(_Act):
         # the outcome travels in a signed one-time cookie: a link cannot put words in the banner;
         # a rerun's banner links back to the run it repeats
         flash = {"text": done.text, "from": run_id if done.run_id != run_id else None}
-        self.set_signed_cookie("orc_done", json.dumps(flash), expires_days=None, httponly=True, samesite="Strict")
+        self.set_signed_cookie(
+            "orc_done", json.dumps(flash), expires_days=None, httponly=True, samesite="Strict",
+            secure=self.secure_cookies,
+        )  # fmt: skip
         self.redirect(f"/runs/{quote(done.run_id)}", status=303)
 
 
@@ -1194,16 +1373,29 @@ RUN_ACTION = r"/runs/(?P<run_id>[A-Za-z0-9_-]{1,32})/(?P<action>cancel|rerun)"
 TASK_ACTION = rf"/runs/(?P<run_id>[A-Za-z0-9_-]{{1,32}})/tasks/(?P<key>{KEY_CHARS})/(?P<action>{'|'.join(ACTIONS)})"
 
 
-def make_app(orc: Orchestrator, *, auth: str = "", bind: str = "127.0.0.1", cookie_secret: str | None = None) -> Any:
+def make_app(
+    orc: Orchestrator,
+    *,
+    auth: str = "",
+    bind: str = "127.0.0.1",
+    cookie_secret: str | None = None,
+    behind_tls_proxy: bool | None = None,
+    limiter: LoginLimiter | None = None,
+) -> Any:
     """The Tornado application (tests drive it directly; :func:`serve` listens). Raises
     :class:`ConfigurationError` for bad credentials, or none on a bind that is not loopback;
-    without credentials on loopback, the token it makes is ``app.settings["access"].generated``."""
+    without credentials on loopback, the token it makes is ``app.settings["access"].generated``.
+    ``behind_tls_proxy`` (default: ``ORCHESTRATOR_UI_BEHIND_TLS_PROXY``) makes every cookie
+    ``Secure``; ``limiter`` counts wrong credentials (default: :class:`LoginLimiter`'s budgets)."""
     access = Access(auth, bind)
+    if behind_tls_proxy is None:
+        behind_tls_proxy = bool(getattr(orc.settings, "ui_behind_tls_proxy", False))
     return tornado.web.Application(
         [
             (r"/", Home),
             (r"/healthz", Health),
             (r"/login", Login),
+            (r"/logout", Logout),
             (r"/metrics", Metrics),
             (r"/runs/?", RunsPage),
             (rf"/runs/{RUN_ID}", RunPage),
@@ -1224,7 +1416,9 @@ def make_app(orc: Orchestrator, *, auth: str = "", bind: str = "127.0.0.1", cook
         default_handler_class=NotFound,
         pool=ThreadPoolExecutor(max_workers=4, thread_name_prefix="orc-web"),
         xsrf_cookies=True,
-        xsrf_cookie_kwargs={"httponly": True, "samesite": "Strict"},
+        xsrf_cookie_kwargs={"httponly": True, "samesite": "Strict", **({"secure": True} if behind_tls_proxy else {})},
+        behind_tls_proxy=behind_tls_proxy,
+        limiter=limiter or LoginLimiter(),
         log_function=log_request,
         cookie_secret=cookie_secret or secrets.token_hex(32),
         autoescape="xhtml_escape",
@@ -1250,13 +1444,19 @@ def _tenant_orcs(orc: Orchestrator, access: Access) -> dict[str, Orchestrator]:
 
 
 def serve(
-    orc: Orchestrator, *, host: str, port: int, auth: str = "", ready: Callable[[str], None] | None = None
+    orc: Orchestrator,
+    *,
+    host: str,
+    port: int,
+    auth: str = "",
+    ready: Callable[[str], None] | None = None,
+    behind_tls_proxy: bool | None = None,
 ) -> None:
     """Listen on ``host:port`` until interrupted. Without credentials (loopback only), the
     login URL with the token made at start is passed to ``ready``."""
     import tornado.ioloop
 
-    app = make_app(orc, auth=auth, bind=host)
+    app = make_app(orc, auth=auth, bind=host, behind_tls_proxy=behind_tls_proxy)
     access: Access = app.settings["access"]
     server = app.listen(port, address=host, **SERVER_OPTIONS)
     shown = f"[{host}]" if ":" in host else (host or "0.0.0.0")

@@ -55,7 +55,7 @@ def services(compose: dict[str, Any]) -> dict[str, Any]:
 
 
 #: what the tests pretend the shell running ``docker compose`` has set
-COMPOSE_ENV = {"FLOWER_PASSWORD": "s3cret", "ORCHESTRATOR_UI_AUTH": "admin:s3cret"}
+COMPOSE_ENV = {"FLOWER_PASSWORD": "s3cret", "ORCHESTRATOR_UI_AUTH": "admin:s3cret-passw0rd"}
 VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:-|:\?)(?P<arg>[^}]*))?\}")
 
 

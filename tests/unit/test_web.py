@@ -144,7 +144,7 @@ class WebCase(AsyncHTTPTestCase):
 
     def log_in(self, token: str) -> str:
         """``GET /login?token=``: the session cookie (as a Cookie header value)."""
-        done = self.get("/login?" + urlencode({"token": token}), anonymous=True)
+        done = self.get("/login?" + urlencode({"token": token}), anonymous=True, **{"Sec-Fetch-Site": "none"})
         assert done.code == 302 and done.headers["Location"] == "/runs", done.code
         session = re.search(r"orc_user=([^;]+)", done.headers["Set-Cookie"])
         assert session is not None
@@ -297,15 +297,20 @@ class TestLocal(WebCase):
         health = self.get("/healthz", anonymous=True)
         assert health.code == 200 and health.body == b"ok\n"
         # a wrong token: 403, and nothing set
-        wrong = self.get("/login?token=" + "x" * 43, anonymous=True)
+        typed = {"Sec-Fetch-Site": "none"}  # the login URL typed, pasted or opened from a terminal
+        wrong = self.get("/login?token=" + "x" * 43, anonymous=True, **typed)
         assert wrong.code == 403 and "Set-Cookie" not in wrong.headers
-        assert self.get("/login?token=", anonymous=True).code == 403
+        assert self.get("/login?token=", anonymous=True, **typed).code == 403
         # the right one: the session, and on to /runs (or a path of this app given as next)
         cookie = self.log_in(self.generated)
         assert self.get("/runs", anonymous=True, Cookie=cookie).code == 200
-        onward = self.get("/login?" + urlencode({"token": self.generated, "next": f"/runs/{run_id}"}), anonymous=True)
+        onward = self.get(
+            "/login?" + urlencode({"token": self.generated, "next": f"/runs/{run_id}"}), anonymous=True, **typed
+        )
         assert onward.code == 302 and onward.headers["Location"] == f"/runs/{run_id}"
-        away = self.get("/login?" + urlencode({"token": self.generated, "next": "//evil.example/"}), anonymous=True)
+        away = self.get(
+            "/login?" + urlencode({"token": self.generated, "next": "//evil.example/"}), anonymous=True, **typed
+        )
         assert away.headers["Location"] == "/runs"
         # scripts: the token as a bearer; a forged session cookie is nobody
         assert self.get(f"/api/runs/{run_id}", anonymous=True, **bearer(self.generated)).code == 200
@@ -589,7 +594,7 @@ class TestClearMarkRerun(WebCase):
 
 
 class TestBasicAuth(WebCase):
-    auth = "admin:pa55word"
+    auth = "admin:pa55word-long"
     bind = "0.0.0.0"
 
     def test_every_page_needs_the_password(self) -> None:
@@ -599,7 +604,7 @@ class TestBasicAuth(WebCase):
         assert self.get("/api/runs", **basic("admin", "nope")).code == 401
         assert self.get("/metrics").code == 401
         assert self.get("/healthz").code == 200
-        right = basic("admin", "pa55word")
+        right = basic("admin", "pa55word-long")
         assert self.get(f"/runs/{run_id}", **right).code == 200
         token, headers = self.xsrf(**right)
         assert self.post(f"/api/runs/{run_id}/tasks/b/retry", **right).code == 403  # basic auth still needs XSRF
@@ -642,7 +647,7 @@ class TestToken(WebCase):
 
 
 ACME_TOKEN = "acme-token-0123456789abcdef"
-TENANTS_AUTH = f"root:rootpass, alice:alice-pass=acme, bob:bob-pass=bravo, {ACME_TOKEN}=acme, {TOKEN}=*"
+TENANTS_AUTH = f"root:rootpass-long, alice:alice-pass-long=acme, bob:bob-pass-long1=bravo, {ACME_TOKEN}=acme, {TOKEN}=*"
 
 
 class TestTenantBound(WebCase):
@@ -656,7 +661,7 @@ class TestTenantBound(WebCase):
 
         mine, theirs = self.failed_run("acme"), self.failed_run("bravo")
         token, xsrf_headers = self.xsrf()
-        for who in (basic("alice", "alice-pass"), bearer(ACME_TOKEN), {"Cookie": self.log_in(ACME_TOKEN)}):
+        for who in (basic("alice", "alice-pass-long"), bearer(ACME_TOKEN), {"Cookie": self.log_in(ACME_TOKEN)}):
             self.session = who
             # lists hold the tenant's runs only, whatever the filter asks
             assert [r["id"] for r in json.loads(self.get("/api/runs").body)["runs"]] == [mine]
@@ -702,22 +707,22 @@ class TestTenantBound(WebCase):
         assert {t.attempt for t in self.orc.tasks(theirs)} == {1}
         assert len(self.orc.runs(100)) == 2  # no rerun made
         # its own run: it acts, and the ledger says who
-        self.session = basic("alice", "alice-pass")
+        self.session = basic("alice", "alice-pass-long")
         done = self.post(f"/api/runs/{mine}/tasks/b/retry", {"_xsrf": token}, **xsrf_headers)
         assert done.code == 200, done.body
         assert {e.by for e in self.orc.run(mine).events() if e.actor == "operator"} == {"alice (web from 127.0.0.1)"}
         # bob sees bravo's and not acme's; the admins see both
-        self.session = basic("bob", "bob-pass")
+        self.session = basic("bob", "bob-pass-long1")
         assert [r["id"] for r in json.loads(self.get("/api/runs").body)["runs"]] == [theirs]
         assert self.get(f"/runs/{mine}").code == 404
-        for admin in (basic("root", "rootpass"), bearer(TOKEN)):
+        for admin in (basic("root", "rootpass-long"), bearer(TOKEN)):
             self.session = admin
             assert {r["id"] for r in json.loads(self.get("/api/runs").body)["runs"]} == {mine, theirs}
             assert self.get(f"/runs/{theirs}").code == 200
         # a password is checked with its user: alice's password is not bob's
-        assert self.get("/api/runs", anonymous=True, **basic("bob", "alice-pass")).code == 401
+        assert self.get("/api/runs", anonymous=True, **basic("bob", "alice-pass-long")).code == 401
         # clear, mark and rerun of its own run too, as alice
-        self.session = basic("alice", "alice-pass")
+        self.session = basic("alice", "alice-pass-long")
         finish(self.orc, fail={"b"})
         cleared = self.post(f"/runs/{mine}/tasks/a/clear", {"_xsrf": token, "downstream": "1"}, **xsrf_headers)
         assert cleared.code == 303, cleared.body
@@ -804,6 +809,7 @@ def test_serve_refuses_a_public_bind_without_credentials(tmp_path: Path) -> None
         (["--host", "::"], {}, "ORCHESTRATOR_UI_AUTH is not set"),
         (["--host", "0.0.0.0"], {"ORCHESTRATOR_UI_AUTH": "admin:  "}, "password is blank"),
         (["--host", "127.0.0.1"], {"ORCHESTRATOR_UI_AUTH": "  "}, "is blank"),
+        (["--host", "0.0.0.0"], {"ORCHESTRATOR_UI_AUTH": "admin:short-pw11"}, "at least 12 characters"),
     ):
         done = subprocess.run(
             [sys.executable, "-m", "orchestrator.cli", "serve", *argv, "--port", "1"],
@@ -861,8 +867,8 @@ def test_serve_prints_a_login_url_and_needs_its_token(tmp_path: Path) -> None:
         assert status(base + "/api/runs")[0] == 401 and status(base + "/metrics")[0] == 401
         assert status(base + "/runs")[0] == 302
         assert status(base + "/api/runs", Authorization=f"Bearer {token}")[0] == 200
-        assert status(base + "/login?token=wrong-" + token)[0] == 403
-        code, headers = status(url)
+        assert status(base + "/login?token=wrong-" + token, **{"Sec-Fetch-Site": "none"})[0] == 403
+        code, headers = status(url, **{"Sec-Fetch-Site": "none"})  # typed or opened from the terminal
         assert code == 302 and headers["Location"] == "/runs" and "orc_user=" in headers["Set-Cookie"]
         cookie = headers["Set-Cookie"].split(";")[0]
         assert status(base + "/runs", Cookie=cookie)[0] == 200
