@@ -249,21 +249,41 @@ def check() -> None:
     click.echo(f"schema matches orchestrator/schema.py at revision {head}")
 
 
-def _cut_off(text: str) -> Any:
-    """``--before``: an ISO 8601 date or date-time (UTC without an offset), or an age: ``30d``,
-    ``12h``, ``90m``."""
+def _age(text: str, option: str) -> Any:
+    """An age (``30d``, ``12h``, ``90m``) as a timedelta, or None when ``text`` is not one."""
     import datetime as dt
     import re
 
+    from .errors import ValidationError
+
     found = re.fullmatch(r"(\d{1,6})([dhm])", text.strip())
-    if found:
-        unit = {"d": "days", "h": "hours", "m": "minutes"}[found.group(2)]
-        return dt.datetime.now(dt.UTC) - dt.timedelta(**{unit: int(found.group(1))})
+    if not found:
+        return None
+    unit = {"d": "days", "h": "hours", "m": "minutes"}[found.group(2)]
+    age = dt.timedelta(**{unit: int(found.group(1))})
+    if age > dt.timedelta(days=365 * 1000):
+        raise ValidationError(f"{option} {text}: an age of at most 1000 years (365000d)")
+    return age
+
+
+def _cut_off(text: str) -> Any:
+    """``--before``: an ISO 8601 date or date-time (UTC without an offset), or an age: ``30d``,
+    ``12h``, ``90m``. Anything else, or an instant out of range, is a ValidationError (one line,
+    exit 2)."""
+    import datetime as dt
+
+    from .errors import ValidationError
+
+    age = _age(text, "--before")
+    if age is not None:
+        return dt.datetime.now(dt.UTC) - age
     try:
         moment = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: give an ISO 8601 date or date-time, or an age such as 30d, 12h") from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+        return moment.astimezone(dt.UTC) if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+    except (ValueError, OverflowError):
+        raise ValidationError(
+            f"--before {text!r}: give an ISO 8601 date or date-time (from year 1), or an age such as 30d, 12h"
+        ) from None
 
 
 @db.command("clean")
@@ -287,22 +307,35 @@ def _cut_off(text: str) -> Any:
     show_default=True,
     help="Seconds left to the running work between two batches (a slower clean that takes less from the hot path).",
 )
+@click.option(
+    "--keep-keys",
+    default="90d",
+    show_default=True,
+    metavar="AGE",
+    help="How long a removed run's idempotency key is kept (a submit with it is refused, naming the removed run);"
+    " older kept keys are forgotten (0d: none kept).",
+)
 @click.option("--dry-run", is_flag=True, help="Only count what would be removed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the totals as JSON.")
-def db_clean(before: str, archive: str | None, batch: int, pause: float, dry_run: bool, as_json: bool) -> None:
+def db_clean(
+    before: str, archive: str | None, batch: int, pause: float, keep_keys: str, dry_run: bool, as_json: bool
+) -> None:
     """Prune the ledger: remove the final runs (SUCCEEDED, FAILED, CANCELLED) created and finished
     before --before, with their tasks, edges and ledger rows, in short batches (a RUNNING run is
-    never touched; the hot path is not held up). One tenant's only with `orchestrator --tenant T`."""
+    never touched; the hot path is not held up). The removed runs' idempotency keys are kept for
+    --keep-keys. One tenant's only with `orchestrator --tenant T`."""
+    from .errors import ValidationError
+
     cut = _cut_off(before)
+    keep = _age(keep_keys, "--keep-keys")
+    if keep is None:
+        raise ValidationError(f"--keep-keys {keep_keys!r}: give an age such as 90d, 12h or 0d")
     orc = _ready_store()
     cleanup = orc.store.cleanup
     if dry_run:
         found = cleanup.count(cut, tenant=orc.tenant)
-    elif archive is not None:
-        with open(archive, "a", encoding="utf-8") as out:
-            found = cleanup.clean(cut, batch=batch, tenant=orc.tenant, archive=out, pause=pause)
     else:
-        found = cleanup.clean(cut, batch=batch, tenant=orc.tenant, pause=pause)
+        found = cleanup.clean(cut, batch=batch, tenant=orc.tenant, archive=archive, pause=pause, keep_keys=keep)
     if as_json:
         _dump({"before": cut.isoformat(), "dry_run": dry_run, **found.to_json()})
         return
@@ -313,6 +346,8 @@ def db_clean(before: str, archive: str | None, batch: int, pause: float, dry_run
         f" {found.tasks:,} task(s), {found.edges:,} edge(s), {found.events:,} ledger row(s)"
         + ("" if dry_run else f" in {found.batches} batch(es)")
         + (f"; archived to {archive}" if archive and not dry_run else "")
+        + (f"; {found.keys_kept:,} idempotency key(s) {'to keep' if dry_run else 'kept'}" if found.keys_kept else "")
+        + (f", {found.keys_forgotten:,} older one(s) forgotten" if found.keys_forgotten else "")
     )
 
 
@@ -1407,7 +1442,11 @@ def _emitted_line(done: Any) -> str:
 @main.command()
 @click.argument("key")
 @click.option("--payload", default=None, metavar="JSON", help="The event's payload: a JSON object (default {}).")
-@click.option("--event-id", default=None, help="De-duplication id: a second emit with it is ignored (default: new).")
+@click.option(
+    "--event-id", default=None,
+    help="De-duplication id: a second emit with it, the same key and payload, is ignored; with another key or"
+    " payload it is refused (default: new).",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help='Print {"id", "event_id", "duplicate", "woken"}.')
 def emit(key: str, payload: str | None, event_id: str | None, as_json: bool) -> None:
     """Emit the event KEY for the tenant (--tenant, before the command): every task WAITING for
@@ -1426,7 +1465,10 @@ def emit(key: str, payload: str | None, event_id: str | None, as_json: bool) -> 
 @click.argument("run_id")
 @click.argument("name")
 @click.option("--payload", default=None, metavar="JSON", help="The signal's payload: a JSON object (default {}).")
-@click.option("--event-id", default=None, help="De-duplication id: a second signal with it is ignored.")
+@click.option(
+    "--event-id", default=None,
+    help="De-duplication id: a second signal with it, the same name and payload, is ignored; else refused.",
+)  # fmt: skip
 def signal(run_id: str, name: str, payload: str | None, event_id: str | None) -> None:
     """Send the signal NAME to the run RUN_ID: its tasks WAITING for NAME wake (a task that
     begins to wait for it later finds it). A signal never starts a run."""

@@ -57,7 +57,10 @@ def check_runs(
       0..n-1, n being the header's ``map_total``; a header closed after its children
       (SUCCEEDED / FAILED / SKIPPED) counts them as their states say, closed in the state
       they decide and after the last of them finished (in the ledger's order);
-    - only legal transitions were accepted (tasks and runs), and attempts never went backwards;
+    - only legal transitions were accepted (tasks and runs), and attempts never went backwards,
+      nor repeated across generations: a map's child expanded again starts after every attempt
+      its key used (each message's Celery task id ``<run>.<key>.<attempt>`` is new, never one a
+      clear revoked);
     - every final run's ledger ends with its accepted transition to that state;
     - annotation events (a non-null ``kind``, ``states.ANNOTATIONS``: ``deadline_missed``)
       change no state (``from_state`` = ``to_state``), are of a known kind written by a role
@@ -91,13 +94,15 @@ def check_runs(
     generation: Counter[tuple[str, str]] = Counter()
     outcome_events: Counter[tuple[str, str, int]] = Counter()
     last_attempt: dict[tuple[str, str], int] = {}
+    #: tasks removed (their map expanded again) whose new row has no accepted transition yet
+    removed: set[tuple[str, str]] = set()
     removals = [e for e in snap.events if _kind(e) == REMOVED and e.key is not None and e.accepted]
     for e in sorted([*events, *removals], key=lambda ev: ev.id):
         k = (e.run_id, e.key)
         if _kind(e) == REMOVED:
-            # a map expanded again: a new task of the same key starts from attempt 1
+            # a map expanded again: a new task of the same key, whose attempts continue after these
             generation[k] += 1
-            last_attempt.pop(k, None)
+            removed.add(k)
             continue
         if (
             e.from_state == "RUNNING"
@@ -121,7 +126,14 @@ def check_runs(
             legal = TRANSITIONS.get((TaskState(e.from_state), TaskState(e.to_state)))
             if legal is None or e.actor not in legal:
                 problems.append(f"{e.run_id}.{e.key}: illegal {e.from_state} -> {e.to_state} by {e.actor}")
-        if e.attempt < last_attempt.get(k, 0):
+        if k in removed:
+            removed.discard(k)
+            if e.attempt <= last_attempt.get(k, 0):
+                problems.append(
+                    f"{e.run_id}.{e.key}: expanded again at attempt {e.attempt}, which an earlier generation used"
+                    " (its Celery task id repeats one the clear revoked)"
+                )
+        elif e.attempt < last_attempt.get(k, 0):
             problems.append(f"{e.run_id}.{e.key}: attempt went back from {last_attempt[k]} to {e.attempt}")
         last_attempt[k] = max(last_attempt.get(k, 0), e.attempt)
     for (run_id, key, _), n in accepted_success.items():

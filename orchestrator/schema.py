@@ -268,6 +268,24 @@ sa.Index(
     postgresql_where=sa.text("kind IS NOT NULL"),
 )
 
+#: the idempotency keys of runs ``db clean`` removed (``store/cleanup.py``): a submit with one of
+#: them is refused naming the removed run, never a second run; forgotten by ``db clean`` once
+#: removed longer ago than its ``--keep-keys`` (default 90 days). A schedule's runs' keys are not
+#: kept: a backfill of an instant whose run was removed makes it again.
+idempotency_keys = sa.Table(
+    "orc_idempotency_keys",
+    metadata,
+    sa.Column("dag_name", sa.String(200), primary_key=True),
+    sa.Column("tenant", sa.String(64), primary_key=True),
+    sa.Column("idempotency_key", sa.String(200), primary_key=True),
+    sa.Column("run_id", sa.String(32), nullable=False),
+    #: the removed run's final state and when it was created
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("removed_at", TS, nullable=False),
+)
+sa.Index("ix_orc_idempotency_keys_removed", idempotency_keys.c.removed_at)
+
 #: live Celery workers and what they can take: the dispatch window is their free capacity
 workers = sa.Table(
     "orc_workers",

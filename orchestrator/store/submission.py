@@ -21,7 +21,7 @@ from .database import Database
 from .ledger import Ledger
 
 T = TaskState
-t_tasks, t_runs, t_edges = s.tasks, s.runs, s.edges
+t_tasks, t_runs, t_edges, t_keys = s.tasks, s.runs, s.edges, s.idempotency_keys
 
 
 class Submission:
@@ -47,7 +47,8 @@ class Submission:
         name and tenant, or a ``schedule`` that already has a run for ``logical_date``, the
         existing run id and ``False``. ``queues`` maps node key to queue. A key already used by
         a run of another DAG body or other ``params`` (compared as the stored snapshot, see
-        :func:`canonical_snapshot`) raises :class:`IdempotencyConflict`, naming that run.
+        :func:`canonical_snapshot`) raises :class:`IdempotencyConflict`, naming that run; so does a
+        key whose run ``db clean`` removed (kept in ``orc_idempotency_keys`` for its retention).
 
         Deadlines (the DAG's and the nodes') fall due that many seconds after ``logical_date``
         (an ISO-8601 date or date-time; without a zone it is UTC) or, without one, after the
@@ -82,6 +83,8 @@ class Submission:
                 if row is not None:
                     _same_submission(dag, idempotency_key, row.id, row.dag_snapshot, row.params)
                     found = row.id
+                else:
+                    _not_removed(conn, dag, idempotency_key)
             return found
 
         def insert(conn: Connection) -> tuple[str, bool]:
@@ -210,6 +213,27 @@ def _same_submission(dag: DAG, key: str, run_id: str, snapshot: Any, params: Any
         f"idempotency key {key!r} was used by run {run_id} with {what}; submit the same DAG and params"
         " to get that run back, or use another key",
         run_id=run_id,
+        idempotency_key=key,
+        dag=dag.name,
+    )
+
+
+def _not_removed(conn: Connection, dag: DAG, key: str) -> None:
+    """Raise :class:`IdempotencyConflict` when ``db clean`` removed the run that ``key`` named
+    (its key is kept, ``orc_idempotency_keys``): a retried request never starts a second run."""
+    kept = conn.execute(
+        sa.select(t_keys).where(
+            t_keys.c.dag_name == dag.name, t_keys.c.tenant == dag.tenant, t_keys.c.idempotency_key == key
+        )
+    ).first()
+    if kept is None:
+        return
+    raise IdempotencyConflict(
+        f"idempotency key {key!r} was used by run {kept.run_id} ({kept.state}, created"
+        f" {_utc(kept.created_at).isoformat(timespec='seconds')}), removed by db clean at"
+        f" {_utc(kept.removed_at).isoformat(timespec='seconds')}: its outcome is no longer stored; use another key to"
+        " run it again (a removed run's key is kept for db clean --keep-keys, 90 days by default)",
+        run_id=kept.run_id,
         idempotency_key=key,
         dag=dag.name,
     )

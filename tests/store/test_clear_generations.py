@@ -151,3 +151,24 @@ def test_a_child_expanded_again_keeps_its_whole_retry_budget(orc: Orchestrator) 
     again = orc.task(d.run_id, "m[0]")
     assert again.attempt == before.attempt + 1
     assert again.max_attempts - again.attempt == before.max_attempts - 1
+
+
+def test_verify_reports_a_child_expanded_again_at_an_attempt_an_earlier_generation_used(orc: Orchestrator) -> None:
+    """What the old code wrote (the new child at attempt 1 again) is a violation ``verify`` names."""
+    dag = mapped(chained=False)
+    d = drive(orc, dag, body([1, 2]), until=lambda dr: any(k.startswith("m[") for k, _, _ in dr.ran))
+    orc.store.admission.admit_ready(10_000)
+    orc.clear(d.run_id, "ls", downstream=True)
+    d = drive(orc, dag, body([1, 2]), run_id=d.run_id)
+    assert d.run_state() == "SUCCEEDED" and check_runs(orc.store, [d.run_id]) == []
+    with orc.store.engine.begin() as conn:
+        removed = conn.exec_driver_sql(
+            "SELECT max(id) FROM orc_task_events WHERE run_id = %s AND kind = 'removed'", (d.run_id,)
+        ).scalar_one()
+        conn.exec_driver_sql(
+            "UPDATE orc_task_events SET attempt = 1 WHERE run_id = %s AND key = 'm[1]' AND id > %s", (d.run_id, removed)
+        )
+        conn.exec_driver_sql("UPDATE orc_tasks SET attempt = 1 WHERE run_id = %s AND key = 'm[1]'", (d.run_id,))
+    problems = check_runs(orc.store, [d.run_id])
+    assert problems == [f"{d.run_id}.m[1]: expanded again at attempt 1, which an earlier generation used"
+                        " (its Celery task id repeats one the clear revoked)"]  # fmt: skip
