@@ -321,7 +321,8 @@ class WaitsBench:
         errors: list[str] = []
         blocked_sql = sa.text(
             "select count(*) from pg_locks where locktype = 'advisory' and not granted and objsubid = 2"
-            " and classid::bigint = 1869768553 and objid::bigint = (hashtextextended(:lk, 0) & 255)"
+            " and classid::bigint = (hashtext('orc-event:default')::bigint & 4294967295)"  # orc_event_lock_v1
+            " and objid::bigint = (hashtextextended(:lk, 0) & 255)"
         )
 
         def dag_for(k: int, key: str) -> Any:
@@ -370,7 +371,7 @@ class WaitsBench:
                 for th in ths:
                     th.join(60)
             else:
-                lock_key = f"default/{key}"
+                lock_key = key
                 first_emit = order == "lock:emit-queued-first"
                 jobs = [lambda: guarded(emit, k, key), lambda: guarded(submit, k, key, order)]
                 if not first_emit:

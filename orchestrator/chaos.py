@@ -55,6 +55,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from . import dag as dag_module
 from . import migrate
 from .dag import DAG
 from .engine import Orchestrator
@@ -67,6 +68,16 @@ P = "tasks.probes."
 D = "tasks.dynamic."
 #: the worker whose clock jumps
 SKEWED = "chaos0"
+#: the worker (``--mix``) started without one of the task modules (as after a deploy that
+#: forgot it): the tasks of that module it receives it does not have
+LACKING = "chaos-lacking"
+LACKED_MODULE = "tasks.dynamic"
+DEFAULT_MODULES = ("tasks.probes", "tasks.etl", "tasks.dynamic")
+#: ``--mix``: maps insert their children this many at a time (``dag.MAP_WINDOW``), so the soak's
+#: maps of 20 and 30 items are wider than one insert window
+MIX_MAP_WINDOW = 8
+#: ``--mix``: the resource whose circuit breaker the actions open and close
+RESOURCE = "chaos-res"
 LIBFAKETIME = [
     Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"),
     Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1"),
@@ -332,6 +343,8 @@ class Deployment:
     clock_file: Path | None = None
     #: ORCHESTRATOR_CLAIM_DELAY of the workers (0: claim before every body)
     claim_delay: float = 0.0
+    #: also run worker ``LACKING``, started without one task module (``--mix``)
+    lacking: bool = False
 
     @property
     def broker_url(self) -> str:
@@ -389,6 +402,8 @@ class Deployment:
                "--without-gossip", "--without-mingle", "--loglevel", "INFO", "-n", f"{name}@%h"]  # fmt: skip
         broker_port = self.broker_relay.port if self.broker_relay else None
         env = self.env(database_url=self._relayed_url(self.pg_relays.get(name)), broker_port=broker_port)
+        if name == LACKING:
+            env["ORCHESTRATOR_TASK_MODULES"] = ",".join(m for m in DEFAULT_MODULES if m != LACKED_MODULE)
         lib = libfaketime()
         if name == SKEWED and self.clock_file is not None and lib is not None:
             env.update(skewed_env(lib, self.clock_file, self.data, env.get("PYTHONPATH", "")))
@@ -412,6 +427,8 @@ class Deployment:
             self.clock_file.write_text("+0\n")
         for i in range(self.workers):
             self.start_worker(f"chaos{i}")
+        if self.lacking:
+            self.start_worker(LACKING)
         self.start_reconciler()
 
     def supervise(self) -> list[str]:
@@ -458,7 +475,7 @@ SHAPES = ("plain", "map", "branch", "skip")
 WAITING_SHARE = 0.4
 
 
-def random_dag(rng: random.Random, i: int) -> DAG:
+def random_dag(rng: random.Random, i: int, mixed: bool = False) -> DAG:
     """A random DAG of 2-10 probe tasks (``sleep``, ``flaky``, ``echo``, ``noop``) that may grow,
     below them, a map over a listing's result (sometimes chained, bounded by max_active, empty,
     with children that skip themselves; joined under a random trigger rule), a branch, or tasks
@@ -486,7 +503,19 @@ def random_dag(rng: random.Random, i: int) -> DAG:
         _skipping(dag, rng, above)
     if rng.random() < WAITING_SHARE:
         _waiting(dag, rng, rng.sample(keys, k=rng.randint(0, 1)), i)
+    if mixed:
+        _mixed(dag, random.Random(f"mix-{i}-{rng.random()}"), keys)
     return dag
+
+
+def _mixed(dag: DAG, rng: random.Random, keys: list[str]) -> None:
+    """``--mix``'s extra nodes: an approval (``ok``: the soak answers it) with a child, and a
+    task using the resource whose breaker the soak opens and closes."""
+    if rng.random() < 0.3:
+        ok = dag.approval("ok", upstream=rng.sample(keys, k=rng.randint(0, 1)))
+        dag.task("approved", P + "echo", upstream=[ok], trigger_rule="all_done", **RETRY)
+    if rng.random() < 0.3:
+        dag.task("res", P + "echo", resources=[RESOURCE], upstream=rng.sample(keys, k=rng.randint(0, 1)), **RETRY)
 
 
 def _mapped(dag: DAG, rng: random.Random, above: list[str]) -> None:
@@ -790,6 +819,7 @@ def run_chaos(
     mix: int = 0,
     action_interval: float = 0.8,
     settle: float = SETTLE_SECONDS,
+    lacking: bool = True,
     echo: Callable[[str], None] = print,
 ) -> int:
     """Run the soak; print the report; return 0 only if no invariant was broken (nothing lost,
@@ -805,7 +835,8 @@ def run_chaos(
     one every ``action_interval`` seconds or so, while the faults go on; the runs they start
     are followed too. After the last fault and the last action every run must be final within
     ``settle`` seconds, or wait on something ``explain`` names; past it the soak stops waiting and
-    counts the rest as stuck.
+    counts the rest as stuck. ``lacking``: with ``mix``, also run a worker without one task
+    module.
     """
     # two generators, so the DAGs do not depend on how the faults interleave with them
     rng = random.Random(seed)
@@ -819,6 +850,9 @@ def run_chaos(
     probe: sa.Engine | None = None
     report: dict[str, Any] = {}
     previous = None
+    window = dag_module.MAP_WINDOW
+    if mix:
+        dag_module.MAP_WINDOW = MIX_MAP_WINDOW  # read when a submit writes a map's row
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (``timeout``, a test giving up) ends the soak through ``finally``: every
         # process it started is stopped, by its process group
@@ -829,7 +863,7 @@ def run_chaos(
             pg.init()
             pg.start()
             database_url = pg.url
-        dep = Deployment(database_url, workers, data, pg=pg, claim_delay=claim_delay)
+        dep = Deployment(database_url, workers, data, pg=pg, claim_delay=claim_delay, lacking=bool(mix) and lacking)
         engine = make_engine(database_url)
         migrate.reset(engine)
         engine.dispose()
@@ -843,15 +877,20 @@ def run_chaos(
         started = time.monotonic()
         dep.start()
         injector = Injector(dep, orc, fault_rng, echo)
-        mixer = Mixer(orc, mix_rng, echo) if mix else None
+        mixer = Mixer(orc, mix_rng, echo, resource=RESOURCE) if mix else None
+        if mixer is not None:
+            mixer.setup()
         run_ids: list[str] = []
         next_action = time.monotonic() + 3.0
-        Deployment._wait(lambda: _live_workers(orc) >= workers, "workers", 60)
+        Deployment._wait(lambda: _live_workers(orc) >= len(dep.worker_procs), "workers", 90)
         next_fault = time.monotonic() + 2.0
         next_look = 0.0
         finished = 0
         restarts = 0
         pending = list(range(runs))
+        #: the next DAG index (and idempotency key) of a run added to keep the deployment busy;
+        #: never reused, even once ``db clean`` removed runs
+        extra = runs
         #: (when, event) emits due: each waiting DAG's events, a little after its submit
         emits: list[tuple[float, Emit]] = []
         emitted = woken = 0
@@ -871,7 +910,7 @@ def run_chaos(
             if up and pending and len(run_ids) - finished < 8:
                 i = pending.pop(0)
                 # a submit a fault interrupted is tried again with the same DAG and key
-                dag = drawn.pop(i, None) or random_dag(rng, i)
+                dag = drawn.pop(i, None) or random_dag(rng, i, mixed=bool(mix))
                 try:
                     run_ids.append(orc.submit(dag, idempotency_key=f"chaos-{seed}-{i}").id)
                     now = time.monotonic()
@@ -897,22 +936,28 @@ def run_chaos(
             if mixer is not None:
                 run_ids += mixer.new_runs
                 mixer.new_runs.clear()
+                if mixer.removed:
+                    run_ids = [r for r in run_ids if r not in mixer.removed]
+                if up:
+                    # past the last action, a person answers the approvals left
+                    mixer.tick(run_ids, answer_all=mixer.count >= mix)
                 if up and mixer.count < mix and time.monotonic() >= next_action:
                     mixer.act(run_ids)
                     next_action = time.monotonic() + action_interval * (0.5 + mix_rng.random())
             enough_faults = sum(injector.counts.values()) >= min_faults
-            enough_actions = mixer is None or mixer.count >= mix
+            enough_actions = mixer is None or (mixer.count >= mix and not mixer.busy)
             if not pending and not (enough_faults and enough_actions):
                 # faults only mean something while there is work: keep the deployment busy
-                pending.append(runs + len(run_ids))
+                pending.append(extra)
+                extra += 1
             if time.monotonic() >= next_fault and not enough_faults:
                 try:
                     injector.inject()
                 except Exception as exc:  # noqa: BLE001 - a failed injection is reported, the soak goes on
                     echo(f"fault injection failed: {exc!r}")
                 next_fault = time.monotonic() + fault_interval * (0.5 + rng.random())
-            if not pending and not emits and enough_faults and enough_actions and not injector.heals and up:
-                if _finished(orc, run_ids) == len(run_ids):
+            if enough_faults and enough_actions and not injector.heals and up:
+                if not pending and not emits and _finished(orc, run_ids) == len(run_ids):
                     break
                 quiet = time.monotonic() - max(injector.last_fault, mixer.last_action if mixer else 0.0)
                 if quiet > settle:
@@ -926,13 +971,14 @@ def run_chaos(
         with contextlib.suppress(sa.exc.DBAPIError):
             with probe.connect() as conn:
                 injector.observe(int(conn.execute(PROGRESS).scalar_one()))
-        problems = _safe_check(orc, run_ids)
+        problems = _safe_check(orc, run_ids) + (mixer.problems if mixer else [])
         # an open run whose every open task waits on something explain names is not stuck
         named = _named_waits(orc, run_ids)
         problems = [p for p in problems if not any(r in p for r in named)]
         report = _summary(orc, [r for r in run_ids if r not in named], problems, injector, recovered,
                           time.monotonic() - started)  # fmt: skip
         report["named_waits"] = named
+        report["explained"] = _explain_open(orc, [r for r in run_ids if r not in named])
         report["settle"] = settle
         if mixer is not None:
             report["actions"] = mixer.summary(problems)
@@ -952,6 +998,7 @@ def run_chaos(
         shutil.rmtree(data, ignore_errors=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        dag_module.MAP_WINDOW = window
     for line in _format(report):
         echo(line)
     if not report:
@@ -1004,6 +1051,23 @@ def _named_waits(orc: Orchestrator, run_ids: list[str]) -> dict[str, str]:
             if found and all(e.state.value == "WAITING" for e in found) and all(reasons):
                 named[run_id] = str(reasons[0])
     return named
+
+
+def _explain_open(orc: Orchestrator, run_ids: list[str], most: int = 12) -> list[str]:
+    """What ``explain`` says of the open tasks of runs not final (the first ``most``)."""
+    lines: list[str] = []
+    with contextlib.suppress(Exception):
+        for run_id, state in run_states(orc, run_ids).items():
+            if state != "RUNNING":
+                continue
+            for e in orc.explain(run_id):
+                if e.state.value in _FINAL_TASK or e.state.value == "PENDING":
+                    continue
+                why = "; ".join(f"{r.kind}: {r.detail}" for r in e.reasons[:2])
+                lines.append(f"{run_id}.{e.key} {e.state.value}: {why}"[:300])
+                if len(lines) >= most:
+                    return lines
+    return lines
 
 
 _FINAL_TASK = {"SUCCEEDED", "FAILED", "UPSTREAM_FAILED", "SKIPPED", "CANCELLED"}
@@ -1083,6 +1147,7 @@ def _format(r: dict[str, Any]) -> list[str]:
         f" bound {r.get('settle', SETTLE_SECONDS):g}s)",
     ]
     lines.extend(f"violation: {v}" for v in r["other_violations"])
+    lines.extend(f"not final, explain says: {e}" for e in r.get("explained", []))
     return lines
 
 

@@ -1321,7 +1321,8 @@ class ApiEvents(_Base):
     """``POST /api/events`` with a JSON body ``{"key", "payload", "event_id"}``: emit an event
     as the credential's tenant (a credential bound to a tenant emits for it only; one for every
     tenant may name ``"tenant"``, else ``default``). Answers ``{"ok": true, "id", "event_id",
-    "duplicate", "woken"}``, or ``{"error"}`` with 400 (bad input) or 403 (another tenant)."""
+    "duplicate", "woken"}``, or ``{"error"}`` with 400 (bad input), 403 (another tenant) or 409
+    (an ``event_id`` reused with another key or payload: ``EventIdConflict``)."""
 
     api = True
 
