@@ -1,6 +1,6 @@
 """Alerts for tasks parked in DEAD_LETTER, for schedules that could not fire, for missed
-deadlines and for circuit breakers that changed state: a log line, a Celery signal and an
-optional webhook.
+deadlines, for circuit breakers that changed state and for tasks the reconciler's watchdog found
+stuck: a log line, a Celery signal and an optional webhook.
 
 Connect to :data:`task_dead_lettered`, :data:`schedule_failed` or :data:`deadline_missed`
 (``sender`` is the actor, keyword ``alert`` the payload; a schedule's payload has
@@ -8,7 +8,10 @@ Connect to :data:`task_dead_lettered`, :data:`schedule_failed` or :data:`deadlin
 ``run_id``, ``dag``, ``tenant``, ``key`` (``None`` for the run's own deadline),
 ``deadline_seconds``, ``due_at``, ``missed_at``, ``state``, ``on_deadline`` and ``reason``; a
 breaker's ``"event": "breaker_changed"`` with ``breaker``, ``from_state``, ``state``, ``actor``,
-``by``, ``reason`` and ``at``; connect to :data:`breaker_changed`) or
+``by``, ``reason`` and ``at``; connect to :data:`breaker_changed`; a task the watchdog flagged,
+``"event": "task_stuck"`` with ``run_id``, ``key`` (``None`` for an idle run), ``attempt``,
+``state``, ``kind`` (``unregistered``, ``republished`` or ``idle``), ``detail``, ``tenant``,
+``dag``, ``task_name`` and ``queue``; connect to :data:`task_stuck`) or
 set ``ORCHESTRATOR_ALERT_WEBHOOK`` to receive a JSON POST per alert.
 """
 
@@ -29,6 +32,7 @@ task_dead_lettered = Signal(name="task_dead_lettered", providing_args={"alert"})
 schedule_failed = Signal(name="schedule_failed", providing_args={"alert"})
 deadline_missed = Signal(name="deadline_missed", providing_args={"alert"})
 breaker_changed = Signal(name="breaker_changed", providing_args={"alert"})
+task_stuck = Signal(name="task_stuck", providing_args={"alert"})
 
 #: an alert's ``"event"`` -> what the log line says, and the signal sent (no event: dead letter)
 _KINDS: dict[str | None, tuple[str, Signal]] = {
@@ -36,6 +40,7 @@ _KINDS: dict[str | None, tuple[str, Signal]] = {
     "schedule_failed": ("schedule could not fire", schedule_failed),
     "deadline_missed": ("deadline missed", deadline_missed),
     "breaker_changed": ("circuit breaker changed state", breaker_changed),
+    "task_stuck": ("task stuck (no progress)", task_stuck),
 }
 
 

@@ -61,6 +61,14 @@ class Settings:
     dispatch_timeout: float = 60.0
     #: seconds without a registry heartbeat after which a worker's capacity no longer counts
     worker_ttl: float = 30.0
+    #: the watchdog: a QUEUED task whose message was re-published this many times without a
+    #: claim is flagged (needs_attention, a ``task_stuck`` alert, ``orchestrator_stuck_tasks``);
+    #: 0: never
+    stuck_republishes: int = 3
+    #: the watchdog: a RUNNING run with no transition for this many seconds while no task of it
+    #: is RUNNING, WAITING, RETRYING or DEAD_LETTER (nothing it waits on is named) is flagged;
+    #: 0: never
+    stuck_run_seconds: float = 3600.0
     #: the same failure fingerprint on this many consecutive attempts -> DEAD_LETTER (0: off)
     poison_threshold: int = 2
     #: this many consecutive lost leases without an exception -> DEAD_LETTER as a crash loop

@@ -542,15 +542,26 @@ class Orchestrator:
         self.publisher.publish(dispatches)
         return accepted
 
-    def register_worker(self, name: str, queues: Sequence[str], concurrency: int) -> None:
-        """Record a live worker's capacity and fill it with READY work."""
-        self.store.workers.register(name, queues, concurrency)
+    def register_worker(
+        self, name: str, queues: Sequence[str], concurrency: int, tasks: Collection[str] | None = None
+    ) -> None:
+        """Record a live worker's capacity and the task names it registered (``None``: it does
+        not say, and takes every name), and fill it with READY work."""
+        self.store.workers.register(name, queues, concurrency, tasks)
         self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
 
-    def touch_worker(self, name: str, queues: Sequence[str], concurrency: int) -> None:
+    def touch_worker(
+        self, name: str, queues: Sequence[str], concurrency: int, tasks: Collection[str] | None = None
+    ) -> None:
         """Refresh a live worker's capacity row (re-registering it if it was dropped)."""
         if not self.store.workers.touch(name):
-            self.store.workers.register(name, queues, concurrency)
+            self.store.workers.register(name, queues, concurrency, tasks)
+
+    def drop_unregistered(self, token: FencingToken, worker: str, task_name: str) -> bool:
+        """``worker`` received the token's message without ``task_name`` registered: the task is
+        held READY until a worker of its queue that has it registers (the watchdog flags it);
+        returns whether the row still held that attempt QUEUED."""
+        return self.store.workers.drop(self.store.ledger, token.run_id, token.key, token.attempt, worker, task_name)
 
     def unregister_worker(self, name: str) -> None:
         """A worker is going away: its capacity no longer counts."""

@@ -18,7 +18,12 @@ further below their weighted share, so they go first; the run's tenant's slots b
 ``ready_behind`` (READY tasks admission takes first:
 of higher priority, or older, in any queue the workers of its queue also consume),
 ``window_full`` (the live workers of its queue have every slot in use), ``no_worker`` (no live
-worker consumes its queue), ``queued`` (published, waiting for a worker to take the message),
+worker consumes its queue), ``unregistered`` (``no live worker on queue Q has task T registered
+(workers on Q: ...)``, or a worker dropped its message as unregistered: admission holds it READY
+until a worker of Q that has T registers), ``stuck`` (the reconciler's watchdog flagged it: no
+worker can take it, its message was re-published N times without a claim, or its run had no
+transition for ``ORCHESTRATOR_STUCK_RUN_SECONDS``; ``needs_attention`` is true), ``queued``
+(published, waiting for a worker to take the message),
 ``running``, ``retry_at`` (RETRYING until ``not_before``), ``waiting`` (WAITING: for which event
 and match, an instant, an approval or a sensor's next check, until when, its deadline; it holds
 no slot), ``dead_letter`` (parked, waiting for a person), ``finished`` (terminal),
@@ -124,6 +129,10 @@ class ExplainInput:
     #: newest row out of PENDING, and the newest row into each state), each ``{"from", "to",
     #: "reason"}``
     ledger: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    #: per queue of the run's READY tasks: each live worker consuming it -> the task names it
+    #: registered (``None``: a worker that does not say, which takes every name); a queue absent
+    #: here is not checked
+    registered: dict[str, dict[str, list[str] | None]] = field(default_factory=dict)
 
 
 #: what each skip reason means (``states.SkipReason``; the ledger row says which task did it)
@@ -152,6 +161,9 @@ def explain(data: ExplainInput, key: str | None = None) -> list[Explanation]:
         if item_from is not None and item_from in by_key and item_from not in ups:
             ups.append(item_from)  # a chained map's child waits on its item's child of the map before
         reasons = _reasons(t, ups, by_key, data)
+        stuck = _stuck(t)
+        if stuck is not None:
+            reasons.insert(0, stuck)
         if getattr(t, "map_parent", None) is not None:
             reasons.insert(0 if reasons and reasons[0].kind != "run_cancelled" else len(reasons), _child(t))
         decided = _decided(t, data)
@@ -341,10 +353,53 @@ def _pending(t: Any, parents: list[str], by_key: dict[str, Any]) -> list[Reason]
     return reasons
 
 
+def unregistered_text(queue: str, task_name: str, workers: Sequence[str]) -> str:
+    """``no live worker on queue Q has task T registered (workers on Q: ...)``."""
+    shown = ", ".join(workers) or "none"
+    return f"no live worker on queue {queue} has task {task_name} registered (workers on {queue}: {shown})"
+
+
+def _stuck(t: Any) -> Reason | None:
+    """The watchdog's flag (``orc_tasks.stuck``): the task needs a person."""
+    flag = getattr(t, "stuck", None)
+    if not flag:
+        return None
+    return Reason(
+        "stuck",
+        f"needs attention (the watchdog, since {flag.get('at')}): {flag.get('kind')}: {flag.get('detail')}",
+        {"stuck": dict(flag)},
+    )
+
+
+def _unregistered(t: Any, data: ExplainInput) -> Reason | None:
+    """A READY task that admission holds because no live worker of its queue registered its
+    task, or because a worker dropped its message as unregistered (``dropped_by``)."""
+    workers = data.registered.get(t.queue)
+    name = getattr(t, "task_name", None)
+    if workers is None or name is None:
+        return None
+    having = sorted(w for w, names in workers.items() if names is None or name in names)
+    dropped = getattr(t, "dropped_by", None)
+    info = {"queue": t.queue, "task_name": name, "workers": sorted(workers), "registered_on": having}
+    if dropped is not None:
+        return Reason(
+            "unregistered",
+            f"dropped by worker {dropped}: task {name} is not registered there; held READY until a worker of"
+            f" queue {t.queue} that has it registers (workers on {t.queue} with it: {', '.join(having) or 'none'})",
+            {**info, "dropped_by": dropped},
+        )
+    if having:
+        return None
+    return Reason("unregistered", unregistered_text(t.queue, name, sorted(workers)), info)
+
+
 def _ready(t: Any, data: ExplainInput) -> list[Reason]:
     groups = _consumers(t.queue, data)
     if not groups:
         return [_no_worker(t.queue)]
+    unregistered = _unregistered(t, data)
+    if unregistered is not None:  # admission does not look at it: nothing else matters
+        return [unregistered]
     reasons = _limits(t, data)
     if reasons:  # held by a limit: what else is READY or in flight does not matter until it frees
         return reasons

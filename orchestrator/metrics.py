@@ -169,6 +169,16 @@ def _tasks(snap: MetricsSnapshot) -> Iterator[Metric]:
     )
     dl.add_metric([], dead)
     yield dl
+    stuck = GaugeMetricFamily(
+        "orchestrator_stuck_tasks",
+        "Tasks the reconciler's watchdog flagged (needs attention), by kind (unregistered: no live worker of"
+        " its queue has its task registered; republished: its message re-published N times without a claim;"
+        " idle: its run had no transition for ORCHESTRATOR_STUCK_RUN_SECONDS) and tenant",
+        labels=["kind", "tenant"],
+    )
+    for (kind, tenant), n in sorted(snap.stuck.items()):
+        stuck.add_metric([kind, tenant], n)
+    yield stuck
 
 
 def _workers(snap: MetricsSnapshot) -> Iterator[Metric]:

@@ -186,10 +186,14 @@ class RunView:
     rerun_of: str | None = None
     #: the event trigger that started the run (``orchestrator on add``), or ``None``
     trigger: str | None = None
+    #: the watchdog's flag: why the run needs a person (a task no worker can take, a message
+    #: re-published without a claim, no transition for too long), or ``None``
+    stuck: str | None = None
 
     @property
     def needs_attention(self) -> bool:
-        return self.counts.get(TaskState.DEAD_LETTER.value, 0) > 0
+        """A task parked in DEAD_LETTER, or the watchdog flagged the run (``stuck``)."""
+        return self.counts.get(TaskState.DEAD_LETTER.value, 0) > 0 or self.stuck is not None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -204,6 +208,7 @@ class RunView:
             "open_tasks": self.open_tasks,
             "counts": self.counts,
             "needs_attention": self.needs_attention,
+            "stuck": self.stuck,
             "created_at": _iso(self.created_at),
             "finished_at": _iso(self.finished_at),
             "logical_date": self.logical_date,
@@ -375,3 +380,5 @@ class MetricsSnapshot:
     breakers: list[tuple[str, str, str, int, int]] = field(default_factory=list)
     #: state changes of each breaker since it was made: (name, to state) -> count
     breaker_transitions: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: tasks the watchdog flagged (``orc_tasks.stuck``): (kind, tenant) -> count
+    stuck: dict[tuple[str, str], int] = field(default_factory=dict)

@@ -24,7 +24,12 @@ FENCING_HEADERS = (HEADER_RUN, HEADER_KEY, HEADER_ATTEMPT, HEADER_SIGNATURE, HEA
 
 
 def task_id(run_id: str, key: str, attempt: int) -> str:
-    """The Celery task id of one attempt: ``<run>.<key>.<attempt>``."""
+    """The Celery task id of one attempt: ``<run>.<key>.<attempt>``.
+
+    Unique per (run, key, generation, attempt) because a key never uses an attempt number twice
+    in a run: a clear or a mark moves the attempt on, and a map expanded again starts each child
+    after the highest attempt its key held (``orc_map_insert_v1``). So a message never carries an
+    id that a revoke named (a worker would drop it, and the reconciler re-publish it, forever)."""
     return f"{run_id}.{key}.{attempt}"
 
 

@@ -2,7 +2,10 @@
 
 A pass (:meth:`Reconciler.run_pass`) releases due retries, re-publishes QUEUED tasks
 unclaimed past the dispatch timeout, fails attempts whose lease deadline passed, wakes the waits
-whose instant came and times out those whose deadline passed (``orc_wake_due_v1``), deletes
+whose instant came and times out those whose deadline passed (``orc_wake_due_v1``), runs the
+watchdog (a task no live worker can take, a message re-published ``ORCHESTRATOR_STUCK_REPUBLISHES``
+times without a claim, a run with no transition for ``ORCHESTRATOR_STUCK_RUN_SECONDS``: flagged,
+``needs_attention``, a ``task_stuck`` alert), deletes
 events past their retention, finishes the event triggers' open firings, judges the run and
 task deadlines that fell due (a miss is recorded once and alerted; a DAG with
 ``on_deadline="cancel"`` has its run cancelled), admits READY work into free capacity and
@@ -49,6 +52,7 @@ ACTIONS = (
     "events_pruned",
     "trigger_firings",
     "breaker_changes",
+    "stuck_flagged",
     "dispatched",
     "runs_finalized",
     "errors",
@@ -62,6 +66,10 @@ WAKE_BATCH = 1000
 WAKE_ROUNDS = 20
 #: seconds between two deletions of the events past their retention, per reconciler
 PRUNE_EVERY = 60.0
+#: seconds between two of the watchdog's reads of the whole READY backlog (tasks no live worker
+#: of their queue registered) and of the idle runs; every pass clears flags and flags the tasks a
+#: worker dropped as unregistered and the messages re-published without a claim
+WATCH_EVERY = 10.0
 
 
 class Reconciler:
@@ -88,6 +96,8 @@ class Reconciler:
         self.triggers = triggers
         #: when this reconciler next deletes the events past their retention (monotonic)
         self._next_prune = 0.0
+        #: when this reconciler next reads the READY backlog and the idle runs (monotonic)
+        self._next_watch = 0.0
         #: stale dispatches seen behind an idle slot, and when first (monotonic): re-published
         #: only when a later pass, half a tick on at least, sees them so again
         self._idle_seen: dict[tuple[str, str, int, Any], float] = {}
@@ -111,6 +121,12 @@ class Reconciler:
             d = guarded(f"re-publishing {run_id}.{key}", lambda: recovery.redispatch(run_id, key, attempt, version))  # noqa: B023
             if d is not None:
                 report["republished"] += self.publisher.publish([d])
+                flag = guarded(
+                    f"counting the re-publishes of {run_id}.{key}",
+                    lambda: recovery.flag_republished(run_id, key, attempt, s.stuck_republishes),  # noqa: B023
+                )
+                if flag is not None:
+                    self._alert_stuck(report, guarded, [flag])
         for run_id, key, attempt in guarded("finding expired leases", recovery.expired_leases) or []:
             outcome = guarded(
                 f"expiring the lease of {run_id}.{key}",
@@ -141,6 +157,9 @@ class Reconciler:
                 f"alerting breaker {event.name}",
                 lambda: raise_alert(event.alert(), webhook=webhook, actor="reconciler"),  # noqa: B023
             )
+        # the task names of workers no longer live go (admission holds what only they had)
+        guarded("pruning the workers' task names", self.store.workers.prune)
+        self._watch(report, guarded)
         # one admission per pass, after everything above made its tasks READY; deadlines after
         # it, so a slow alert webhook never delays dispatch (slots a deadline's cancel frees
         # are admitted by the next pass)
@@ -155,6 +174,27 @@ class Reconciler:
         report["runs_finalized"] = finalized or 0
         self._deadlines(report, guarded)
         return report
+
+    def _watch(self, report: dict[str, int], guarded: Callable[[str, Callable[[], Any]], Any]) -> None:
+        """The watchdog (``Recovery.watch``): flags cleared where the task moved on, new flags
+        alerted once. The READY backlog and the idle runs are read every ``WATCH_EVERY`` seconds."""
+        full = time.monotonic() >= self._next_watch
+        if full:
+            self._next_watch = time.monotonic() + WATCH_EVERY
+        idle = self.settings.stuck_run_seconds if full else 0.0
+        flags = guarded("watching for stuck tasks", lambda: self.store.recovery.watch(idle, scan_ready=full)) or []
+        self._alert_stuck(report, guarded, flags)
+
+    def _alert_stuck(
+        self, report: dict[str, int], guarded: Callable[[str, Callable[[], Any]], Any], flags: list[Any]
+    ) -> None:
+        webhook = self.settings.alert_webhook or None
+        for flag in flags:
+            report["stuck_flagged"] += 1
+            guarded(
+                f"alerting the stuck task {flag.run_id}.{flag.key}",
+                lambda: raise_alert(flag.alert(), webhook=webhook, actor="reconciler"),  # noqa: B023
+            )
 
     def _confirmed(self, stale: list[Any]) -> list[tuple[str, str, int, Any]]:
         """The stale dispatches to re-publish now: those overtaken by a later message at once;

@@ -52,6 +52,9 @@ runs = sa.Table(
     #: the event trigger (``orc_triggers``) that started the run, with the event's id as its
     #: idempotency key: one run per (trigger, event)
     sa.Column("trigger", sa.String(200), nullable=True),
+    #: the watchdog's flag (``Recovery.watch``): why the run needs a person (a task of it no
+    #: worker can take, re-published without a claim, or no transition for too long); null: none
+    sa.Column("stuck", sa.Text, nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
     #: per tenant: two tenants' schedules may share a name (``orc_schedules`` is keyed by both)
     sa.UniqueConstraint("tenant", "schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
@@ -195,7 +198,17 @@ tasks = sa.Table(
     #: what a deferred body gets when it is called again (``current_context().resumed``): the
     #: event that woke it and the state it saved
     sa.Column("wait_resume", sa.JSON, nullable=True),
+    #: the worker that received the task's message without the task registered (Celery's
+    #: ``task_unknown``): the task is held READY until a worker of its queue that has the task
+    #: registers (admission skips it); null: not dropped
+    sa.Column("dropped_by", sa.String(255), nullable=True),
+    #: the watchdog's flag (``Recovery.watch``): ``{"kind": "unregistered" | "republished" |
+    #: "idle", "detail", "state", "attempt", "at"}``, cleared when the task moves on; null: none
+    sa.Column("stuck", postgresql.JSONB, nullable=True),
 )
+#: the watchdog's flagged tasks, and the tasks held after a worker dropped their message
+sa.Index("ix_orc_tasks_stuck", tasks.c.run_id, postgresql_where=sa.text("stuck IS NOT NULL"))
+sa.Index("ix_orc_tasks_dropped", tasks.c.queue, tasks.c.task_name, postgresql_where=sa.text("dropped_by IS NOT NULL"))
 #: the waits on an event, by tenant and key (partial: only tasks WAITING for an event)
 WAITING_EVENT = "state = 'WAITING' AND wait_event IS NOT NULL"
 sa.Index("ix_orc_tasks_waiting_event", tasks.c.tenant, tasks.c.wait_event, postgresql_where=sa.text(WAITING_EVENT))
@@ -295,6 +308,17 @@ workers = sa.Table(
     sa.Column("concurrency", sa.Integer, nullable=False),
     sa.Column("started_at", TS, nullable=False),
     sa.Column("seen_at", TS, nullable=False),
+)
+
+#: the task names each live worker registered, per queue it consumes (``task_name`` ``*``: a
+#: worker that does not say, which takes every name): admission holds a READY task whose
+#: (queue, task name) no row has (``orc_admit_from_v2``); a worker's rows go with its registry row
+worker_tasks = sa.Table(
+    "orc_worker_tasks",
+    metadata,
+    sa.Column("queue", sa.String(200), primary_key=True),
+    sa.Column("task_name", sa.String(255), primary_key=True),
+    sa.Column("worker", sa.String(255), primary_key=True),
 )
 
 secrets = sa.Table(

@@ -78,6 +78,9 @@ TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     (T.READY, T.QUEUED): frozenset({"dispatcher"}),
     (T.QUEUED, T.QUEUED): frozenset({"reconciler"}),
     (T.QUEUED, T.RUNNING): frozenset({"worker"}),
+    # a worker received the message without the task registered (Celery's task_unknown): held
+    # READY until a worker that has it registers (store/workers.py)
+    (T.QUEUED, T.READY): frozenset({"worker"}),
     (T.RUNNING, T.SUCCEEDED): frozenset({"worker"}),
     # the body raised orchestrator.Skip
     (T.RUNNING, T.SKIPPED): frozenset({"worker"}),
@@ -165,8 +168,12 @@ DEADLINE_MISSED = "deadline_missed"
 #: ``removed``: an operator's clear expands a map again, and its old child (row deleted) is
 #: kept in the ledger with this row (its ``result`` the outcome it had), never counted again
 REMOVED = "removed"
+#: ``stuck``: the reconciler's watchdog flagged the task (``store/recovery.py``: no live worker
+#: can take it, its message was re-published without a claim, or its run had no transition)
+STUCK = "stuck"
 ANNOTATIONS: dict[str, frozenset[str]] = {
     DEADLINE_MISSED: frozenset({"reconciler"}),
+    STUCK: frozenset({"reconciler"}),
     REMOVED: frozenset({"operator"}),
 }
 

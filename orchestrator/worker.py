@@ -60,6 +60,7 @@ from .protocol import (
     verify,
 )
 from .reconciler import ReconcilerService
+from .registry import RESERVED_PREFIXES
 from .waits import Defer, SensorSpec
 
 log = logging.getLogger(__name__)
@@ -624,8 +625,17 @@ class WorkerServices:
     keeps this worker's capacity row fresh, and the reconciler service (on duty when it
     holds the deployment-wide duty; see ``orchestrator.reconciler``)."""
 
-    def __init__(self, orchestrator: Orchestrator, name: str, queues: list[str], concurrency: int) -> None:
+    def __init__(
+        self,
+        orchestrator: Orchestrator,
+        name: str,
+        queues: list[str],
+        concurrency: int,
+        tasks: list[str] | None = None,
+    ) -> None:
         self.orc, self.name, self.queues, self.concurrency = orchestrator, name, queues, concurrency
+        #: the task names this worker registered (advertised, so that admission holds the others)
+        self.tasks = tasks
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="orc-registry", daemon=True)
         settings = orchestrator.settings
@@ -639,7 +649,7 @@ class WorkerServices:
             )
 
     def start(self) -> None:
-        self.orc.register_worker(self.name, self.queues, self.concurrency)
+        self.orc.register_worker(self.name, self.queues, self.concurrency, self.tasks)
         self._thread.start()
         if self.reconciler is not None:
             self.reconciler.start()
@@ -657,7 +667,7 @@ class WorkerServices:
         interval = max(min(5.0, self.orc.settings.worker_ttl / 3.0), 0.2)
         while not self._stop.wait(interval):
             try:
-                self.orc.touch_worker(self.name, self.queues, self.concurrency)
+                self.orc.touch_worker(self.name, self.queues, self.concurrency, self.tasks)
             except Exception:
                 log.exception("worker registry heartbeat failed")
 
@@ -665,12 +675,21 @@ class WorkerServices:
 _services: WorkerServices | None = None
 
 
-def start_services(app: Celery, name: str, queues: list[str], concurrency: int) -> WorkerServices:
-    """Register a worker's capacity and start its reconciler service until :func:`stop_services`."""
+def start_services(
+    app: Celery, name: str, queues: list[str], concurrency: int, tasks: list[str] | None = None
+) -> WorkerServices:
+    """Register a worker's capacity (and the task names it registered, ``tasks``) and start its
+    reconciler service until :func:`stop_services`."""
     global _services
-    _services = WorkerServices(current_orchestrator(app), name, queues, concurrency)
+    _services = WorkerServices(current_orchestrator(app), name, queues, concurrency, tasks)
     _services.start()
     return _services
+
+
+def registered_names(app: Celery) -> list[str]:
+    """The task names a DAG node may name that this worker's app registered: what the worker
+    advertises (``orc_worker_tasks``)."""
+    return sorted(n for n in app.tasks.keys() if not n.startswith(RESERVED_PREFIXES))
 
 
 def stop_services() -> None:
@@ -687,7 +706,43 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
         return
     queues = sorted(q.name for q in sender.task_consumer.queues)
     concurrency = int(getattr(sender.controller, "concurrency", None) or 1)
-    start_services(app, sender.hostname, queues, concurrency)
+    start_services(app, sender.hostname, queues, concurrency, registered_names(app))
+
+
+@signals.task_unknown.connect
+def _on_task_unknown(sender: Any = None, message: Any = None, name: str | None = None, **_: Any) -> None:
+    """The worker received a message of a task it has not registered (Celery logged "Received
+    unregistered task" and dropped it). An orchestrated one, once its signature verifies for
+    that name, holds its task READY (``WorkerRegistry.drop``) instead of leaving it QUEUED for the
+    reconciler to re-publish every dispatch timeout."""
+    app = getattr(sender, "app", None)
+    if app is None or not hasattr(app, "orchestrator_settings") or message is None or not name:
+        return
+    try:
+        headers = dict(message.headers or {})
+        token = read_token(SimpleNamespace(**{h: headers.get(h) for h in FENCING_HEADERS}))
+        if token is None:
+            return
+        orc = current_orchestrator(app)
+        direct = headers.get(HEADER_DIRECT) is True
+        signed = None
+        if direct:
+            body = message.payload
+            signed = (list(body[0]), dict(body[1]))
+        if not verify(orc.signing_key, name, token, headers.get(HEADER_SIGNATURE), signed):
+            log.error("message %s of unregistered task %s: its signature does not verify; dropped", token.task_id, name)
+            return
+        worker = getattr(sender, "hostname", None) or socket.gethostname()
+        if orc.drop_unregistered(token, worker, name):
+            log.error(
+                "task %s is not registered on worker %s: %s is held READY until a worker of its queue that has"
+                " it registers",
+                name,
+                worker,
+                token.task_id,
+            )
+    except Exception:
+        log.exception("could not record the unregistered task %s", name)
 
 
 @signals.worker_shutdown.connect

@@ -39,6 +39,7 @@ from .breakers import breaker_row
 from .database import Database
 from .limits import bucket
 from .probes import probe_effects
+from .workers import WorkerRegistry
 
 t_tasks, t_runs, t_edges, t_events, t_workers = s.tasks, s.runs, s.edges, s.events, s.workers
 
@@ -383,6 +384,8 @@ class Reads:
                     c.min_success_ratio, c.map_spec.is_not(None).label("is_map"), c.map_parent, c.map_index,
                     c.map_key, c.map_item_from, c.map_total, c.map_done, c.map_ok, c.map_failed, c.map_skipped,
                     c.waiting,
+                    # the watchdog: the task name (is it registered?), a worker's drop, the flag
+                    c.task_name, c.dropped_by, c.stuck,
                 )
                 .where(*task_where)
                 .order_by(c.key)
@@ -438,9 +441,10 @@ class Reads:
                 limits.update(_shares(conn, str(tenant), scopes))
             if self.tenant is not None:
                 limits = _veiled(limits, str(tenant), {r.run_id for r in _flying_of(conn, self.tenant)})
+            registered = WorkerRegistry(self.db, worker_ttl=worker_ttl).registered(conn, {t.queue for t in ready})
         return ExplainInput(
             run_state, tasks, edges, workers, ahead, in_flight, depth, now, tenant=str(tenant), dag=str(dag_name),
-            ledger=ledger, **limits,
+            ledger=ledger, registered=registered, **limits,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ diagnostics
@@ -646,6 +650,12 @@ class Reads:
             for is_run, ten, n in conn.execute(q).all():
                 scope = ("run" if is_run else "task", str(ten))
                 misses[scope] = misses.get(scope, 0) + int(n)
+            # the watchdog's flags, by kind (``ix_orc_tasks_stuck``: only flagged tasks)
+            kind = c.stuck["kind"].astext.label("kind")
+            q = sa.select(kind, c.tenant, sa.func.count()).where(c.stuck.is_not(None)).group_by(kind, c.tenant)
+            if tenant:
+                q = q.where(c.tenant == tenant)
+            stuck = {(str(kind), str(ten)): int(n) for kind, ten, n in conn.execute(q).all()}
             on_duty = self.db.backend.reconciler_on_duty(conn) if tenant is None else []
             breakers: list[tuple[str, str, str, int, int]] = []
             transitions: dict[tuple[str, str], int] = {}
@@ -666,6 +676,7 @@ class Reads:
             deadline_misses=misses,
             breakers=breakers,
             breaker_transitions=transitions,
+            stuck=stuck,
         )
 
 

@@ -1,5 +1,6 @@
 """What the reconciler does to the database: due retries, lost dispatches, expired leases,
-runs whose counter missed their end. Every action is a compare-and-set, so two reconcilers
+runs whose counter missed their end, and the watchdog's flags (tasks no worker can take, messages
+re-published without a claim, runs with no transition: ``stuck``). Every action is a compare-and-set, so two reconcilers
 acting on the same item act once: the loser records a rejected event."""
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from sqlalchemy.engine import Connection
 
 from .. import schema as s
 from ..dbtime import db_after, db_now
+from ..explain import unregistered_text
 from ..models import RECONCILER, Dispatch, Outcome
-from ..states import TERMINAL, RunState, TaskState
+from ..states import STUCK, TERMINAL, RunState, TaskState
 from . import rows
 from .admission import Admission
 from .attempts import Attempts
@@ -190,3 +192,204 @@ class Recovery:
 
     def _recount(self, run_id: str, conn: Connection) -> None:
         self.settlement.close_tasks(conn, run_id, 0, RECONCILER, recount=True)
+
+    # ------------------------------------------------------------------ the watchdog
+
+    def flag_republished(self, run_id: str, key: str, attempt: int, limit: int) -> Stuck | None:
+        """After a re-publish: when the attempt's message has now been re-published ``limit``
+        times since its admission without a claim, flag the task (``stuck``, an annotation in
+        the ledger, the run's ``stuck``) and return what to alert; ``None`` otherwise (or when
+        it is flagged already)."""
+        if limit <= 0:
+            return None
+
+        def tx(conn: Connection) -> Stuck | None:
+            n = int(conn.execute(_REPUBLISHED, {"run_id": run_id, "key": key, "attempt": attempt}).scalar_one())
+            if n < limit:
+                return None
+            detail = (
+                f"re-published {n} times without a claim (each after the dispatch timeout): no worker took its"
+                " message; see the workers of its queue and their logs"
+            )
+            return self._flag(conn, run_id, key, attempt, T.QUEUED, "republished", detail, {"republished": n})
+
+        return self.db.transaction(tx)
+
+    def watch(self, idle_seconds: float, *, scan_ready: bool, limit: int = 500) -> list[Stuck]:
+        """The watchdog's pass: clear the flags of tasks that moved on, then flag READY tasks no
+        live worker of their queue can take (never registered there, or dropped by a worker
+        that lacks them; the READY backlog is read only with ``scan_ready``, the dropped ones
+        always) and, with ``idle_seconds`` > 0, RUNNING runs with no transition for that long
+        while no task of theirs waits on a named thing (RUNNING, WAITING, RETRYING or
+        DEAD_LETTER). Returns the new flags, each alerted once (a flag is set only where none
+        is: two reconcilers flag once)."""
+        with self.db.engine.begin() as conn:
+            cleared = conn.execute(_CLEAR_TASKS).scalars().all()
+            if cleared:
+                conn.execute(_CLEAR_RUNS)
+        found: list[Stuck] = []
+        with self.db.engine.connect() as conn:
+            held = list(conn.execute(_UNREGISTERED_DROPPED, {"limit": limit}).all())
+            if scan_ready:
+                held += conn.execute(_UNREGISTERED, {"limit": limit}).all()
+        for row in {(r.run_id, r.key): r for r in held}.values():
+            found += filter(None, [self.db.transaction(functools.partial(self._flag_unregistered, row))])
+        if idle_seconds > 0:
+            with self.db.engine.connect() as conn:
+                idle = conn.execute(_IDLE_RUNS, {"idle": idle_seconds, "limit": 100}).scalars().all()
+            for run_id in idle:
+                found += filter(None, [self.db.transaction(functools.partial(self._flag_idle, run_id, idle_seconds))])
+        return found
+
+    def _flag_unregistered(self, row: Any, conn: Connection) -> Stuck | None:
+        workers = conn.execute(_WORKERS_ON, {"queue": row.queue}).scalars().all()
+        if row.dropped_by is not None:
+            having = [w for w, names in _names(conn, row.queue).items() if names is None or row.task_name in names]
+            detail = (
+                f"dropped by worker {row.dropped_by}: task {row.task_name} is not registered there; held READY"
+                f" until a worker of queue {row.queue} that has it registers (workers on {row.queue} with it:"
+                f" {', '.join(having) or 'none'})"
+            )
+        else:
+            detail = unregistered_text(row.queue, row.task_name, workers)
+        data = {"queue": row.queue, "task_name": row.task_name, "workers": list(workers)}
+        return self._flag(conn, row.run_id, row.key, row.attempt, T.READY, "unregistered", detail, data)
+
+    def _flag_idle(self, run_id: str, idle_seconds: float, conn: Connection) -> Stuck | None:
+        detail = (
+            f"no transition for {idle_seconds:g}s while no task of the run is RUNNING, WAITING, RETRYING or"
+            " DEAD_LETTER: nothing it waits on is named (see orchestrator explain)"
+        )
+        open_tasks = conn.execute(
+            sa.select(t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.state).where(
+                t_tasks.c.run_id == run_id,
+                t_tasks.c.state.in_([T.PENDING.value, T.READY.value, T.QUEUED.value]),
+                t_tasks.c.stuck.is_(None),
+            )
+        ).all()
+        first = None
+        for t in open_tasks:
+            flag = self._flag(conn, run_id, t.key, t.attempt, T(t.state), "idle", detail, {})
+            first = first or flag
+        if first is None:
+            return None
+        return first._replace(key=None)
+
+    def _flag(
+        self,
+        conn: Connection,
+        run_id: str,
+        key: str,
+        attempt: int,
+        state: TaskState,
+        kind: str,
+        detail: str,
+        data: dict[str, Any],
+    ) -> Stuck | None:
+        flag = sa.func.jsonb_build_object(
+            "kind", kind, "detail", detail, "state", state.value, "attempt", attempt, "at", db_now(),
+            "data", sa.cast(json.dumps(data), postgresql.JSONB),
+        )  # fmt: skip
+        row = conn.execute(
+            t_tasks.update()
+            .where(*holds(run_id, key, state, attempt), t_tasks.c.stuck.is_(None))
+            .values(stuck=flag)
+            .returning(t_tasks.c.tenant, t_tasks.c.task_name, t_tasks.c.queue)
+        ).first()
+        if row is None:
+            return None
+        self.ledger.annotate(conn, run_id, key, attempt, state.value, RECONCILER, STUCK, f"{kind}: {detail}")
+        dag = conn.execute(
+            t_runs.update()
+            .where(t_runs.c.id == run_id, t_runs.c.stuck.is_(None))
+            .values(stuck=f"{key}: {detail}")
+            .returning(t_runs.c.dag_name)
+        ).scalar()
+        return Stuck(run_id, key, attempt, state.value, kind, detail, row.tenant, dag, row.task_name, row.queue)
+
+
+class Stuck(NamedTuple):
+    """A flag the watchdog set (``Recovery.watch``): what its alert says."""
+
+    run_id: str
+    key: str | None
+    attempt: int
+    state: str
+    #: ``unregistered``, ``republished`` or ``idle``
+    kind: str
+    detail: str
+    tenant: str
+    dag: str | None
+    task_name: str
+    queue: str
+
+    def alert(self) -> dict[str, Any]:
+        """The ``task_stuck`` alert's payload (``alerts.raise_alert``)."""
+        return {"event": "task_stuck", **self._asdict()}
+
+
+def _names(conn: Connection, queue: str) -> dict[str, list[str] | None]:
+    out: dict[str, list[str] | None] = {}
+    for worker, name in conn.execute(_NAMES_ON, {"queue": queue}).all():
+        names = out.setdefault(worker, [])
+        if name == "*":
+            out[worker] = None
+        elif names is not None:
+            names.append(name)
+    return out
+
+
+#: accepted re-publishes of an attempt since its latest admission (READY -> QUEUED)
+_REPUBLISHED = sa.text(
+    """
+    SELECT count(*) FROM orc_task_events e
+    WHERE e.run_id = :run_id AND e.key = :key AND e.attempt = :attempt AND e.accepted AND e.kind IS NULL
+      AND e.from_state = 'QUEUED' AND e.to_state = 'QUEUED'
+      AND e.id > coalesce((SELECT max(a.id) FROM orc_task_events a
+                           WHERE a.run_id = :run_id AND a.key = :key AND a.accepted
+                             AND a.from_state = 'READY' AND a.to_state = 'QUEUED'), 0)
+    """
+)
+#: a live worker's (queue, task name) row takes the task: its name, or '*' (admission's test)
+_TAKES = "EXISTS (SELECT 1 FROM orc_worker_tasks k WHERE k.queue = t.queue AND k.task_name IN (t.task_name, '*'))"
+#: a live worker consumes the queue (else explain's no_worker names it; nothing is flagged)
+_CONSUMED = "EXISTS (SELECT 1 FROM orc_worker_tasks k WHERE k.queue = t.queue)"
+_UNREGISTERED_DROPPED = sa.text(
+    "SELECT t.run_id, t.key, t.attempt, t.task_name, t.queue, t.dropped_by FROM orc_tasks t"
+    " WHERE t.dropped_by IS NOT NULL AND t.state = 'READY' AND t.stuck IS NULL LIMIT :limit"
+)
+_UNREGISTERED = sa.text(
+    "SELECT t.run_id, t.key, t.attempt, t.task_name, t.queue, t.dropped_by FROM orc_tasks t"
+    f" WHERE t.state = 'READY' AND t.stuck IS NULL AND {_CONSUMED} AND NOT {_TAKES} LIMIT :limit"
+)
+_WORKERS_ON = sa.text("SELECT DISTINCT k.worker FROM orc_worker_tasks k WHERE k.queue = :queue ORDER BY 1")
+_NAMES_ON = sa.text("SELECT k.worker, k.task_name FROM orc_worker_tasks k WHERE k.queue = :queue ORDER BY 1, 2")
+#: flags whose task moved on: another state or attempt, a READY task a worker can take again, a
+#: run with a transition since the idle flag
+_CLEAR_TASKS = sa.text(
+    f"""
+    UPDATE orc_tasks t SET stuck = NULL
+    WHERE t.stuck IS NOT NULL AND (
+        t.state <> t.stuck ->> 'state' OR t.attempt <> (t.stuck ->> 'attempt')::int
+        OR (t.stuck ->> 'kind' = 'unregistered' AND t.dropped_by IS NULL AND {_TAKES})
+        OR (t.stuck ->> 'kind' = 'idle' AND EXISTS (
+            SELECT 1 FROM orc_task_events e WHERE e.run_id = t.run_id AND e.kind IS NULL
+                AND e.at > (t.stuck ->> 'at')::timestamptz)))
+    RETURNING t.run_id
+    """
+)
+_CLEAR_RUNS = sa.text(
+    "UPDATE orc_runs r SET stuck = NULL WHERE r.stuck IS NOT NULL"
+    " AND NOT EXISTS (SELECT 1 FROM orc_tasks t WHERE t.run_id = r.id AND t.stuck IS NOT NULL)"
+)
+_IDLE_RUNS = sa.text(
+    """
+    SELECT r.id FROM orc_runs r
+    WHERE r.state = 'RUNNING' AND r.stuck IS NULL AND r.created_at < now() - make_interval(secs => :idle)
+      AND NOT EXISTS (SELECT 1 FROM orc_tasks t WHERE t.run_id = r.id
+                      AND t.state IN ('RUNNING', 'WAITING', 'RETRYING', 'DEAD_LETTER'))
+      AND NOT EXISTS (SELECT 1 FROM orc_task_events e WHERE e.run_id = r.id AND e.kind IS NULL
+                      AND e.at > now() - make_interval(secs => :idle))
+    ORDER BY r.created_at LIMIT :limit
+    """
+)

@@ -52,6 +52,7 @@ def run_view(row: Any, counts: dict[str, int]) -> RunView:
         dag_version=row.dag_version,
         rerun_of=row.rerun_of,
         trigger=row.trigger,
+        stuck=getattr(row, "stuck", None),
     )
 
 

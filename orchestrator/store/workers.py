@@ -1,5 +1,6 @@
-"""The worker registry: live workers, the queues they consume and their pool size. Admission
-sizes the in-flight window from it (``admission.py``)."""
+"""The worker registry: live workers, the queues they consume, their pool size and the task
+names they registered. Admission sizes the in-flight window from it (``admission.py``) and holds
+a READY task whose name no live worker of its queue registered (``orc_worker_tasks``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ from sqlalchemy.engine import Connection
 
 from .. import schema as s
 from ..dbtime import db_after, db_now
+from ..models import WORKER
+from ..states import TaskState
 from .database import Database
+from .ledger import Ledger
 
-t_workers = s.workers
+t_workers, t_worker_tasks, t_tasks = s.workers, s.worker_tasks, s.tasks
+
+#: the task name of a worker that did not say which tasks it has: it takes every name
+ANY_TASK = "*"
 
 
 class WorkerRegistry:
@@ -20,18 +27,30 @@ class WorkerRegistry:
         self.db = db
         self.worker_ttl = worker_ttl
 
-    def register(self, name: str, queues: Sequence[str], concurrency: int) -> None:
-        """Insert or refresh a live worker's capacity (its pool size on its queues)."""
+    def register(self, name: str, queues: Sequence[str], concurrency: int, tasks: Collection[str] | None = None) -> int:
+        """Insert or refresh a live worker's capacity (its pool size on its queues) and the task
+        names it registered (``None``: it does not say, and counts as having every name). The
+        tasks of its queues that a worker dropped as unregistered and that this one has are
+        released to admission; returns how many."""
+        names = sorted(set(tasks)) if tasks is not None else [ANY_TASK]
 
-        def tx(conn: Connection) -> None:
+        def tx(conn: Connection) -> int:
             conn.execute(t_workers.delete().where(t_workers.c.name == name))
             conn.execute(
                 t_workers.insert().values(
                     name=name, queues=sorted(queues), concurrency=concurrency, started_at=db_now(), seen_at=db_now()
                 )
             )
+            conn.execute(t_worker_tasks.delete().where(t_worker_tasks.c.worker == name))
+            pairs = [{"queue": q, "task_name": n, "worker": name} for q in sorted(set(queues)) for n in names]
+            if pairs:
+                conn.execute(postgresql.insert(t_worker_tasks).on_conflict_do_nothing(), pairs)
+            held = [t_tasks.c.dropped_by.is_not(None), t_tasks.c.queue.in_(sorted(set(queues)))]
+            if tasks is not None:
+                held.append(t_tasks.c.task_name.in_(names))
+            return int(conn.execute(t_tasks.update().where(*held).values(dropped_by=None)).rowcount)
 
-        self.db.transaction(tx)
+        return self.db.transaction(tx)
 
     def touch(self, name: str) -> bool:
         with self.db.engine.begin() as conn:
@@ -41,6 +60,7 @@ class WorkerRegistry:
     def unregister(self, name: str) -> None:
         with self.db.engine.begin() as conn:
             conn.execute(t_workers.delete().where(t_workers.c.name == name))
+            conn.execute(t_worker_tasks.delete().where(t_worker_tasks.c.worker == name))
 
     def live(self) -> int:
         """Workers seen within the worker TTL."""
@@ -50,3 +70,67 @@ class WorkerRegistry:
                     sa.select(sa.func.count()).where(t_workers.c.seen_at > db_after(-self.worker_ttl))
                 ).scalar_one()
             )
+
+    def prune(self) -> int:
+        """The reconciler's pass over the task names: drop those of workers no longer live (their
+        registry row gone or past the TTL), and give a live worker that wrote none (a release
+        before the names were advertised) the name ``*``; returns the rows changed."""
+        live = sa.select(t_workers.c.name).where(t_workers.c.seen_at > db_after(-self.worker_ttl))
+
+        def tx(conn: Connection) -> int:
+            gone = conn.execute(t_worker_tasks.delete().where(t_worker_tasks.c.worker.not_in(live))).rowcount
+            silent = (
+                sa.select(
+                    sa.func.json_array_elements_text(t_workers.c.queues).label("queue"),
+                    sa.literal(ANY_TASK).label("task_name"),
+                    t_workers.c.name.label("worker"),
+                )
+                .where(t_workers.c.seen_at > db_after(-self.worker_ttl))
+                .where(~sa.exists().where(t_worker_tasks.c.worker == t_workers.c.name))
+            )
+            added = conn.execute(
+                postgresql.insert(t_worker_tasks)
+                .from_select(["queue", "task_name", "worker"], silent)
+                .on_conflict_do_nothing()
+            ).rowcount
+            return int(gone) + int(added)
+
+        return self.db.transaction(tx)
+
+    def registered(self, conn: Connection, queues: Collection[str]) -> dict[str, dict[str, list[str] | None]]:
+        """Per queue of ``queues``: each live worker consuming it -> the task names it registered
+        (``None``: every name)."""
+        found = conn.execute(
+            sa.select(t_worker_tasks.c.queue, t_worker_tasks.c.worker, t_worker_tasks.c.task_name)
+            .join(t_workers, t_workers.c.name == t_worker_tasks.c.worker)
+            .where(t_worker_tasks.c.queue.in_(sorted(set(queues))), t_workers.c.seen_at > db_after(-self.worker_ttl))
+            .order_by(t_worker_tasks.c.queue, t_worker_tasks.c.worker, t_worker_tasks.c.task_name)
+        ).all()
+        out: dict[str, dict[str, list[str] | None]] = {q: {} for q in queues}
+        for queue, worker, task_name in found:
+            names = out[queue].setdefault(worker, [])
+            if task_name == ANY_TASK:
+                out[queue][worker] = None
+            elif names is not None:
+                names.append(task_name)
+        return out
+
+    def drop(self, ledger: Ledger, run_id: str, key: str, attempt: int, worker: str, task_name: str) -> bool:
+        """A worker received the attempt's message without ``task_name`` registered and dropped
+        it: CAS QUEUED -> READY (same attempt) with ``dropped_by``, so that admission holds the
+        task until a worker of its queue that has the task registers (:meth:`register`), instead
+        of the reconciler re-publishing it every dispatch timeout. Returns whether it moved (a
+        stale or duplicate message's drop is a rejected event)."""
+        reason = (
+            f"dropped by worker {worker}: task {task_name} is not registered there; held READY until a worker"
+            " of its queue that has it registers"
+        )
+
+        def tx(conn: Connection) -> bool:
+            moved = ledger.move(
+                conn, run_id, key, attempt, TaskState.QUEUED, TaskState.READY, WORKER,
+                reason=reason, values={"dropped_by": worker[:255], "ready_at": db_now()},
+            )  # fmt: skip
+            return bool(moved)
+
+        return self.db.transaction(tx)

@@ -7,7 +7,9 @@
 -- that a limit holds back (orc_limit_held_v2) is set aside with its tenant, run, pool, rate
 -- limit or breaker (its resource) and the next head is looked at: a held pick uses no room, and a pass looks at most
 -- p_room + 1000 times (a backlog too big for its pool's free slots is passed over 1,000 at a
--- time per pass, not all of it). Each row says whether its message is direct: the message's
+-- time per pass, not all of it). A task whose name no live worker of its queue registered
+-- (orc_worker_tasks), or that a worker dropped as unregistered (dropped_by), is not looked at:
+-- it waits READY, and the reconciler's watchdog flags it. Each row says whether its message is direct: the message's
 -- arguments are all the body gets (no upstream results, map item, sensor or resumed state), so a
 -- worker may start the body before claiming (orc_claim_succeed_v1). A task admitted with
 -- resources takes its half-open breakers' probe permits and counts in their ramps' waves
@@ -61,6 +63,12 @@ BEGIN
               AND (p.pool IS NULL OR NOT (p.pool = ANY (held_pools)))
               AND (p.rate_limit IS NULL OR NOT (p.rate_limit = ANY (held_rates)))
               AND (p.resources IS NULL OR NOT (p.resources && held_breakers))
+              -- a task no live worker of its queue has registered waits READY (one probe of the
+              -- small orc_worker_tasks per row looked at, in this statement), and one a worker
+              -- dropped as unregistered until a worker that has it registers (orc_tasks.dropped_by)
+              AND p.dropped_by IS NULL
+              AND EXISTS (SELECT 1 FROM orc_worker_tasks k
+                          WHERE k.queue = p.queue AND k.task_name IN (p.task_name, '*'))
             ORDER BY p.priority_rank, p.ready_at
             LIMIT 1
         ) AS h
