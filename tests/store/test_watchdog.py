@@ -1,0 +1,166 @@
+"""The watchdog (issue 36): "no progress" is an alert, never silence. A task whose message the
+reconciler re-published N times without a claim is flagged (``needs_attention``, a
+``task_stuck`` alert, ``orchestrator_stuck_tasks``, an ``explain`` reason); admission holds a
+READY task that no live worker of its queue registered, and one a worker dropped as unregistered,
+until a worker that has it registers. Workers are played by store calls (no Celery)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator import DAG, Orchestrator, alerts
+from orchestrator.metrics import render
+from orchestrator.routing import default_queues
+from orchestrator.schema import events as ev
+from orchestrator.schema import tasks as t
+from tests.store.dynamic import orchestrator
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def orc(pg_clean: str) -> Iterator[Orchestrator]:
+    # dispatch_timeout 0: a QUEUED task is stale at once; tick 0: an idle slot is confirmed at once
+    o = orchestrator(pg_clean, dispatch_timeout=0.0, tick_seconds=0.0)
+    yield o
+    o.store.attempts.hot.close()
+    o.store.dispose()
+
+
+@pytest.fixture
+def alerted() -> Iterator[list[dict[str, Any]]]:
+    got: list[dict[str, Any]] = []
+
+    def receive(sender: Any = None, alert: dict[str, Any] | None = None, **_: Any) -> None:
+        got.append(dict(alert or {}))
+
+    signal = alerts._KINDS.get("task_stuck", alerts._KINDS[None])[1]
+    signal.connect(receive, weak=False)
+    yield got
+    signal.disconnect(receive)
+
+
+def one_task(name: str = "t") -> DAG:
+    dag = DAG("watched")
+    dag.task("x", name)
+    return dag
+
+
+def state(orc: Orchestrator, run_id: str, key: str = "x") -> Any:
+    with orc.store.engine.connect() as conn:
+        return conn.execute(sa.select(t).where(t.c.run_id == run_id, t.c.key == key)).one()
+
+
+def republishes(orc: Orchestrator, run_id: str) -> int:
+    with orc.store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.select(sa.func.count()).where(
+                    ev.c.run_id == run_id,
+                    ev.c.from_state == "QUEUED",
+                    ev.c.to_state == "QUEUED",
+                    ev.c.accepted,
+                    ev.c.kind.is_(None),
+                )
+            ).scalar_one()
+        )
+
+
+def stuck_metric(orc: Orchestrator) -> dict[tuple[str, str], float]:
+    body, _ = render(orc)
+    found: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == "orchestrator_stuck_tasks":
+                found[(sample.labels["kind"], sample.labels["tenant"])] = sample.value
+    return found
+
+
+def reasons(orc: Orchestrator, run_id: str, key: str = "x") -> dict[str, str]:
+    return {r.kind: r.detail for r in orc.explain(run_id, key)[0].reasons}
+
+
+def test_a_message_republished_n_times_without_a_claim_is_flagged(
+    orc: Orchestrator, alerted: list[dict[str, Any]]
+) -> None:
+    # Given a task admitted whose message no worker ever takes
+    run = orc.submit(one_task())
+    assert state(orc, run.id).state == "QUEUED"
+    assert not orc.run(run.id).status().needs_attention
+    # When the reconciler re-publishes it three times (the default ORCHESTRATOR_STUCK_REPUBLISHES)
+    reconciler = orc.reconciler
+    for _ in range(3):
+        reconciler.run_pass()
+    assert republishes(orc, run.id) == 3
+    # Then the run needs attention, one alert names the task, the metric counts it, explain says why
+    view = orc.run(run.id).status()
+    assert view.needs_attention
+    assert "re-published 3 times without a claim" in (view.stuck or "")
+    stuck = [a for a in alerted if a.get("event") == "task_stuck"]
+    assert [(a["run_id"], a["key"], a["kind"]) for a in stuck] == [(run.id, "x", "republished")]
+    assert stuck_metric(orc) == {("republished", "default"): 1.0}
+    why = reasons(orc, run.id)
+    assert "re-published 3 times without a claim" in why["stuck"], why
+    # a fourth re-publish alerts nothing more (flagged once)
+    reconciler.run_pass()
+    assert len([a for a in alerted if a.get("event") == "task_stuck"]) == 1
+    # When a worker finally claims it, the flag clears at the next pass
+    token = orc.store.attempts.claim(run.id, "x", state(orc, run.id).attempt, "w:1", 30.0, "t")
+    assert token is not None
+    reconciler.run_pass()
+    assert not orc.run(run.id).status().needs_attention
+    assert stuck_metric(orc) == {}
+
+
+def test_a_task_no_live_worker_registered_waits_ready_until_one_registers(
+    orc: Orchestrator, alerted: list[dict[str, Any]]
+) -> None:
+    store = orc.store
+    # Given the only worker registered task "t" only
+    store.workers.register("w", default_queues(), 1000, tasks=["t"])
+    run = orc.submit(one_task("up"))
+    # Then nothing is published for "up": it is held READY, and explain says exactly why
+    row = state(orc, run.id)
+    assert row.state == "READY", row.state
+    queue = row.queue
+    assert reasons(orc, run.id)["unregistered"] == (
+        f"no live worker on queue {queue} has task up registered (workers on {queue}: w)"
+    )
+    orc.reconciler.run_pass()
+    assert state(orc, run.id).state == "READY"
+    assert orc.run(run.id).status().needs_attention
+    assert [(a["kind"], a["task_name"], a["queue"]) for a in alerted] == [("unregistered", "up", queue)]
+    assert stuck_metric(orc) == {("unregistered", "default"): 1.0}
+    # When a worker that has "up" registers, it goes out without anyone acting
+    orc.register_worker("w2", default_queues(), 1, ["t", "up"])
+    assert state(orc, run.id).state == "QUEUED"
+    orc.reconciler.run_pass()
+    assert not orc.run(run.id).status().needs_attention
+
+
+def test_a_message_dropped_as_unregistered_is_held_not_republished(
+    orc: Orchestrator, alerted: list[dict[str, Any]]
+) -> None:
+    store = orc.store
+    run = orc.submit(one_task())
+    row = state(orc, run.id)
+    assert row.state == "QUEUED"
+    # When a worker that lacks the task receives its message (Celery's task_unknown)
+    assert store.workers.drop(store.ledger, run.id, "x", row.attempt, "old-worker", "t")
+    # Then it is held READY: no admission or reconciler pass publishes it again
+    for _ in range(3):
+        assert orc.store.admission.admit_ready(100) == []
+        orc.reconciler.run_pass()
+    assert state(orc, run.id).state == "READY"
+    assert republishes(orc, run.id) == 0
+    assert orc.run(run.id).status().needs_attention
+    assert "dropped by worker old-worker" in reasons(orc, run.id)["unregistered"]
+    assert [a["kind"] for a in alerted] == ["unregistered"]
+    # When a worker of its queue that has it registers, it is admitted again
+    orc.register_worker("new-worker", default_queues(), 1, ["t"])
+    assert state(orc, run.id).state == "QUEUED"
