@@ -6,9 +6,11 @@ acting on the same item act once: the loser records a rejected event."""
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from .. import schema as s

@@ -4,9 +4,10 @@ a READY task whose name no live worker of its queue registered (``orc_worker_tas
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from .. import schema as s
