@@ -69,7 +69,8 @@ def test_an_emitted_event_wakes_a_waiting_run(orc: Orchestrator, worker: WorkerP
     assert run.wait(timeout=30).state is RunState.SUCCEEDED
     assert run.task("paid").result == {"order_id": 42, "amount": 9.5}
     assert run.task("b").result == {"kwargs": {}, "upstream": {"paid": {"order_id": 42, "amount": 9.5}}}
-    assert orc.emit(key, {"order_id": 42}, event_id=f"{key}-1").duplicate  # de-duplicated, wakes nothing
+    # the same event again is de-duplicated and wakes nothing (another payload: EventIdConflict)
+    assert orc.emit(key, {"order_id": 42, "amount": 9.5}, event_id=f"{key}-1").duplicate
     assert ledger(run, "paid") == [("PENDING", "WAITING", 1, True), ("WAITING", "SUCCEEDED", 1, True)]
     assert_verified(orc, run.id)
 
