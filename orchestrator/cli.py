@@ -297,7 +297,8 @@ def _cut_off(text: str) -> Any:
     "--archive",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Append what is removed to this file first (JSON lines, one run with its tasks, edges and ledger each).",
+    help="Append each batch to this file (JSON lines, one run with its tasks, edges and ledger each), flushed to the"
+    " disk before the batch is deleted; a failed write removes nothing of its batch.",
 )
 @click.option("--batch", type=click.IntRange(1, 10_000), default=500, show_default=True, help="Runs per transaction.")
 @click.option(
@@ -799,7 +800,9 @@ def breaker() -> None:
     A node that declares resources (resources=["stripe", "erp:{tenant}"]) has its outcomes
     counted by each resource's breaker; open, admission holds the resource's READY tasks (no
     retry burned, nothing published) while other work takes the slots; half-open, a few leased
-    probes decide; closed again, admission ramps the resource up in waves of 1, 2, 4 ..."""
+    probes decide; closed again, admission ramps the resource up in waves of 1, 2, 4 ...
+
+    Deployment-wide: with `orchestrator --tenant T` every breaker command is refused (exit 2)."""
 
 
 def _breaker_text(b: Any) -> str:
@@ -894,11 +897,7 @@ def breaker_list(as_json: bool) -> None:
 def _breaker_action(action: str, name: str, reason: str | None) -> None:
     orc = _ready_store()
     act = {"open": orc.open_breaker, "close": orc.close_breaker, "disable": orc.disable_breaker}[action]
-    try:
-        found = act(name, by=_by(), reason=reason)
-    except LookupError as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(_breaker_text(found))
+    click.echo(_breaker_text(act(name, by=_by(), reason=reason)))  # an unknown name: error, exit 2
 
 
 @breaker.command("open")
@@ -929,8 +928,10 @@ def breaker_disable(name: str, reason: str | None) -> None:
 @click.argument("name")
 def breaker_remove(name: str) -> None:
     """Remove the breaker NAME: its resource's tasks are no longer counted nor held."""
+    from .store.breakers import UnknownBreakerError
+
     if not _ready_store().remove_breaker(name, by=_by()):
-        raise click.ClickException(f"no breaker named {name!r}")
+        raise UnknownBreakerError(f"no breaker named {name!r} (orchestrator breaker set {name})")
     click.echo(f"breaker {name} removed")
 
 

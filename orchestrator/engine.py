@@ -696,9 +696,10 @@ class Orchestrator:
     def cancel(self, run_id: str, *, by: str | None = None) -> int:
         """Cancel a run: its open tasks become CANCELLED and the attempts in flight are revoked
         with terminate (their late results are then rejected); the worker slots, pool slots and
-        limits they held go to other READY work at once. Returns how many were revoked.
-        Raises :class:`RunNotFound`, or :class:`ConflictError` when the run is already final."""
-        in_flight, conflict = self._operator.cancel_run(run_id, operator(by or local_by()))
+        limits they held go to other READY work at once. Returns how many were revoked. A run
+        already CANCELLED is no error (0, or what an interrupted cancel had left open). Raises
+        :class:`RunNotFound`, or :class:`ConflictError` when the run is SUCCEEDED or FAILED."""
+        in_flight, conflict, _ = self._operator.cancel_run(run_id, operator(by or local_by()))
         if conflict is not None:
             raise ConflictError(conflict)
         if in_flight:  # their slots first: the revoke is best effort, the rows are already final
@@ -840,15 +841,16 @@ class Orchestrator:
         return found
 
     def breaker(self, name: str) -> Breaker:
-        """The breaker ``name`` now: settings, state, its window's calls and failures, probes out."""
-        return self.store.breakers.get(name)
+        """The breaker ``name`` now: settings, state, its window's calls and failures, probes out.
+        Deployment-wide: a tenant-bound orchestrator is refused (:class:`ValidationError`)."""
+        return self.store.breakers.scoped(self.tenant).get(name)
 
     def breakers(self) -> list[Breaker]:
-        return self.store.breakers.find()
+        return self.store.breakers.scoped(self.tenant).find()
 
     def breaker_events(self, name: str | None = None, *, limit: int = 100) -> list[BreakerEvent]:
         """The breakers' ledger (every state change and operator action, with who), oldest first."""
-        return self.store.breakers.events(name, limit=limit)
+        return self.store.breakers.scoped(self.tenant).events(name, limit=limit)
 
     def open_breaker(self, name: str, *, by: str | None = None, reason: str | None = None) -> Breaker:
         """Force the breaker open (its resource's READY tasks are held) until :meth:`close_breaker`."""

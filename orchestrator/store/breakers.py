@@ -16,6 +16,12 @@ to ``open_max``. Closed again, admission ramps the resource up in waves of 1, 2,
 Every change of a breaker's row is made under the admission lock; every state change and
 operator action is a row of ``orc_breaker_events`` (actor, by), which the reconciler turns into
 an alert (``alerts.breaker_changed``) once.
+
+Breakers are deployment-wide: one breaker per resource counts and holds the tasks of every
+tenant, and its ledger names the operators who changed it. A caller bound to a tenant
+(:meth:`Breakers.scoped`, what a tenant-bound orchestrator and ``orchestrator --tenant T`` use)
+is refused every read and action with one clear error, as the metrics of a bound caller leave
+the breakers out; a hold on its own tasks is still named by ``explain``.
 """
 
 from __future__ import annotations
@@ -187,8 +193,23 @@ def _count(value: Any, what: str, least: int, most: int) -> int:
 class Breakers:
     """The breakers' settings, operator actions, state and ledger."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, tenant: str | None = None) -> None:
         self.db = db
+        #: the tenant the caller is bound to (None: the deployment's operator); a bound caller
+        #: is refused every read and action (:meth:`_deployment_wide`)
+        self.tenant = tenant
+
+    def scoped(self, tenant: str | None) -> Breakers:
+        """These breakers as a caller bound to ``tenant`` may use them (``None``: every call)."""
+        return self if tenant == self.tenant else Breakers(self.db, tenant)
+
+    def _deployment_wide(self) -> None:
+        """Raise :class:`ValidationError` for a caller bound to a tenant (nothing is read or written)."""
+        if self.tenant is not None:
+            raise ValidationError(
+                f"breakers are deployment-wide: this orchestrator acts as tenant {self.tenant!r} and cannot read or"
+                " change them (`orchestrator explain RUN` names a breaker that holds one of its tasks)"
+            )
 
     def set(
         self,
@@ -208,6 +229,7 @@ class Breakers:
     ) -> Breaker:
         """Create the breaker ``name`` or change its settings (its state and counts stay; ``mode``
         on: counts and holds, metrics: counts and never holds, disabled: neither)."""
+        self._deployment_wide()
         check_name(name)
         window_s = parse_duration(window, "window")
         open_min, open_max = parse_open_for(open_for)
@@ -270,6 +292,7 @@ class Breakers:
         return self._move(name, "closed", by, reason or "disabled by an operator", mode="disabled")
 
     def remove(self, name: str, *, by: str | None = None) -> bool:
+        self._deployment_wide()
         check_name(name)
 
         def tx(conn: Connection) -> bool:
@@ -286,6 +309,7 @@ class Breakers:
     def _move(
         self, name: str, to: str, by: str | None, reason: str, *, forced: bool = False, mode: str | None = None
     ) -> Breaker:
+        self._deployment_wide()
         check_name(name)
 
         def tx(conn: Connection) -> None:
@@ -320,6 +344,7 @@ class Breakers:
 
     # reads
     def get(self, name: str) -> Breaker:
+        self._deployment_wide()
         check_name(name)
         found = self.find([name])
         if not found:
@@ -327,6 +352,9 @@ class Breakers:
         return found[0]
 
     def find(self, names: Sequence[str] | None = None) -> list[Breaker]:
+        """The breakers (``names``: those of them), by name, with their window's counts now."""
+        self._deployment_wide()
+
         def read(conn: Connection) -> list[Breaker]:
             query = sa.select(t_breakers).order_by(t_breakers.c.name)
             if names is not None:
@@ -357,6 +385,7 @@ class Breakers:
 
     def events(self, name: str | None = None, *, limit: int = 100) -> list[BreakerEvent]:
         """The breakers' ledger, newest last (``name``: one breaker's)."""
+        self._deployment_wide()
         query = sa.select(t_events).order_by(t_events.c.id.desc()).limit(limit)
         if name is not None:
             query = query.where(t_events.c.name == check_name(name))

@@ -12,6 +12,7 @@ the failure path)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Any
 
 import pytest
@@ -418,6 +419,78 @@ def test_the_cli_sets_shows_and_acts_with_identity(orchestrator: Kit, monkeypatc
     assert missing.exit_code != 0 and "no breaker named 'nope'" in missing.output
     assert runner.invoke(cli.main, ["breaker", "remove", "stripe"]).exit_code == 0
     assert kit.orc.breakers() == []
+
+
+def test_breaker_errors_exit_2_as_documented(orchestrator: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every breaker command's error is one ``error: ...`` line and exit 2 (issue 36: 1 before)."""
+    from click.testing import CliRunner
+
+    from orchestrator import cli
+
+    monkeypatch.setattr(cli, "_ready_store", lambda: orchestrator.orc)
+    runner = CliRunner()
+    for args in (["open", "nope"], ["close", "nope"], ["disable", "nope"], ["remove", "nope"], ["show", "nope"]):
+        out = runner.invoke(cli.main, ["breaker", *args])
+        assert (out.exit_code, out.stderr) == (2, "error: no breaker named 'nope' (orchestrator breaker set nope)\n"), (
+            args,
+            out.output,
+        )
+
+
+def test_a_tenant_bound_caller_is_refused_the_deployments_breakers(
+    orchestrator: Kit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breakers are deployment-wide (one breaker per resource counts and holds every tenant's
+    tasks, and its ledger names the operators who changed it), so a caller bound to a tenant
+    (``orchestrator --tenant acme breaker ...``, ``Orchestrator(tenant=...)``) is refused every
+    read and action with one clear error, as the metrics of a bound caller leave them out; its
+    own tasks' holds stay visible in ``explain``. Nothing is written."""
+    from click.testing import CliRunner
+
+    from orchestrator import Orchestrator, cli
+
+    kit = orchestrator
+    kit.orc.set_breaker("stripe", min_calls=1, min_failures=1, by="alice")
+    kit.orc.open_breaker("stripe", by="alice", reason="outage")
+    run = kit.submit(flat("pay", 1, ["stripe"], tenant="acme"))
+    before = breaker_events(kit)
+
+    def bound(tenant: str | None) -> Orchestrator:
+        o = kit.orc
+        return Orchestrator(o.settings, store=o.store, publisher=o.publisher, registry=o.registry, tenant=tenant)
+
+    acme = bound("acme")
+    refused = "breakers are deployment-wide: this orchestrator acts as tenant 'acme'"
+    for name, call in {
+        "list": acme.breakers,
+        "show": lambda: acme.breaker("stripe"),
+        "events": lambda: acme.breaker_events("stripe"),
+        "all events": acme.breaker_events,
+        "set": lambda: acme.set_breaker("stripe"),
+        "open": lambda: acme.open_breaker("stripe"),
+        "close": lambda: acme.close_breaker("stripe"),
+        "disable": lambda: acme.disable_breaker("stripe"),
+        "remove": lambda: acme.remove_breaker("stripe"),
+    }.items():
+        with pytest.raises(ValidationError, match=refused):
+            call()
+        assert breaker_events(kit) == before, name
+    assert "held: breaker stripe open until an operator closes it" in "; ".join(
+        r.detail for r in acme.explain(run.id, "t000")[0].reasons
+    )
+    # the command line: --tenant before the command (or ORCHESTRATOR_TENANT) binds it
+    monkeypatch.setenv("ORCHESTRATOR_TENANT", "")
+    monkeypatch.setattr(cli, "_ready_store", lambda: bound(os.environ.get("ORCHESTRATOR_TENANT") or None))
+    runner = CliRunner()
+    for args in (["list"], ["list", "--json"], ["show", "stripe"], ["open", "stripe"], ["remove", "stripe"]):
+        out = runner.invoke(cli.main, ["--tenant", "acme", "breaker", *args])
+        assert out.exit_code == 2 and out.stderr.startswith(f"error: {refused}"), (args, out.output)
+        assert out.stdout == "" and "alice" not in out.output, (args, out.output)
+    assert breaker_events(kit) == before
+    # the deployment's operator (no tenant) still sees and acts
+    monkeypatch.setenv("ORCHESTRATOR_TENANT", "")
+    listed = runner.invoke(cli.main, ["breaker", "list"])
+    assert listed.exit_code == 0 and listed.output.startswith("stripe  open"), listed.output
 
 
 def test_the_metrics_show_each_breakers_state_and_changes(orchestrator: Kit) -> None:
