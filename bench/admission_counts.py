@@ -36,11 +36,20 @@ SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname =
 """
 
 
-def counters(engine: sa.Engine) -> dict[str, Any]:
-    time.sleep(1.2)  # the statistics of other sessions are flushed within a second
+def counters(url: str) -> dict[str, Any]:
+    """The database's counters, read once every other session of this process is closed (a
+    session's statistics are flushed when it ends)."""
+    time.sleep(0.5)
+    engine = make_engine(url)
     with engine.connect() as conn:
         row = conn.execute(sa.text(COUNTERS)).one()
+    engine.dispose()
     return {"xacts": int(row.xacts), "functions": dict(row.functions), "tables": dict(row.tables)}
+
+
+def close(store: Store) -> None:
+    store.attempts.hot.close()
+    store.dispose()
 
 
 def main() -> None:
@@ -76,7 +85,9 @@ def main() -> None:
     for i in range(a.tasks):
         dag.task(f"n{i:05d}", "t")
     run_id = orc.submit(dag).id
-    before = counters(store.engine)
+    close(store)
+    before = counters(url)
+    store = Store(url)
     done = 0
     while True:
         with store.engine.connect() as conn:
@@ -88,11 +99,10 @@ def main() -> None:
         assert store.attempts.claim(run_id, task.key, task.attempt, "w:1", 60.0, "t") is not None
         store.attempts.succeed(run_id, task.key, task.attempt, None, 10_000)
         done += 1
-    after = counters(store.engine)
+    close(store)
+    after = counters(url)
     fns = {k: after["functions"].get(k, 0) - before["functions"].get(k, 0) for k in after["functions"]}
-    tables = {
-        k: [after["tables"][k][i] - before["tables"].get(k, [0, 0])[i] for i in (0, 1)] for k in after["tables"]
-    }
+    tables = {k: [after["tables"][k][i] - before["tables"].get(k, [0, 0])[i] for i in (0, 1)] for k in after["tables"]}
     out = {
         "tasks": done,
         "transactions_per_task": round((after["xacts"] - before["xacts"]) / max(done, 1), 3),
@@ -101,8 +111,6 @@ def main() -> None:
         "seq_scans_per_task": {k: round(v[1] / max(done, 1), 3) for k, v in sorted(tables.items())},
     }
     print(json.dumps(out, indent=2))
-    store.attempts.hot.close()
-    store.dispose()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,12 @@ share goes next); within a tenant, older first. A task READY for ``aging`` secon
 classes, so a low backlog is not starved by a stream of high work. The picked task is then
 checked against the limits that apply to it (its tenant's, its run's ``max_active_tasks``, its
 DAG's, its pool's slots, its rate limit's tokens: ``orc_limit_held_v1``); a held task is set
-aside with its tenant, run, pool or rate limit, and the next best one is taken.
+aside with its tenant, run, pool or rate limit, and the next best one is taken. A READY task whose
+task name no live worker of its queue registered (``orc_worker_tasks``, written by the worker
+registry, ``workers.py``), or that a worker dropped as unregistered (``dropped_by``), is not
+looked at: it waits READY until such a worker registers, and the reconciler's watchdog flags it.
+The check is one probe of a small table per task looked at, inside the statement that picks it:
+no statement or transaction more per admission (``bench/admission_counts.py``).
 
 A completion whose settlement made no task READY does not run this admission: the server
 function ``orc_succeed_v2`` hands its worker group's slots on in batches (``orc_pass_slot_v2``):
