@@ -228,8 +228,8 @@ class Reconciler:
             )
             if cancelled is None:
                 continue
-            in_flight, conflict = cancelled
-            if conflict is None:
+            in_flight, conflict, already = cancelled
+            if conflict is None and not already:
                 report["deadline_cancels"] += 1
                 log.warning("reconcile: run %s missed a deadline and was cancelled (on_deadline=cancel)", run_id)
             if in_flight:

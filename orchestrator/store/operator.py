@@ -14,7 +14,7 @@ exist, and nothing is written (not even a rejected event).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -32,6 +32,22 @@ from .settlement import Settlement
 
 T = TaskState
 t_tasks, t_runs = s.tasks, s.runs
+
+#: the most open tasks one transaction of a cancel moves (:meth:`OperatorActions.cancel_run`)
+CANCEL_BATCH = 500
+#: a task not final yet (DEAD_LETTER and WAITING included): what a cancel moves
+_OPEN = t_tasks.c.state.in_(sorted(st.value for st in NON_TERMINAL))
+
+
+class Cancelled(NamedTuple):
+    """What :meth:`OperatorActions.cancel_run` did."""
+
+    #: the Celery task ids of the attempts it cancelled QUEUED or RUNNING, to revoke
+    revoke: list[str]
+    #: why the run could not be cancelled (it is SUCCEEDED or FAILED), or ``None``
+    conflict: str | None
+    #: the run was CANCELLED already (a repeated cancel: nothing, or the rest of an interrupted one, done)
+    already: bool
 
 
 class OperatorActions:
@@ -313,51 +329,125 @@ class OperatorActions:
 
         return self.db.transaction(tx)
 
-    def cancel_run(self, run_id: str, actor: Actor) -> tuple[list[str], str | None]:
-        """Every non-terminal task -> CANCELLED and the run RUNNING -> CANCELLED.
+    def cancel_run(self, run_id: str, actor: Actor) -> Cancelled:
+        """The run RUNNING -> CANCELLED, then every non-terminal task -> CANCELLED.
 
-        Returns the Celery task ids of attempts that were QUEUED or RUNNING (to revoke) and
-        ``None``; for a run already final, ``[]`` and the conflict (a rejected run event is
+        Returns the Celery task ids of the attempts that were QUEUED or RUNNING (to revoke)
+        and no conflict. A run already CANCELLED is no conflict (``already``: a repeated cancel
+        changes nothing, or finishes a cancel whose process died before its tasks were all
+        cancelled). For a run final otherwise: ``[]`` and the conflict (a rejected run event is
         written). Raises :class:`RunNotFound`.
+
+        The locks, and why they cannot deadlock with a completion. A completion (the hot path:
+        ``orc_claim_v2``, ``orc_succeed_v2`` -> ``orc_follow_v1`` / ``orc_settle_v2``, a failure,
+        a wait's wake) locks its own task row, then its children's rows and its map's header
+        (a branch's skips already update the run's row on the way, so the run's row can come
+        before more task rows), then the run's row, then the admission lock and READY rows
+        with ``SKIP LOCKED``. No fixed order of task rows can agree with that, so the cancel
+        takes no lock while it holds another that a completion may want:
+
+        1. one transaction locks the run's row alone and moves it RUNNING -> CANCELLED (a
+           completion holding the row is waited for; this transaction holds nothing it could
+           want). From its commit no retry, clear or mark reopens a task of the run (each
+           reads the run's state under the run's row lock) and the run cannot close;
+        2. transactions of at most :data:`CANCEL_BATCH` open tasks each, in key order, lock
+           them ``FOR UPDATE SKIP LOCKED``: they never wait for a row, so they cannot be in a
+           cycle. Each task is a compare-and-set (its state and attempt as read under the lock)
+           with its ledger row; a row a completion holds is skipped;
+        3. when only rows held by others are left, one of them is waited for in a transaction
+           that holds no other lock (a completion commits: the task is final, or still open and
+           cancelled here), then step 2 again. New work a completion made meanwhile (children
+           READY, a wide map's next window) is open, so it is found and cancelled: the loop
+           ends when no task of the run is open;
+        4. the run's ``open_tasks`` set to 0, in a transaction that locks only the run's row.
+
+        Admission may move a READY task QUEUED until step 2 reaches it; that task is cancelled
+        and revoked like any other, so nothing of the run is QUEUED or RUNNING once this returns.
         """
+        already, conflict = self.db.transaction(lambda conn: self._cancel_run_row(conn, run_id, actor))
+        if conflict is not None:
+            return Cancelled([], conflict, False)
+        live = self._sweep(run_id, actor)
+        self.db.transaction(
+            lambda conn: conn.execute(
+                t_runs.update()
+                .where(t_runs.c.id == run_id, t_runs.c.state == RunState.CANCELLED.value, t_runs.c.open_tasks != 0)
+                .values(open_tasks=0)
+            )
+        )
+        return Cancelled(live, None, already)
 
-        def tx(conn: Connection) -> tuple[list[str], str | None]:
-            run = conn.execute(sa.select(t_runs.c.state).where(*self._run_where(run_id)).with_for_update()).first()
-            if run is None:
-                raise RunNotFound(f"no run with id {run_id!r}")
-            if run.state != RunState.RUNNING.value:
-                reason = "cancel refused: only a RUNNING run can be cancelled"
-                self.ledger.move_run(conn, run_id, RunState.RUNNING, RunState.CANCELLED, actor, reason=reason)
-                return [], f"run {run_id} is already {run.state}: only a RUNNING run can be cancelled"
-            # lock the run's open tasks first: a transition under way (an admission moving one
-            # READY -> QUEUED, a claim, a failure) commits before this reads them, and none can
-            # start until this commits, so no task is left open in a cancelled run
-            conn.execute(
-                sa.select(t_tasks.c.key)
-                .where(t_tasks.c.run_id == run_id, t_tasks.c.state.in_([st.value for st in NON_TERMINAL]))
-                .order_by(t_tasks.c.key)
-                .with_for_update()
-            ).all()
-            live: list[str] = []
-            for src in sorted(NON_TERMINAL):
-                moved = self.ledger.move_many(
-                    conn,
-                    (t_tasks.c.run_id == run_id,),
-                    src,
-                    T.CANCELLED,
-                    actor,
-                    reason="run cancelled",
-                    values={"finished_at": db_now(), "lease_expires_at": None},
+    def _cancel_run_row(self, conn: Connection, run_id: str, actor: Actor) -> tuple[bool, str | None]:
+        """Step 1 of :meth:`cancel_run`: (the run was CANCELLED already, the conflict)."""
+        run = conn.execute(sa.select(t_runs.c.state).where(*self._run_where(run_id)).with_for_update()).first()
+        if run is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        if run.state == RunState.CANCELLED.value:
+            return True, None
+        if run.state != RunState.RUNNING.value:
+            reason = "cancel refused: only a RUNNING run can be cancelled"
+            self.ledger.move_run(conn, run_id, RunState.RUNNING, RunState.CANCELLED, actor, reason=reason)
+            return False, f"run {run_id} is already {run.state}: only a RUNNING run can be cancelled"
+        self.ledger.move_run(
+            conn, run_id, RunState.RUNNING, RunState.CANCELLED, actor,
+            reason="run cancelled", values={"finished_at": db_now()},
+        )  # fmt: skip
+        return False, None
+
+    def _sweep(self, run_id: str, actor: Actor) -> list[str]:
+        """Steps 2 and 3 of :meth:`cancel_run`: every open task of the (CANCELLED) run ->
+        CANCELLED; returns the Celery task ids of those that were QUEUED or RUNNING."""
+        live: list[str] = []
+        c = t_tasks.c
+        while True:
+            after: str | None = ""
+            while after is not None:
+                q = (
+                    sa.select(c.key, c.state, c.attempt)
+                    .where(c.run_id == run_id, _OPEN, c.key > after)
+                    .order_by(c.key)
+                    .limit(CANCEL_BATCH)
+                    .with_for_update(skip_locked=True)
                 )
-                if src in (T.QUEUED, T.RUNNING):
-                    live.extend(task_id(run_id, m.key, m.attempt) for m in moved)
-            self.ledger.move_run(
-                conn, run_id, RunState.RUNNING, RunState.CANCELLED, actor,
-                reason="run cancelled", values={"open_tasks": 0, "finished_at": db_now()},
-            )  # fmt: skip
-            return live, None
+                moved, last, full = self.db.transaction(lambda conn: self._cancel_rows(conn, run_id, actor, q))  # noqa: B023
+                live.extend(moved)
+                after = last if full else None
+            held = self.db.read(
+                lambda conn: conn.execute(
+                    sa.select(c.key).where(c.run_id == run_id, _OPEN).order_by(c.key).limit(1)
+                ).scalar()
+            )
+            if held is None:
+                return live
+            # only rows another transaction holds (or made since) are left: wait for one,
+            # holding no other lock, then look again
+            one = sa.select(c.key, c.state, c.attempt).where(c.run_id == run_id, c.key == held, _OPEN).with_for_update()
+            live.extend(self.db.transaction(lambda conn: self._cancel_rows(conn, run_id, actor, one))[0])  # noqa: B023
 
-        return self.db.transaction(tx)
+    def _cancel_rows(self, conn: Connection, run_id: str, actor: Actor, q: Any) -> tuple[list[str], str | None, bool]:
+        """Lock the open tasks ``q`` selects (key, state, attempt) and move each -> CANCELLED
+        (a compare-and-set on its state and attempt, with its ledger row). Returns (the Celery
+        task ids of those that were QUEUED or RUNNING, the last key, whether a full batch)."""
+        c = t_tasks.c
+        rows = conn.execute(q).all()
+        by_state: dict[str, list[Any]] = {}
+        for r in rows:
+            by_state.setdefault(r.state, []).append(r)
+        live: list[str] = []
+        for src, group in sorted(by_state.items()):
+            moved = self.ledger.move_many(
+                conn,
+                (c.run_id == run_id, sa.tuple_(c.key, c.attempt).in_([(r.key, r.attempt) for r in group])),
+                TaskState(src),
+                T.CANCELLED,
+                actor,
+                reason="run cancelled",
+                values={"finished_at": db_now(), "lease_expires_at": None},
+                expect=[(run_id, r.key, r.attempt) for r in group],
+            )
+            if src in (T.QUEUED.value, T.RUNNING.value):
+                live.extend(task_id(run_id, m.key, m.attempt) for m in moved)
+        return live, (rows[-1].key if rows else None), len(rows) >= CANCEL_BATCH
 
     def _refuse(
         self, conn: Connection, run_id: str, key: str, attempt: int, dst: TaskState, actor: Actor, why: str
