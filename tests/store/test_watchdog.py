@@ -6,6 +6,7 @@ until a worker that has it registers. Workers are played by store calls (no Cele
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import DAG, Orchestrator, alerts
 from orchestrator.metrics import render
+from orchestrator.reconciler import Reconciler
 from orchestrator.routing import default_queues
 from orchestrator.schema import events as ev
 from orchestrator.schema import tasks as t
@@ -79,6 +81,11 @@ def stuck_metric(orc: Orchestrator) -> dict[tuple[str, str], float]:
             if sample.name == "orchestrator_stuck_tasks":
                 found[(sample.labels["kind"], sample.labels["tenant"])] = sample.value
     return found
+
+
+def sql_now(orc: Orchestrator, query: Any) -> bool:
+    with orc.store.engine.connect() as conn:
+        return bool(conn.execute(query).scalar())
 
 
 def reasons(orc: Orchestrator, run_id: str, key: str = "x") -> dict[str, str]:
@@ -164,3 +171,33 @@ def test_a_message_dropped_as_unregistered_is_held_not_republished(
     # When a worker of its queue that has it registers, it is admitted again
     orc.register_worker("new-worker", default_queues(), 1, ["t"])
     assert state(orc, run.id).state == "QUEUED"
+
+
+def test_a_run_with_no_transition_while_waiting_on_nothing_named_is_flagged(pg_clean: str) -> None:
+    orc = orchestrator(pg_clean, stuck_run_seconds=1.0, dispatch_timeout=3600.0)
+    try:
+        # Given a task QUEUED whose message nobody takes (the dispatch timeout is far away)
+        run = orc.submit(one_task())
+        assert state(orc, run.id).state == "QUEUED"
+        orc.reconciler.run_pass()
+        assert not orc.run(run.id).status().needs_attention
+        # When a second of database time passes without a transition of the run
+        with orc.store.engine.connect() as conn:
+            (last,) = conn.execute(sa.select(sa.func.max(ev.c.at)).where(ev.c.run_id == run.id)).one()
+        later = sa.text("SELECT now() > :at + interval '1.2 seconds'").bindparams(at=last)
+        deadline = time.monotonic() + 30
+        while not sql_now(orc, later):
+            assert time.monotonic() < deadline, "the database's clock did not move"
+            time.sleep(0.05)
+        # a reconciler reads the idle runs at its first pass, then every WATCH_EVERY seconds
+        Reconciler(orc.store, orc.publisher, orc.settings).run_pass()
+        # Then the run is flagged idle; a transition clears it
+        view = orc.run(run.id).status()
+        assert view.needs_attention and "no transition for 1s" in (view.stuck or ""), view.stuck
+        assert "idle" in reasons(orc, run.id)["stuck"]
+        assert orc.store.attempts.claim(run.id, "x", 1, "w:1", 30.0, "t") is not None
+        orc.reconciler.run_pass()
+        assert not orc.run(run.id).status().needs_attention
+    finally:
+        orc.store.attempts.hot.close()
+        orc.store.dispose()
