@@ -145,6 +145,7 @@ class Reconciler:
             report["events_pruned"] = (
                 guarded("pruning old events", lambda: self.store.waits.prune_events(s.event_retention_seconds)) or 0
             )
+            self._finish_cancels(guarded)
         # the breakers: expired probe leases count as failures, open ones whose time is up become
         # half-open (before the admission, which hands out their probes); each state change alerted
         changed = guarded("passing over the breakers", self.store.breakers.reconcile) or []
@@ -174,6 +175,16 @@ class Reconciler:
         report["runs_finalized"] = finalized or 0
         self._deadlines(report, guarded)
         return report
+
+    def _finish_cancels(self, guarded: Callable[[str, Callable[[], Any]], Any]) -> None:
+        """Cancels whose process died after the run's CANCELLED, before its tasks were all
+        cancelled (``OperatorActions.interrupted_cancels``): finished here, as ``reconciler``."""
+        operator = self.store.operator
+        for run_id in guarded("finding interrupted cancels", operator.interrupted_cancels) or []:
+            done = guarded(f"finishing the cancel of {run_id}", lambda: operator.cancel_run(run_id, RECONCILER))  # noqa: B023
+            if done is not None and done.revoke:
+                log.warning("reconcile: finished the interrupted cancel of run %s", run_id)
+                guarded(f"revoking the attempts of {run_id}", lambda: self.publisher.revoke(done.revoke))  # noqa: B023
 
     def _watch(self, report: dict[str, int], guarded: Callable[[str, Callable[[], Any]], Any]) -> None:
         """The watchdog (``Recovery.watch``): flags cleared where the task moved on, new flags

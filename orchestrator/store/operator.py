@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import schema as s
-from ..dbtime import db_now
+from ..dbtime import db_after, db_now
 from ..errors import OperatorError, RunNotFound, TaskNotFound
 from ..models import Actor, Outcome
 from ..protocol import task_id
@@ -376,6 +376,26 @@ class OperatorActions:
             )
         )
         return Cancelled(live, None, already)
+
+    def interrupted_cancels(self, grace_seconds: float = 30.0, limit: int = 10) -> list[str]:
+        """Runs CANCELLED for over ``grace_seconds`` whose cancel did not finish (its process
+        died between the run's CANCELLED and step 4 of :meth:`cancel_run`: ``open_tasks`` is
+        set to 0 only once no task is open); the reconciler cancels them again."""
+        r = t_runs.c
+        return list(
+            self.db.read(
+                lambda conn: conn.execute(
+                    sa.select(r.id)
+                    .where(
+                        r.state == RunState.CANCELLED.value,
+                        r.open_tasks != 0,
+                        r.finished_at < db_after(-float(grace_seconds)),
+                    )
+                    .order_by(r.finished_at)
+                    .limit(limit)
+                ).scalars()
+            )
+        )
 
     def _cancel_run_row(self, conn: Connection, run_id: str, actor: Actor) -> tuple[bool, str | None]:
         """Step 1 of :meth:`cancel_run`: (the run was CANCELLED already, the conflict)."""

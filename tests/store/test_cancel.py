@@ -266,3 +266,34 @@ def test_on_deadline_cancel_of_a_busy_run_takes_the_same_path(store: Store, capl
     assert (report["deadline_cancels"], report["errors"]) == (1, 0)
     assert reconciler.publisher.revoked  # type: ignore[attr-defined]
     check_cancelled(store, run_id, mark)
+
+
+def test_the_reconciler_finishes_a_cancel_whose_process_died(store: Store) -> None:
+    # Given a run whose cancel stopped after the run was marked CANCELLED, a minute ago
+    run_id, _ = wide_run(store, 30)
+    assert store.attempts.claim(run_id, "m[0]", 1, "w1", 30, "t") is not None
+    ops = store.operator
+
+    def no_sweep(*args: Any) -> list[str]:
+        raise RuntimeError("the process died")
+
+    ops._sweep = no_sweep  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        ops.cancel_run(run_id, OP)
+    del ops._sweep
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE orc_runs SET finished_at = now() - interval '1 minute' WHERE id = :r"), {"r": run_id}
+        )
+    assert ops.interrupted_cancels() == [run_id]
+
+    # When the reconciler passes
+    reconciler = Reconciler(store, RecordingPublisher(), Settings.from_env({}, dispatch_timeout=60.0))
+    assert reconciler.run_pass()["errors"] == 0
+
+    # Then it cancelled the open tasks as the reconciler and revoked the one in flight
+    assert f"{run_id}.m[0].1" in reconciler.publisher.revoked  # type: ignore[attr-defined]
+    actors = {e.actor for e in store.reads.events(run_id) if e.key is not None and e.to_state == "CANCELLED"}
+    assert actors == {"reconciler"}
+    assert ops.interrupted_cancels() == []
+    check_cancelled(store, run_id, last_event(store))
