@@ -450,14 +450,15 @@ class OperatorActions:
         task ids of those that were QUEUED or RUNNING, the last key, whether a full batch)."""
         c = t_tasks.c
         rows = conn.execute(q).all()
-        by_state: dict[str, list[Any]] = {}
+        # one compare-and-set per (state, attempt) held: nearly always a few statements
+        by_state: dict[tuple[str, int], list[Any]] = {}
         for r in rows:
-            by_state.setdefault(r.state, []).append(r)
+            by_state.setdefault((r.state, r.attempt), []).append(r)
         live: list[str] = []
-        for src, group in sorted(by_state.items()):
+        for (src, attempt), group in sorted(by_state.items()):
             moved = self.ledger.move_many(
                 conn,
-                (c.run_id == run_id, sa.tuple_(c.key, c.attempt).in_([(r.key, r.attempt) for r in group])),
+                (c.run_id == run_id, c.key.in_([r.key for r in group]), c.attempt == attempt),
                 TaskState(src),
                 T.CANCELLED,
                 actor,
