@@ -54,8 +54,12 @@ class WorkerRegistry:
         return self.db.transaction(tx)
 
     def touch(self, name: str) -> bool:
+        """Refresh a live worker's row; ``False`` when it has to register again: its row is gone,
+        or its task names are (the reconciler's :meth:`prune` removed them while it was past the
+        TTL), so that a worker never goes on without its names."""
+        named = sa.exists().where(t_worker_tasks.c.worker == name)
         with self.db.engine.begin() as conn:
-            res = conn.execute(t_workers.update().where(t_workers.c.name == name).values(seen_at=db_now()))
+            res = conn.execute(t_workers.update().where(t_workers.c.name == name, named).values(seen_at=db_now()))
             return res.rowcount == 1
 
     def unregister(self, name: str) -> None:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import DAG, Orchestrator, alerts
+from orchestrator import schema as s
 from orchestrator.metrics import render
 from orchestrator.reconciler import Reconciler
 from orchestrator.routing import default_queues
@@ -201,3 +202,24 @@ def test_a_run_with_no_transition_while_waiting_on_nothing_named_is_flagged(pg_c
     finally:
         orc.store.attempts.hot.close()
         orc.store.dispose()
+
+
+def test_a_worker_past_its_ttl_registers_its_names_again(orc: Orchestrator) -> None:
+    store, wt = orc.store, s.worker_tasks
+    orc.register_worker("slow", ["q1"], 1, ["t"])
+    with store.engine.begin() as conn:
+        stale = sa.text("now() - interval '1 hour'")
+        conn.execute(s.workers.update().where(s.workers.c.name == "slow").values(seen_at=stale))
+    store.workers.prune()  # the reconciler: its names go with its liveness
+    names = lambda: sql_rows(orc, sa.select(wt.c.queue, wt.c.task_name).where(wt.c.worker == "slow"))  # noqa: E731
+    assert names() == []
+    # its next registry heartbeat registers it again, with its names (never as a worker that says nothing)
+    orc.touch_worker("slow", ["q1"], 1, ["t"])
+    assert names() == [("q1", "t")]
+    store.workers.prune()
+    assert names() == [("q1", "t")]
+
+
+def sql_rows(orc: Orchestrator, query: Any) -> list[tuple[Any, ...]]:
+    with orc.store.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(query).all()]
