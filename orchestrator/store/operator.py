@@ -348,8 +348,8 @@ class OperatorActions:
 
         1. one transaction locks the run's row alone and moves it RUNNING -> CANCELLED (a
            completion holding the row is waited for; this transaction holds nothing it could
-           want). From its commit no retry, clear or mark reopens a task of the run (each
-           reads the run's state under the run's row lock) and the run cannot close;
+           want). From its commit the run cannot close, and a clear, a mark or a retry of a
+           FAILED task is refused (each reads the run's state under the run's row lock);
         2. transactions of at most :data:`CANCEL_BATCH` open tasks each, in key order, lock
            them ``FOR UPDATE SKIP LOCKED``: they never wait for a row, so they cannot be in a
            cycle. Each task is a compare-and-set (its state and attempt as read under the lock)
