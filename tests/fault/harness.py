@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import http.server
+import itertools
 import json
 import os
 import shutil
@@ -50,6 +51,10 @@ QUEUES = ("orchestrator.high", "orchestrator.default", "orchestrator.low")
 UNDELIVERABLE = "ae.undeliver"
 #: kombu's Redis bookkeeping of delivered, not yet acknowledged messages
 UNACKED_KEYS = ("unacked", "unacked_index")
+#: every wait on the database (or a log) gets this many times the bound a test names: a bound is
+#: how long to wait for an event before failing, never the claim under test (a claim of speed is
+#: read from the ledger's times), and a loaded machine (the full suite on two cores) needs more
+WAIT_SCALE = float(os.environ.get("ORCHESTRATOR_TEST_WAIT_SCALE", "3"))
 
 
 def free_port() -> int:
@@ -62,7 +67,8 @@ def wait_for(
     predicate: Callable[[], Any], timeout: float, what: str, *, poll: float = 0.1, context: Callable[[], str] = str
 ) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout``
-    (with ``context()`` appended: process logs, events)."""
+    (times :data:`WAIT_SCALE`; with ``context()`` appended: process logs, events)."""
+    timeout *= WAIT_SCALE
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -333,6 +339,7 @@ class Cluster:
 
     def wait_ready(self, *workers: Proc, timeout: float = 60.0) -> None:
         """Until each worker's capacity row is in ``orc_workers`` (its worker_ready signal ran)."""
+        timeout *= WAIT_SCALE
         want = {f"{w.name}@fault": w for w in workers}
         deadline = time.monotonic() + timeout
         while True:
@@ -401,7 +408,9 @@ class Cluster:
     # -- database reads
 
     def wait_run(self, run_id: str, timeout: float = 60.0) -> RunState:
-        """Until the run is final; on timeout fail with its tasks and the process logs."""
+        """Until the run is final; on timeout (times :data:`WAIT_SCALE`) fail with its tasks and
+        the process logs."""
+        timeout *= WAIT_SCALE
         deadline = time.monotonic() + timeout
         while True:
             state = self.store.reads.run_state(run_id)
@@ -417,6 +426,7 @@ class Cluster:
             t = self.store.reads.get_task(run_id, key)
             return t if pred(t) else None
 
+        timeout *= WAIT_SCALE
         deadline = time.monotonic() + timeout
         while True:
             t = check()
@@ -462,6 +472,7 @@ class Cluster:
 
     def wait_drained(self, timeout: float = 30.0) -> None:
         """Until no message is queued or unacknowledged (two looks in a row, workers idle)."""
+        timeout *= WAIT_SCALE
         deadline = time.monotonic() + timeout
         clean_looks = 0
         while True:
@@ -473,17 +484,35 @@ class Cluster:
                 pytest.fail(f"broker not drained after {timeout}s: {backlog}\n{self.tails()}")
             time.sleep(0.25)
 
-    def restore_unacked(self) -> int:
-        """Redeliver every unacked message now, as kombu does once ``visibility_timeout`` passed
-        (a SIGKILLed worker cannot ack or restore them; production waits the timeout). Call it
-        only while the live workers are idle: their own unacked deliveries would be restored too."""
+    def unacked(self, run_id: str | None = None, key: str | None = None, attempt: int | None = None) -> list[str]:
+        """The delivery tags of the unacked messages (of one run, key, attempt when given: read
+        from each message's orchestrator headers)."""
+        tags = []
+        for raw_tag, raw in self.redis.hgetall("unacked").items():
+            headers = (json.loads(raw)[0].get("headers") or {}) if raw else {}
+            wanted = (("orc_run", run_id), ("orc_key", key), ("orc_attempt", attempt))
+            if all(v is None or headers.get(h) == v for h, v in wanted):
+                tags.append(raw_tag.decode() if isinstance(raw_tag, bytes) else str(raw_tag))
+        return tags
+
+    def restore_unacked(self, run_id: str | None = None, key: str | None = None, attempt: int | None = None) -> int:
+        """Redeliver the unacked messages now (of one run, key, attempt when given), as kombu
+        does once ``visibility_timeout`` passed (a SIGKILLed worker cannot ack or restore them;
+        production waits the timeout); returns how many. Without a filter, call it only while the
+        live workers are idle: their own unacked deliveries would be restored too.
+
+        Each message is restored by its tag (kombu's ``restore_by_tag``, a WATCHed transaction),
+        not through ``restore_visible``: that one silently does nothing while a worker's own
+        periodic restore holds kombu's mutex, which a loaded machine made long enough to lose
+        a test's redelivery."""
         from kombu import Connection
 
-        before = int(self.redis.zcard("unacked_index"))
+        tags = self.unacked(run_id, key, attempt)
         with Connection(self.redis_server.url, transport_options={"visibility_timeout": 0}) as conn:
-            channel = conn.default_channel
-            channel.qos.restore_visible(num=10_000, interval=1)
-        return before
+            qos = conn.default_channel.qos
+            for tag in tags:
+                qos.restore_by_tag(tag)
+        return len(tags)
 
     # -- the promise
 
@@ -524,6 +553,20 @@ def _match(e: Any, src: str | None, dst: str | None, actor: str | None) -> bool:
 def republished(events: Iterable[Any]) -> Counter[tuple[str, int]]:
     """Accepted QUEUED -> QUEUED re-publications per (key, attempt)."""
     return Counter((e.key, e.attempt) for e in accepted(events, src="QUEUED", dst="QUEUED", actor="reconciler"))
+
+
+def republished_once_per_timeout(events: Iterable[Any], dispatch_timeout: float) -> dict[tuple[str, int], int]:
+    """The accepted re-publications per (key, attempt), asserting that no message was re-published
+    twice for one lapse of the dispatch timeout (each re-publish of a row a dispatch timeout or
+    more after the one before): a second one after another full timeout is the reconciler doing
+    its job on a loaded machine whose worker took that long to claim, not a double."""
+    times: dict[tuple[str, int], list[Any]] = {}
+    for e in accepted(events, src="QUEUED", dst="QUEUED", actor="reconciler"):
+        times.setdefault((e.key, e.attempt), []).append(e.at)
+    for k, ats in times.items():
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(ats)]
+        assert all(g >= dispatch_timeout for g in gaps), f"{k} re-published twice in one dispatch timeout: {gaps}"
+    return {k: len(ats) for k, ats in times.items()}
 
 
 def worker_pid(task: Any) -> int:

@@ -30,9 +30,10 @@ def test_a_slow_run_misses_its_deadline_once_and_goes_on(cluster: Cluster) -> No
         w1, w2 = cluster.start_worker("w1", concurrency=2), cluster.start_worker("w2", concurrency=2)
         cluster.wait_ready(w1, w2)
 
-        # When a run with a 1.5 s deadline has a 4 s task that must be done after 1 s
+        # When a run with a 1.5 s deadline has a 12 s task that must be done after 1 s (12 s: the
+        # misses must come while it runs, also when a loaded machine's reconciler passes are late)
         dag = DAG("slow-deadline", deadline=1.5)
-        nap = dag.task("nap", P + "sleep", kwargs={"seconds": 4}, deadline=1)
+        nap = dag.task("nap", P + "sleep", kwargs={"seconds": 12}, deadline=1)
         dag.task("after", P + "echo", upstream=[nap], deadline=3600)
         run = cluster.orc.submit(dag)
 

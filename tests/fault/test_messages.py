@@ -15,6 +15,7 @@ from tests.fault.harness import (
     accepted,
     rejected,
     republished,
+    republished_once_per_timeout,
     write_spec,
 )
 
@@ -51,12 +52,12 @@ def test_crash_between_dispatch_commit_and_publish(cluster: Cluster, tmp_path: P
     states = {t.key: t.state for t in cluster.store.reads.get_tasks(run_id)}
     assert states == {"a": T.QUEUED, "b": T.QUEUED, "c": T.PENDING}
     assert not any(cluster.broker_backlog().values()), cluster.broker_backlog()
-    # And once a reconciler runs, it re-publishes each lost root once after the dispatch
-    # timeout: the worker's slots are idle, so the messages were really lost
+    # And once a reconciler runs, it re-publishes each lost root after the dispatch timeout
+    # (once per lapse of it: the worker's slots are idle, so the messages were really lost)
     cluster.reconciler()
     assert cluster.wait_run(run_id, 60) is RunState.SUCCEEDED
     events = cluster.events(run_id)
-    assert republished(events) == {("a", 1): 1, ("b", 1): 1}
+    assert set(republished_once_per_timeout(events, cluster.settings.dispatch_timeout)) == {("a", 1), ("b", 1)}
     assert all(t.attempt == 1 for t in cluster.store.reads.get_tasks(run_id))
     assert set(cluster.store.reads.get_task(run_id, "c").result["upstream"]) == {"a", "b"}
     cluster.assert_clean([run_id])
@@ -94,7 +95,7 @@ def test_crash_between_result_commit_and_ack(cluster: Cluster, tmp_path: Path) -
     assert [(e.key, e.attempt) for e in accepted(events, dst="SUCCEEDED")] == [("a", 1), ("b", 1)]
     assert [(e.key, e.attempt) for e in rejected(events, dst="RUNNING")] == [("a", 1)]
     assert cluster.effects(run.id) == {("a", 1): 1, ("b", 1): 1}, "the redelivery never ran the body"
-    assert republished(events) == {("b", 1): 1}
+    assert set(republished_once_per_timeout(events, cluster.settings.dispatch_timeout)) == {("b", 1)}
     assert cluster.store.reads.get_task(run.id, "a").attempt == 1
     cluster.assert_clean([run.id])
 
@@ -102,12 +103,17 @@ def test_crash_between_result_commit_and_ack(cluster: Cluster, tmp_path: Path) -
 @pytest.mark.parametrize("claim_delay", ["0", "0.2"])
 def test_same_message_delivered_twice_at_once(cluster: Cluster, claim_delay: str) -> None:
     # Given two idle single-slot workers (claiming before the body, or a direct message's body
-    # first for 0.2 s), and a task admitted (QUEUED) but not yet published
-    cluster.configure(ORCHESTRATOR_CLAIM_DELAY=claim_delay)
+    # first for 0.2 s), and a task admitted (QUEUED) but not yet published. The workers' own
+    # reconciler is off and the dispatch timeout long: a pass of a worker's reconciler admitted
+    # x before the test did on a loaded machine, and one that re-published x because its
+    # deliveries came late would add a third copy
+    cluster.configure(
+        ORCHESTRATOR_CLAIM_DELAY=claim_delay, ORCHESTRATOR_WORKER_RECONCILER="0", ORCHESTRATOR_DISPATCH_TIMEOUT="300"
+    )
     a, b = cluster.start_worker("wa", concurrency=1), cluster.start_worker("wb", concurrency=1)
     cluster.wait_ready(a, b)
     dag = DAG("double")
-    x = dag.task("x", P + "sleep", kwargs={"seconds": 1.5})
+    x = dag.task("x", P + "sleep", kwargs={"seconds": 3.0})
     dag.task("z", P + "echo", upstream=[x])
     orc = cluster.orc
     queues = {k: "orchestrator.default" for k in dag.nodes}
@@ -120,18 +126,24 @@ def test_same_message_delivered_twice_at_once(cluster: Cluster, claim_delay: str
     assert orc.publisher.publish(dispatches + dispatches) == 2
 
     # Then both workers received it, one claim won and ran the body, the other claim was
-    # refused while the winner was running, recorded as rejected, and dropped (a direct body
-    # ran on both until its claim delay was up: the loser's was stopped there)
+    # refused, recorded as rejected, and dropped (a direct body ran on both until its claim
+    # delay was up: the loser's was stopped there). The loser is refused while the winner holds
+    # the row RUNNING (3 s), or after it finished when a loaded machine delivered its copy late:
+    # a refusal either way, the row's state when it came is timing, not contract
     cluster.reconciler()
     assert cluster.wait_run(run_id, 60) is RunState.SUCCEEDED
+    refused = cluster.wait_for(
+        lambda: rejected(cluster.events(run_id), dst="RUNNING", actor="worker"), 60, "the loser's refused claim",
+        run_id=run_id,
+    )  # fmt: skip
     task_id = f"{run_id}.x.1] received"
-    cluster.wait_for(lambda: task_id in a.text() and task_id in b.text(), 10, "both deliveries", run_id=run_id)
+    cluster.wait_for(lambda: task_id in a.text() and task_id in b.text(), 60, "both deliveries", run_id=run_id)
     events = cluster.events(run_id)
     assert [e.key for e in accepted(events, src="QUEUED", dst="RUNNING")] == ["x", "z"]
     assert [(e.key, e.attempt) for e in accepted(events, dst="SUCCEEDED")] == [("x", 1), ("z", 1)]
-    refused = rejected(events, dst="RUNNING", actor="worker")
     assert [(e.key, e.attempt) for e in refused] == [("x", 1)]
-    assert refused[0].from_state == "RUNNING", "refused while the winner held the row RUNNING"
+    assert refused[0].from_state in ("RUNNING", "SUCCEEDED"), refused[0].from_state
+    print(f"the loser's claim was refused while x was {refused[0].from_state}")
     assert cluster.effects(run_id) == {("x", 1): 1 if claim_delay == "0" else 2, ("z", 1): 1}
     assert republished(events) == {}
     cluster.assert_clean([run_id])
@@ -155,10 +167,11 @@ def test_two_reconcilers_republish_each_lost_task_once(cluster: Cluster, tmp_pat
     cluster.reconciler("reconciler-1", interval=0.05)
     cluster.reconciler("reconciler-2", interval=0.05)
 
-    # Then each lost task is re-published once for its attempt
+    # Then each lost task is re-published once for its attempt (for each lapse of the dispatch
+    # timeout: a loaded machine's worker may take longer than one to claim it)
     assert cluster.wait_run(run_id, 60) is RunState.SUCCEEDED
     events = cluster.events(run_id)
-    assert republished(events) == {(k, 1): 1 for k in lost}
+    assert set(republished_once_per_timeout(events, cluster.settings.dispatch_timeout)) == {(k, 1) for k in lost}
     assert all(e.attempt == 1 for e in events)
     assert len(accepted(events, dst="SUCCEEDED")) == 9
     # when both loops saw the same stale row, the loser of the redispatch CAS is in the ledger
@@ -199,9 +212,12 @@ def test_a_direct_body_whose_claim_cannot_be_written_goes_back_to_its_queue(clus
         cluster.wait_for(lambda: cluster.effects(run.id)[("x", 1)] >= 1, 30, "x's body started", run_id=run.id)
         assert cluster.store.reads.get_task(run.id, "x").state is T.QUEUED  # unclaimed
         relays.cut(relay)
-        import time
-
-        time.sleep(7.0)
+        # (until the worker gave its outcome up and requeued the message: its log says so; a
+        # fixed cut of 7 s was too short for a 3 s body on a loaded machine)
+        cluster.wait_for(
+            lambda: "could not be written; its message goes back to its queue" in w.text(), 60,
+            "the worker to give the unwritten claim up", run_id=None,
+        )  # fmt: skip
         relays.reopen(relay)
         # Then the run succeeds; x ran twice, the second time claimed first after a counted
         # redelivery, and the reconciler re-published nothing

@@ -24,6 +24,9 @@ from tests.fault.harness import (
 pytestmark = pytest.mark.fault
 T = TaskState
 FAST_BACKOFF = {"base": 0.2, "cap": 0.5}
+#: how long a victim's body runs: long enough that it still runs when a loaded machine's test
+#: gets to kill it (3 s ended before the kill there)
+VICTIM_SECONDS = 8.0
 
 
 def _victim_dag(name: str, seconds: float) -> DAG:
@@ -38,7 +41,7 @@ def test_pool_child_killed_mid_task(cluster: Cluster) -> None:
     # Given a prefork worker, a reconciler, and a run whose task "victim" is running
     w1 = cluster.worker("w1", concurrency=2)
     cluster.reconciler()
-    run = cluster.orc.submit(_victim_dag("kill-child", 3.0))
+    run = cluster.orc.submit(_victim_dag("kill-child", VICTIM_SECONDS))
     victim = cluster.wait_task(run.id, "victim", lambda t: t.state is T.RUNNING, 30, "victim running")
     pid = worker_pid(victim)
     assert pid != w1.pid and os.getpgid(pid) == w1.pid, "the worker column names a pool child of w1"
@@ -51,7 +54,7 @@ def test_pool_child_killed_mid_task(cluster: Cluster) -> None:
     # Then its lease expires, the attempt counts as failed, attempt 2 runs, and the run succeeds
     assert cluster.wait_run(run.id, 60) is RunState.SUCCEEDED
     task = cluster.store.reads.get_task(run.id, "victim")
-    assert task.state is T.SUCCEEDED and task.attempt == 2 and task.result == 3.0
+    assert task.state is T.SUCCEEDED and task.attempt == 2 and task.result == VICTIM_SECONDS
     events = cluster.events(run.id)
     expired = accepted(events, src="RUNNING", dst="RETRYING", actor="reconciler")
     assert [(e.key, e.attempt) for e in expired] == [("victim", 1)]
@@ -72,7 +75,7 @@ def test_worker_main_process_killed(cluster: Cluster) -> None:
     # Given a worker running "victim" and a reconciler
     w1 = cluster.worker("w1", concurrency=2)
     cluster.reconciler()
-    run = cluster.orc.submit(_victim_dag("kill-worker", 3.0))
+    run = cluster.orc.submit(_victim_dag("kill-worker", VICTIM_SECONDS))
     cluster.wait_task(run.id, "victim", lambda t: t.state is T.RUNNING, 30, "victim running")
 
     # When the worker's main process and its children are SIGKILLed, and a new worker starts
@@ -110,7 +113,8 @@ def test_paused_worker_result_is_rejected(cluster: Cluster) -> None:
     cluster.wait_ready(a, b)
     cluster.reconciler()
     dag = DAG("pause")
-    dag.task("slow", P + "sleep", kwargs={"seconds": 4}, max_attempts=3, backoff=FAST_BACKOFF)
+    # (10 s: long enough that it still runs when a loaded machine's test gets to pause it)
+    dag.task("slow", P + "sleep", kwargs={"seconds": 10}, max_attempts=3, backoff=FAST_BACKOFF)
     run = cluster.orc.submit(dag)
     first = cluster.wait_task(run.id, "slow", lambda t: t.state is T.RUNNING, 30, "slow running")
     paused, other = (a, b) if first.worker.startswith("wa@") else (b, a)
