@@ -17,7 +17,8 @@ outcome per task generation, legal transitions only, maps consistent; runs in pr
 allowed), the counters equal a recount from the rows, no open task whose current message was
 revoked, and every open run has a next step some actor will take (``tests/store/model.py``).
 
-The default run draws ``EXAMPLES`` examples of at most ``STEPS`` steps; the long run sits behind
+The default run draws ``EXAMPLES`` examples of at most ``STEPS`` steps, the same ones every run
+(derandomized: a landing is never blocked by a lucky draw); the long run sits behind
 the ``soak`` marker (``ORCHESTRATOR_MODEL_EXAMPLES`` / ``ORCHESTRATOR_MODEL_STEPS`` size it;
 docs/operations.md, "Tests").
 """
@@ -47,7 +48,7 @@ from tests.store import model
 pytestmark = pytest.mark.postgres
 
 #: the default run: examples, and steps at most per example
-EXAMPLES, STEPS = 30, 50
+EXAMPLES, STEPS = 15, 30
 NOOP = "tasks.probes.noop"
 EVENT = "model.go"
 RULES = ["all_success", "all_done", "one_success", "none_failed", "all_failed", "none_failed_min_one_success"]
@@ -92,7 +93,10 @@ def build(name: str, shape: Shape) -> DAG:
     """src -> [m -> m2] -> join; src -> br -> left | right; sc -> after_sc; src -> w -> after_w;
     ap; setup before src and a teardown after join (each as the shape says)."""
     dag = DAG(name)
-    retry: dict[str, Any] = {"max_attempts": shape.max_attempts, "backoff": {"base": 30, "cap": 60, "jitter": "none"}}
+    retry: dict[str, Any] = {
+        "max_attempts": shape.max_attempts,
+        "backoff": {"base": 1000, "cap": 2000, "jitter": "none"},
+    }
     setup = [dag.task("setup", NOOP, setup=True)] if shape.setup else []
     src = dag.task("src", NOOP, upstream=setup, **retry)
     last = src
@@ -109,10 +113,10 @@ def build(name: str, shape: Shape) -> DAG:
         sc = dag.task("sc", NOOP, short_circuit=True)
         dag.task("after_sc", NOOP, upstream=[sc])
     if shape.wait:
-        w = dag.wait("w", event=EVENT, timeout=600, upstream=[src])
+        w = dag.wait("w", event=EVENT, timeout=6000, upstream=[src])
         dag.task("after_w", NOOP, upstream=[w])
     if shape.approval:
-        dag.approval("ap", timeout=3600)
+        dag.approval("ap", timeout=36000)
     if shape.setup:
         dag.task("teardown", NOOP, upstream=[*setup, join], teardown=True)
     return dag
@@ -132,9 +136,11 @@ class StoreModel(RuleBasedStateMachine):
         super().__init__()
         TALLY["examples"] += 1
         self.db.clean()
-        # leases and dispatch timeouts far longer than an example takes: only the drawn clock
-        # moves decide them (an example replays the same)
-        self.kit = Kit(self.db, settings=replace(kit_settings(self.db.url), lease_seconds=300, dispatch_timeout=120))
+        # every duration (leases, the dispatch timeout, backoff, waits) far longer than an example
+        # takes on a loaded machine: only the drawn clock moves decide them (an example replays
+        # the same; with 30 s, real time released a retry and a replay went another way)
+        settings = replace(kit_settings(self.db.url), lease_seconds=3000, dispatch_timeout=1200)
+        self.kit = Kit(self.db, settings=settings)
         self.orc = self.kit.orc
         self.pub = self.kit.publisher
         self.dags: dict[str, DAG] = {}
@@ -269,8 +275,8 @@ class StoreModel(RuleBasedStateMachine):
         elif how == "skip":
             accepted = self.orc.skip_attempt(d.token, "model").accepted
         else:
-            delay = data.draw(st.sampled_from([None, 30.0]), label="delay")
-            spec = Defer(event=None if delay else EVENT, delay=delay, timeout=300).spec()
+            delay = data.draw(st.sampled_from([None, 1500.0]), label="delay")
+            spec = Defer(event=None if delay else EVENT, delay=delay, timeout=3000).spec()
             accepted = self.orc.defer_attempt(d.token, spec)
         TALLY[f"{'late ' if late else ''}{how} {'accepted' if accepted else 'refused'}"] += 1
 
@@ -308,7 +314,7 @@ class StoreModel(RuleBasedStateMachine):
         for what, n in self.kit.reconcile().items():
             TALLY[f"reconciler: {what}"] += n
 
-    @rule(seconds=st.sampled_from([31.0, 130.0, 310.0, 700.0, 4000.0]))
+    @rule(seconds=st.sampled_from([1001.0, 1300.0, 3100.0, 7000.0, 40000.0]))
     def advance(self, seconds: float) -> None:
         self.kit.clock.advance(seconds)
 
@@ -379,7 +385,7 @@ def model_db(orchestrator_db: KitDatabase) -> Iterator[KitDatabase]:
     yield orchestrator_db
 
 
-def _run(examples: int, steps: int) -> None:
+def _run(examples: int, steps: int, *, derandomize: bool) -> None:
     TALLY.clear()
     TALLY["examples"] = 0
     started = time.monotonic()
@@ -390,6 +396,7 @@ def _run(examples: int, steps: int) -> None:
             stateful_step_count=steps,
             deadline=None,
             database=None,
+            derandomize=derandomize,
             suppress_health_check=list(HealthCheck),
         ),
     )
@@ -400,7 +407,8 @@ def _run(examples: int, steps: int) -> None:
 
 
 def test_the_store_keeps_its_promise_whatever_the_actors_do(model_db: KitDatabase) -> None:
-    _run(EXAMPLES, STEPS)
+    # the same examples every run (a landing is never blocked by a draw): the soak explores
+    _run(EXAMPLES, STEPS, derandomize=True)
 
 
 @pytest.mark.soak
@@ -409,4 +417,5 @@ def test_the_store_keeps_its_promise_long(model_db: KitDatabase) -> None:
     _run(
         int(os.environ.get("ORCHESTRATOR_MODEL_EXAMPLES", "1000")),
         int(os.environ.get("ORCHESTRATOR_MODEL_STEPS", "80")),
+        derandomize=False,
     )
