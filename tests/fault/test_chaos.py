@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.chaos import KINDS, libfaketime, skewed_env
+from orchestrator.mix import ACTIONS
 from tests.fault.harness import ROOT
 from tests.integration.conftest import stop_process
 
@@ -103,5 +104,24 @@ def test_a_soak_whose_only_worker_has_the_jumping_clock_loses_nothing() -> None:
     (the registry thread's timed wait never woke), so nothing more was admitted."""
     out = soak("--runs", "4", "--min-faults", "12", "--seed", "3", "--workers", "1", "--timeout", "150", timeout=240)
     assert fault_counts(out).get("clock_jump", 0) >= 1, out
+    assert "lost: 0  committed twice: 0  stuck: 0" in out, out
+    assert "violation:" not in out, out
+
+
+def test_the_interaction_soak_keeps_the_promise_through_operator_actions() -> None:
+    """``--mix``: a few dozen operator actions of every kind (clear, mark, retry, skip, cancel,
+    rerun, approvals, a foreign tenant's events, a breaker, schedule and trigger firings, db
+    clean) on runs with maps wider than an insert window, branches, waits and events, beside a
+    worker that lacks one task module, while faults of every kind go on: nothing lost, committed
+    twice or stuck, no violation."""
+    out = soak("--runs", "4", "--min-faults", "12", "--mix", "30", "--seed", "7", "--workers", "2",
+               "--timeout", "150", timeout=230)  # fmt: skip
+    assert sum(fault_counts(out).values()) >= 12, out
+    found = re.search(r"operator actions: (\d+) of (\d+) kinds", out)
+    assert found and int(found.group(1)) >= 30 and int(found.group(2)) == len(ACTIONS), out
+    for kind in ACTIONS:  # reported per kind: count, applied, refused, errors, violations
+        row = re.search(rf"^  {kind} +(\d+) +(\d+) +(\d+) +(\d+) +(\d+)", out, re.MULTILINE)
+        assert row, out
+        assert row.group(5) == "0", out  # no violation in the runs it touched
     assert "lost: 0  committed twice: 0  stuck: 0" in out, out
     assert "violation:" not in out, out
