@@ -975,6 +975,8 @@ def run_chaos(
         # an open run whose every open task waits on something explain names is not stuck
         named = _named_waits(orc, run_ids)
         problems = [p for p in problems if not any(r in p for r in named)]
+        if mixer is not None:
+            problems = mixer.annotate(problems)
         report = _summary(orc, [r for r in run_ids if r not in named], problems, injector, recovered,
                           time.monotonic() - started)  # fmt: skip
         report["named_waits"] = named
@@ -982,6 +984,7 @@ def run_chaos(
         report["settle"] = settle
         if mixer is not None:
             report["actions"] = mixer.summary(problems)
+            report["removed"] = len(mixer.removed)
         report["restarts"] = restarts
         report["emitted"], report["woken"] = emitted, woken
         report["waits"] = _waits(orc, run_ids)
@@ -1122,7 +1125,8 @@ def _format(r: dict[str, Any]) -> list[str]:
         return ["chaos: no report (the soak did not start)"]
     faults = ", ".join(f"{k}={v}" for k, v in sorted(r["faults"].items()))
     lines = [
-        f"runs: {r['runs']}  tasks: {r['tasks']}  executions: {r['executions']}",
+        f"runs: {r['runs']}  tasks: {r['tasks']}  executions: {r['executions']}"
+        + (f"  (and {r['removed']} runs verified, then removed by db clean)" if r.get("removed") else ""),
         f"rejected events (fenced duplicates and late results): {r['rejected_events']}",
         f"task states: {r['task_states']}",
         f"faults injected: {r['faults_total']} of {len(r['faults'])} kinds ({faults})",

@@ -309,6 +309,15 @@ class Mixer:
                 found[kind] += 1
         return found
 
+    def annotate(self, problems: list[str]) -> list[str]:
+        """Each problem line with the action kinds that touched its run (``[actions: ...]``)."""
+        out = []
+        for line in problems:
+            match = _RUN_ID.search(line)
+            kinds = sorted(self.touched.get(match.group(0), ())) if match else []
+            out.append(f"{line} [actions: {', '.join(kinds)}]" if kinds else line)
+        return out
+
     def summary(self, problems: list[str]) -> dict[str, Any]:
         blamed = self.blame(problems)
         return {
