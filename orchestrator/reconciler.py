@@ -67,8 +67,9 @@ WAKE_ROUNDS = 20
 #: seconds between two deletions of the events past their retention, per reconciler
 PRUNE_EVERY = 60.0
 #: seconds between two of the watchdog's reads of the whole READY backlog (tasks no live worker
-#: of their queue registered) and of the idle runs; every pass clears flags and flags the tasks a
-#: worker dropped as unregistered and the messages re-published without a claim
+#: of their queue registered) and of the idle runs, and two prunes of the task names of workers
+#: no longer live; every pass clears flags and flags the tasks a worker dropped as unregistered
+#: and the messages re-published without a claim (one transaction)
 WATCH_EVERY = 10.0
 
 
@@ -158,8 +159,6 @@ class Reconciler:
                 f"alerting breaker {event.name}",
                 lambda: raise_alert(event.alert(), webhook=webhook, actor="reconciler"),  # noqa: B023
             )
-        # the task names of workers no longer live go (admission holds what only they had)
-        guarded("pruning the workers' task names", self.store.workers.prune)
         self._watch(report, guarded)
         # one admission per pass, after everything above made its tasks READY; deadlines after
         # it, so a slow alert webhook never delays dispatch (slots a deadline's cancel frees
@@ -192,6 +191,8 @@ class Reconciler:
         full = time.monotonic() >= self._next_watch
         if full:
             self._next_watch = time.monotonic() + WATCH_EVERY
+            # the task names of workers no longer live go (admission holds what only they had)
+            guarded("pruning the workers' task names", self.store.workers.prune)
         idle = self.settings.stuck_run_seconds if full else 0.0
         flags = guarded("watching for stuck tasks", lambda: self.store.recovery.watch(idle, scan_ready=full)) or []
         self._alert_stuck(report, guarded, flags)

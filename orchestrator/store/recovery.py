@@ -225,22 +225,21 @@ class Recovery:
         while no task of theirs waits on a named thing (RUNNING, WAITING, RETRYING or
         DEAD_LETTER). Returns the new flags, each alerted once (a flag is set only where none
         is: two reconcilers flag once)."""
+        # one transaction: the flags cleared and what to flag read (a pass costs one more)
         with self.db.engine.begin() as conn:
-            cleared = conn.execute(_CLEAR_TASKS).scalars().all()
-            if cleared:
+            if conn.execute(_CLEAR_TASKS).scalars().all():
                 conn.execute(_CLEAR_RUNS)
-        found: list[Stuck] = []
-        with self.db.engine.connect() as conn:
             held = list(conn.execute(_UNREGISTERED_DROPPED, {"limit": limit}).all())
             if scan_ready:
                 held += conn.execute(_UNREGISTERED, {"limit": limit}).all()
+            idle: list[str] = []
+            if idle_seconds > 0:
+                idle = list(conn.execute(_IDLE_RUNS, {"idle": idle_seconds, "limit": 100}).scalars().all())
+        found: list[Stuck] = []
         for row in {(r.run_id, r.key): r for r in held}.values():
             found += filter(None, [self.db.transaction(functools.partial(self._flag_unregistered, row))])
-        if idle_seconds > 0:
-            with self.db.engine.connect() as conn:
-                idle = conn.execute(_IDLE_RUNS, {"idle": idle_seconds, "limit": 100}).scalars().all()
-            for run_id in idle:
-                found += filter(None, [self.db.transaction(functools.partial(self._flag_idle, run_id, idle_seconds))])
+        for run_id in idle:
+            found += filter(None, [self.db.transaction(functools.partial(self._flag_idle, run_id, idle_seconds))])
         return found
 
     def _flag_unregistered(self, row: Any, conn: Connection) -> Stuck | None:
