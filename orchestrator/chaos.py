@@ -29,6 +29,11 @@ the submit, while the faults go on: retried through a fault under the same event
 The faults are dealt from a shuffled deck (every kind once per round) so every kind is
 injected early and about as often; a fault that lasts (a pause, a cut, a partition, a restart)
 is healed later by the main loop while other faults go on.
+
+With ``mix`` (``--mix N``, the interaction soak) the same runs also get operator actions,
+approvals, a foreign tenant's events, a breaker opened, schedule and trigger firings and ``db
+clean`` (:mod:`orchestrator.mix`); their DAGs grow approvals and a resource, their maps are
+inserted 8 children at a time, and a third worker runs without ``tasks.dynamic``.
 """
 
 from __future__ import annotations
