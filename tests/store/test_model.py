@@ -165,6 +165,17 @@ class StoreModel(RuleBasedStateMachine):
         keys = list(dag.nodes) + [f"{k}[{i}]" for k in dag.nodes if dag.nodes[k].map is not None for i in range(3)]
         return data.draw(st.sampled_from(keys), label="key")
 
+    def _order(self, d: Dispatch) -> tuple[int, str, int]:
+        """A message's place in a deterministic order: by run (as submitted), key, attempt. The
+        broker's order is the database's, and rows made READY in one transaction tie."""
+        return (list(self.dags).index(d.run_id), d.key, d.attempt)
+
+    def _pop(self, i: int) -> Dispatch:
+        """Take the ``i``-th message (in :meth:`_order`) out of the broker."""
+        d = sorted(self.pub.queue, key=self._order)[i]
+        self.pub.queue.remove(d)
+        return d
+
     def _result(self, data: st.DataObject, d: Dispatch) -> Any:
         """What the body of ``d`` returns: a list for a map's source, a child to follow for a
         branch, truthy or falsy for a short circuit, else a small value."""
@@ -213,9 +224,7 @@ class StoreModel(RuleBasedStateMachine):
     def deliver(self, data: st.DataObject) -> None:
         """A worker takes a message: dropped when revoked, else claimed (a refused claim is a
         duplicate or a stale attempt: dropped, recorded)."""
-        i = data.draw(st.integers(0, len(self.pub.queue) - 1), label="message")
-        d = self.pub.queue[i]
-        del self.pub.queue[i]
+        d = self._pop(data.draw(st.integers(0, len(self.pub.queue) - 1), label="message"))
         if d.token.task_id in self.pub.revoked:
             TALLY["deliver: revoked, dropped"] += 1
             return
@@ -232,7 +241,7 @@ class StoreModel(RuleBasedStateMachine):
         for _ in range(n):
             if not self.pub.queue:
                 return
-            d = self.pub.queue.popleft()
+            d = self._pop(0)
             if d.token.task_id in self.pub.revoked:
                 TALLY["work: revoked, dropped"] += 1
                 continue
@@ -251,14 +260,13 @@ class StoreModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def lose_message(self, data: st.DataObject) -> None:
         """The broker loses a message (a flush, a restart)."""
-        i = data.draw(st.integers(0, len(self.pub.queue) - 1), label="message")
-        del self.pub.queue[i]
+        self._pop(data.draw(st.integers(0, len(self.pub.queue) - 1), label="message"))
 
     @precondition(lambda self: self.pub.sent)
     @rule(data=st.data())
     def duplicate(self, data: st.DataObject) -> None:
         """A message delivered again (a redelivery, a double publish), any one ever sent."""
-        self.pub.queue.append(data.draw(st.sampled_from(self.pub.sent), label="copy"))
+        self.pub.queue.append(data.draw(st.sampled_from(sorted(self.pub.sent, key=self._order)), label="copy"))
 
     def _take(self, data: st.DataObject, late: bool) -> Held:
         pool = self.zombies if late else self.running
