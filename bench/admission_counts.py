@@ -5,7 +5,8 @@ function calls and index scans, for tasks claimed and succeeded one at a time th
     python bench/admission_counts.py [--tasks 400] [--advertise] [--db orchestrator_counts]
 
 ``--advertise``: the worker registers the task names it has (``orc_worker_tasks``), as workers do
-since the watchdog; without it, a worker that says nothing (an earlier release; ``*``). Run it on
+since the watchdog; without it, a worker that says nothing (an earlier release; ``*``). ``--held N``
+adds N tasks of a name the worker did not register (held READY, looked past by every admission). Run it on
 an earlier release's checkout to compare (the flag is then ignored). Counters are Postgres's own:
 ``pg_stat_database.xact_commit``, ``pg_stat_user_functions`` (``track_functions = 'all'`` is set
 on the database it creates) and ``pg_stat_user_tables``."""
@@ -56,6 +57,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", type=int, default=400)
     p.add_argument("--advertise", action="store_true")
+    p.add_argument("--held", type=int, default=0, help="READY tasks of a name no worker registered (with --advertise)")
     p.add_argument("--passes", type=int, default=50, help="reconciler passes counted after the tasks (0: none)")
     p.add_argument("--db", default="orchestrator_counts")
     p.add_argument("--server", default="postgresql+psycopg://postgres@127.0.0.1:5432")
@@ -80,9 +82,11 @@ def main() -> None:
         Settings(database_url=url, dispatch_depth=2),
         store=store,
         publisher=RecordingPublisher(),
-        registry=StaticRegistry(["t"]),
+        registry=StaticRegistry(["t", "u"]),
     )
     dag = DAG("counts")
+    for i in range(a.held):
+        dag.task(f"h{i:05d}", "u")  # held READY: the worker did not register "u"
     for i in range(a.tasks):
         dag.task(f"n{i:05d}", "t")
     run_id = orc.submit(dag).id
@@ -117,7 +121,8 @@ def main() -> None:
         from orchestrator.reconciler import Reconciler
 
         store = Store(url)
-        orc = Orchestrator(orc.settings, store=store, publisher=RecordingPublisher(), registry=StaticRegistry(["t"]))
+        registry = StaticRegistry(["t", "u"])
+        orc = Orchestrator(orc.settings, store=store, publisher=RecordingPublisher(), registry=registry)
         close(store)
         start = counters(url)
         store = Store(url)
