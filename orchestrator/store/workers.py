@@ -63,9 +63,12 @@ class WorkerRegistry:
             return res.rowcount == 1
 
     def unregister(self, name: str) -> None:
+        """A worker is going away: its capacity and names no longer count, and the tasks it
+        dropped as unregistered are released to admission (no message can reach it now)."""
         with self.db.engine.begin() as conn:
             conn.execute(t_workers.delete().where(t_workers.c.name == name))
             conn.execute(t_worker_tasks.delete().where(t_worker_tasks.c.worker == name))
+            conn.execute(t_tasks.update().where(t_tasks.c.dropped_by == name[:255]).values(dropped_by=None))
 
     def live(self) -> int:
         """Workers seen within the worker TTL."""
@@ -78,12 +81,19 @@ class WorkerRegistry:
 
     def prune(self) -> int:
         """The reconciler's pass over the task names: drop those of workers no longer live (their
-        registry row gone or past the TTL), and give a live worker that wrote none (a release
-        before the names were advertised) the name ``*``; returns the rows changed."""
+        registry row gone or past the TTL), release the tasks such a worker dropped as
+        unregistered (no message can reach it now: a worker of their queue that has them takes
+        them), and give a live worker that wrote none (a release before the names were advertised)
+        the name ``*``; returns the rows changed."""
         live = sa.select(t_workers.c.name).where(t_workers.c.seen_at > db_after(-self.worker_ttl))
 
         def tx(conn: Connection) -> int:
             gone = conn.execute(t_worker_tasks.delete().where(t_worker_tasks.c.worker.not_in(live))).rowcount
+            released = conn.execute(
+                t_tasks.update()
+                .where(t_tasks.c.dropped_by.is_not(None), t_tasks.c.dropped_by.not_in(live))
+                .values(dropped_by=None)
+            ).rowcount
             silent = (
                 sa.select(
                     sa.func.json_array_elements_text(t_workers.c.queues).label("queue"),
@@ -98,7 +108,7 @@ class WorkerRegistry:
                 .from_select(["queue", "task_name", "worker"], silent)
                 .on_conflict_do_nothing()
             ).rowcount
-            return int(gone) + int(added)
+            return int(gone) + int(released) + int(added)
 
         return self.db.transaction(tx)
 

@@ -155,6 +155,7 @@ def test_a_message_dropped_as_unregistered_is_held_not_republished(
     orc: Orchestrator, alerted: list[dict[str, Any]]
 ) -> None:
     store = orc.store
+    store.workers.register("old-worker", default_queues(), 1, tasks=["up"])
     run = orc.submit(one_task())
     row = state(orc, run.id)
     assert row.state == "QUEUED"
@@ -171,7 +172,13 @@ def test_a_message_dropped_as_unregistered_is_held_not_republished(
     assert [a["kind"] for a in alerted] == ["unregistered"]
     # When a worker of its queue that has it registers, it is admitted again
     orc.register_worker("new-worker", default_queues(), 1, ["t"])
-    assert state(orc, run.id).state == "QUEUED"
+    row = state(orc, run.id)
+    assert row.state == "QUEUED"
+    # and dropped again by the worker that lacks it, it is released when that worker goes away
+    assert store.workers.drop(store.ledger, run.id, "x", row.attempt, "old-worker", "t")
+    assert orc.store.admission.admit_ready(100) == []
+    orc.unregister_worker("old-worker")
+    assert len(orc.store.admission.admit_ready(100)) == 1
 
 
 def test_a_run_with_no_transition_while_waiting_on_nothing_named_is_flagged(pg_clean: str) -> None:
