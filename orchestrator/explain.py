@@ -359,6 +359,15 @@ def unregistered_text(queue: str, task_name: str, workers: Sequence[str]) -> str
     return f"no live worker on queue {queue} has task {task_name} registered (workers on {queue}: {shown})"
 
 
+def dropped_text(worker: str, task_name: str, queue: str, having: Sequence[str]) -> str:
+    """What a task a worker dropped as unregistered waits for (``dropped_by``)."""
+    return (
+        f"dropped by worker {worker}: task {task_name} is not registered there; held READY until a worker of"
+        f" queue {queue} that has it registers or {worker} goes away (workers on {queue} with it:"
+        f" {', '.join(having) or 'none'})"
+    )
+
+
 def _stuck(t: Any) -> Reason | None:
     """The watchdog's flag (``orc_tasks.stuck``): the task needs a person."""
     flag = getattr(t, "stuck", None)
@@ -384,8 +393,7 @@ def _unregistered(t: Any, data: ExplainInput) -> Reason | None:
     if dropped is not None:
         return Reason(
             "unregistered",
-            f"dropped by worker {dropped}: task {name} is not registered there; held READY until a worker of"
-            f" queue {t.queue} that has it registers (workers on {t.queue} with it: {', '.join(having) or 'none'})",
+            dropped_text(dropped, name, t.queue, having),
             {**info, "dropped_by": dropped},
         )
     if having:

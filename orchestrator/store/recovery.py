@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 
 from .. import schema as s
 from ..dbtime import db_after, db_now
-from ..explain import unregistered_text
+from ..explain import dropped_text, unregistered_text
 from ..models import RECONCILER, Dispatch, Outcome
 from ..states import STUCK, TERMINAL, RunState, TaskState
 from . import rows
@@ -246,11 +246,7 @@ class Recovery:
         workers = conn.execute(_WORKERS_ON, {"queue": row.queue}).scalars().all()
         if row.dropped_by is not None:
             having = [w for w, names in _names(conn, row.queue).items() if names is None or row.task_name in names]
-            detail = (
-                f"dropped by worker {row.dropped_by}: task {row.task_name} is not registered there; held READY"
-                f" until a worker of queue {row.queue} that has it registers (workers on {row.queue} with it:"
-                f" {', '.join(having) or 'none'})"
-            )
+            detail = dropped_text(row.dropped_by, row.task_name, row.queue, having)
         else:
             detail = unregistered_text(row.queue, row.task_name, workers)
         data = {"queue": row.queue, "task_name": row.task_name, "workers": list(workers)}

@@ -133,12 +133,13 @@ class WorkerRegistry:
     def drop(self, ledger: Ledger, run_id: str, key: str, attempt: int, worker: str, task_name: str) -> bool:
         """A worker received the attempt's message without ``task_name`` registered and dropped
         it: CAS QUEUED -> READY (same attempt) with ``dropped_by``, so that admission holds the
-        task until a worker of its queue that has the task registers (:meth:`register`), instead
+        task until a worker of its queue that has the task registers (:meth:`register`) or the
+        worker that dropped it goes away (:meth:`unregister`, :meth:`prune`), instead
         of the reconciler re-publishing it every dispatch timeout. Returns whether it moved (a
         stale or duplicate message's drop is a rejected event)."""
         reason = (
             f"dropped by worker {worker}: task {task_name} is not registered there; held READY until a worker"
-            " of its queue that has it registers"
+            f" of its queue that has it registers or {worker} goes away"
         )
 
         def tx(conn: Connection) -> bool:
