@@ -76,9 +76,9 @@ SQL = r"""
 -- p_room + 1000 times (a backlog too big for its pool's free slots is passed over 1,000 at a
 -- time per pass, not all of it). A task whose name no live worker of its queue registered
 -- (orc_worker_tasks), or that a worker dropped as unregistered (dropped_by), is not looked at:
--- it waits READY, and the reconciler's watchdog flags it. Each row says whether its message is direct: the message's
--- arguments are all the body gets (no upstream results, map item, sensor or resumed state), so a
--- worker may start the body before claiming (orc_claim_succeed_v1). A task admitted with
+-- it waits READY, and the reconciler's watchdog flags it. Each row says whether its message is
+-- direct: the message's arguments are all the body gets (no upstream results, map item, sensor
+-- or resumed state), so a worker may start the body before claiming (orc_claim_succeed_v1). A task admitted with
 -- resources takes its half-open breakers' probe permits and counts in their ramps' waves
 -- (orc_breaker_admitted_v1); for a task without resources (every task an earlier release
 -- wrote) nothing changed.
