@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -81,25 +82,61 @@ def format_task_table(tasks: list[Any]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows])
 
 
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``error: MESSAGE`` as one line on stderr and exit ``code``."""
+    click.echo("error: " + " ".join(str(message).split()), err=True)
+    sys.exit(code)
+
+
 class _Group(click.Group):
-    """Print orchestrator errors as one line on stderr, exit 2, no traceback."""
+    """Every error as one ``error: …`` line on stderr, never a traceback: exit 2 for orchestrator
+    errors, database errors, files that cannot be read or written and usage errors (click's
+    own, made one line); an unexpected exception (a bug) is one line too, exit 2."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            _fail(exc.format_message() + hint, exc.exit_code)
+        except click.ClickException as exc:  # a command's refusal: exit 2 as every error
+            _fail(exc.format_message())
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         import sqlalchemy as sa
 
         try:
             return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
         except OrchestratorError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            _fail(str(exc))
         except sa.exc.DBAPIError as exc:
             # unreachable or misconfigured database: the driver's first line (never the URL's password)
             first = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
-            click.echo(f"error: database: {first}", err=True)
-            sys.exit(2)
+            _fail(f"database: {first}")
         except sa.exc.ArgumentError as exc:
-            click.echo(f"error: database URL: {exc}", err=True)
-            sys.exit(2)
+            _fail(f"database URL: {exc}")
+        except OSError as exc:  # a file that cannot be read or written (a missing folder, a full disk)
+            where = f": {exc.filename}" if exc.filename else ""
+            _fail(f"{exc.strerror or exc}{where}")
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the last guard: a bug, still one line
+            _fail(f"unexpected {type(exc).__name__} (a bug; please report it): {exc}")
 
 
 @click.group(cls=_Group)
@@ -423,6 +460,8 @@ def _param(values: tuple[str, ...]) -> dict[str, Any] | None:
             out[key.strip()] = json.loads(raw)
         except ValueError:
             out[key.strip()] = raw
+        except RecursionError:
+            raise click.UsageError(f"--param {key.strip()[:60]}: the value is nested too deep") from None
     return out
 
 
@@ -1306,11 +1345,12 @@ def schedule_add(
     """Add the schedule NAME, or replace its definition (its place is kept if its timing is
     the same)."""
     from .cron import ScheduleError
+    from .errors import ValidationError
 
     try:
-        parsed = json.loads(params) if params is not None else None
-    except ValueError as exc:
-        raise ScheduleError(f"--params is not JSON: {exc}") from None
+        parsed = _json_text(params, "--params") if params is not None else None
+    except ValidationError as exc:
+        raise ScheduleError(str(exc)) from None
     found = _schedules().add(
         name, cron=cron, every=every, tz=tz, spec=spec_file, dag=factory, registered=registered, params=parsed,
         dst_gap=dst_gap,
@@ -1419,16 +1459,26 @@ def schedule_remove(name: str) -> None:
 # ---------------------------------------------------------------------- events, signals, approvals
 
 
+def _json_text(text: str, option: str) -> Any:
+    """An option's JSON value, or ValidationError: not JSON, NaN / Infinity, a duplicate key, or
+    nested too deep to read (never a RecursionError; what is read is then held to the JSON depth
+    limit of what it is for)."""
+    from .dag import parse_spec
+    from .errors import SpecError, ValidationError
+
+    try:
+        return parse_spec(text, fmt="json")
+    except SpecError as exc:
+        raise ValidationError(f"{option} is not JSON: {str(exc).removeprefix('cannot parse JSON: ')}") from None
+
+
 def _json_object(text: str | None, option: str) -> dict[str, Any] | None:
     """An option's JSON object (``--payload``, ``--match``, ``--params``), or ValidationError."""
     from .errors import ValidationError
 
     if text is None:
         return None
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ValidationError(f"{option} is not JSON: {exc}") from None
+    value = _json_text(text, option)
     if not isinstance(value, dict):
         raise ValidationError(f"{option} must be a JSON object, not {type(value).__name__}")
     return value

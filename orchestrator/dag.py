@@ -1570,14 +1570,28 @@ def parse_spec(text: str, *, fmt: str) -> Any:
         raise SpecError(f"cannot parse {fmt.upper()}: {short(str(exc), 300)}") from None
 
 
-def load_spec(path: str | Path) -> DAG:
-    """Read a YAML (``.yaml``/``.yml``) or JSON spec file into a :class:`DAG`."""
+def read_spec_text(path: str | Path) -> str:
+    """The text of a spec file (a DAG's, the schedules' or the triggers'), UTF-8. At most
+    :data:`MAX_SPEC_BYTES` are read: an endless file (``/dev/zero``, a FIFO whose writer never
+    stops) is refused, never read to its end. Raises :class:`SpecError` (cannot read, too
+    large, not UTF-8)."""
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_SPEC_BYTES:
-            raise SpecError(f"{p} is over {MAX_SPEC_BYTES} bytes")
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read {p}: {exc}") from None
+        with p.open("rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise SpecError(f"cannot read {p}: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(f"{p} is over {MAX_SPEC_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"cannot read {p}: not UTF-8 (byte {exc.start}: {exc.reason})") from None
+
+
+def load_spec(path: str | Path) -> DAG:
+    """Read a YAML (``.yaml``/``.yml``) or JSON spec file into a :class:`DAG` (see
+    :func:`read_spec_text`)."""
+    p = Path(path)
     fmt = "json" if p.suffix.lower() == ".json" else "yaml"
-    return dag_from_spec(parse_spec(text, fmt=fmt))
+    return dag_from_spec(parse_spec(read_spec_text(p), fmt=fmt))

@@ -35,6 +35,7 @@ import inspect
 import itertools
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -45,8 +46,18 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .alerts import raise_alert
 from .cron import HORIZON, ScheduleError, Timing, count_instants, instants, last_instants, next_instant
-from .dag import DAG, MAX_NAME_CHARS, TENANT_RE, dag_from_spec, load_spec, parse_spec, short, text_problem
-from .errors import ConflictError, OrchestratorError, RunNotFound, ValidationError
+from .dag import (
+    DAG,
+    MAX_NAME_CHARS,
+    TENANT_RE,
+    dag_from_spec,
+    load_spec,
+    parse_spec,
+    read_spec_text,
+    short,
+    text_problem,
+)
+from .errors import ConflictError, OrchestratorError, RunNotFound, SpecError, ValidationError
 from .firing import COUNT_MOST, Decision, Policy, looked_at, plan, summary_reason
 from .store.schedules import ScheduleRows, iso
 
@@ -454,9 +465,9 @@ class Schedules:
         stays paused; a new one starts unpaused)."""
         p = Path(path)
         try:
-            text = p.read_text()
-        except OSError as exc:
-            raise ScheduleError(f"cannot read {p}: {exc.strerror}") from None
+            text = read_spec_text(p)  # bounded, UTF-8
+        except SpecError as exc:
+            raise ScheduleError(str(exc)) from None
         doc = parse_spec(text, fmt="json" if p.suffix == ".json" else "yaml")
         entries = doc.get("schedules") if isinstance(doc, Mapping) else None
         if not isinstance(entries, list):
@@ -536,6 +547,8 @@ class Schedules:
         if isinstance(spec, Mapping):
             dag_from_spec(spec)  # the shape, before anything else
             return json.loads(json.dumps(spec))  # type: ignore[no-any-return]
+        if not isinstance(spec, (str, os.PathLike)):
+            raise ScheduleError(f"spec must be a spec file's path, a mapping or a DAG, not {type(spec).__name__}")
         p = Path(spec)
         if not p.is_file():
             raise ScheduleError(f"spec file {str(p)!r} does not exist")

@@ -31,14 +31,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .alerts import raise_alert
-from .dag import DAG, MAX_NAME_CHARS, TENANT_RE, dag_from_spec, load_spec, parse_spec, text_problem
-from .errors import OrchestratorError, ValidationError
+from .dag import DAG, MAX_NAME_CHARS, TENANT_RE, dag_from_spec, load_spec, parse_spec, read_spec_text, text_problem
+from .errors import OrchestratorError, SpecError, ValidationError
 from .scheduling import check_placeholders, load_factory, render, spec_hash
 from .store.schedules import iso
 from .store.triggers import TriggerRows, idempotency_key
@@ -290,9 +291,9 @@ class Triggers:
         trigger's flag."""
         p = Path(path)
         try:
-            text = p.read_text()
-        except OSError as exc:
-            raise TriggerError(f"cannot read {p}: {exc.strerror}") from None
+            text = read_spec_text(p)  # bounded, UTF-8
+        except SpecError as exc:
+            raise TriggerError(str(exc)) from None
         doc = parse_spec(text, fmt="json" if p.suffix == ".json" else "yaml")
         entries = doc.get("triggers") if isinstance(doc, Mapping) else None
         if not isinstance(entries, list):
@@ -321,6 +322,8 @@ class Triggers:
         if isinstance(spec, Mapping):
             dag_from_spec(spec)  # the shape, before anything else
             return json.loads(json.dumps(spec))  # type: ignore[no-any-return]
+        if not isinstance(spec, (str, os.PathLike)):
+            raise TriggerError(f"spec must be a spec file's path, a mapping or a DAG, not {type(spec).__name__}")
         p = Path(spec)
         if not p.is_file():
             raise TriggerError(f"spec file {str(p)!r} does not exist")

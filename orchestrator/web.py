@@ -91,13 +91,14 @@ from tornado.log import access_log
 from tornado.template import Loader
 
 from . import graph as drawing
-from .dag import KEY_RE, TENANT_RE
+from .dag import KEY_RE, TENANT_RE, parse_spec
 from .errors import (
     ConfigurationError,
     ConflictError,
     OperatorError,
     OrchestratorError,
     RunNotFound,
+    SpecError,
     TaskNotFound,
     ValidationError,
 )
@@ -1059,6 +1060,7 @@ class NotFound(_Base):
     """Any other address: 404 (after authentication, with the security headers)."""
 
     async def prepare(self) -> None:
+        self.api = self.request.path.startswith("/api/")  # an address under /api answers JSON
         await super().prepare()
         if not self._finished:
             raise tornado.web.HTTPError(404)
@@ -1333,9 +1335,12 @@ class ApiEvents(_Base):
         if len(body) > 2 * orc.settings.max_event_bytes + 4096:
             raise tornado.web.HTTPError(413, reason="event body too large (ORCHESTRATOR_MAX_EVENT_BYTES)")
         try:
-            doc = json.loads(body or b"null")
-        except ValueError:
-            raise ValidationError("the body must be a JSON object {key, payload, event_id}") from None
+            # parse_spec: no NaN, no duplicate key, and nesting too deep is a refusal (never a
+            # RecursionError); the payload is then held to MAX_JSON_DEPTH by emit
+            doc = parse_spec(body.decode("utf-8") or "null", fmt="json")
+        except (UnicodeDecodeError, SpecError) as exc:
+            why = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
+            raise ValidationError(f"the body must be a JSON object {{key, payload, event_id}} ({why})") from None
         if not isinstance(doc, dict):
             raise ValidationError("the body must be a JSON object {key, payload, event_id}")
         unknown = set(doc) - {"key", "payload", "event_id", "tenant"}

@@ -186,7 +186,8 @@ def test_the_pool_limit_and_dag_commands(tmp_path: Path, pg_clean: str) -> None:
     out = cli(tmp_path, "--tenant", "acme", "dag", "set", "nightly", "--max-running", "3")
     assert out.returncode == 0 and "DAG nightly (tenant acme): max running 3" in out.stdout
     assert "acme  nightly  max running 3" in cli(tmp_path, "dag", "list").stdout
-    assert cli(tmp_path, "pool", "remove", "nope").returncode == 1
+    gone = cli(tmp_path, "pool", "remove", "nope")  # an error as any other: one line, exit 2
+    assert gone.returncode == 2 and gone.stderr == "error: no pool named 'nope'\n", gone.stderr
     assert cli(tmp_path, "pool", "remove", "warehouse").returncode == 0
     spec = tmp_path / "d.yaml"
     spec.write_text(
