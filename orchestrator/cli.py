@@ -105,6 +105,9 @@ class _Group(click.Group):
             return super().main(args, prog_name, complete_var, False, **extra)
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a group alone: its help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
         except click.UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
             _fail(exc.format_message() + hint, exc.exit_code)

@@ -287,6 +287,12 @@ def test_known_bad_inputs_exit_2_with_one_error_line(bench: Bench, argv: list[st
     assert OUTCOMES["exit 2"] >= 1
 
 
+def test_a_group_alone_shows_its_help(bench: Bench) -> None:
+    for argv in ([], ["db"], ["schedule"]):
+        result = bench.runner.invoke(cli.main, argv)
+        assert result.exit_code == 2 and "Usage:" in result.output and "Commands:" in result.output, argv
+
+
 def test_an_endless_spec_file_is_refused_not_read_to_its_end(tmp_path: Path) -> None:
     """``submit /dev/zero`` (and a FIFO whose writer never stops) read at most the spec size
     limit, then exit 2 with one line; run in a process of its own, bounded in memory and time."""
