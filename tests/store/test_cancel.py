@@ -167,8 +167,14 @@ def test_a_cancel_and_a_completion_waiting_for_the_run_row_do_not_deadlock(
     assert store.attempts.claim(run_id, "m[3]", 1, "w1", 30, "t") is not None
     completion = store.engine.connect()
     tx = completion.begin()
+    # orc_succeed_v2's first steps: the task's compare-and-set, then (settle) its map's header
     completion.execute(
-        sa.text("UPDATE orc_tasks SET state = 'SUCCEEDED' WHERE run_id = :r AND key IN ('m[3]', 'm')"), {"r": run_id}
+        sa.text("UPDATE orc_tasks SET state = 'SUCCEEDED' WHERE run_id = :r AND key = 'm[3]' AND state = 'RUNNING'"),
+        {"r": run_id},
+    )
+    completion.execute(
+        sa.text("UPDATE orc_tasks SET map_done = map_done + 1, map_ok = map_ok + 1 WHERE run_id = :r AND key = 'm'"),
+        {"r": run_id},
     )
     out: dict[str, Any] = {}
 
