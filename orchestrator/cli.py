@@ -82,6 +82,16 @@ def format_task_table(tasks: list[Any]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows])
 
 
+class _Path(click.Path):
+    """click's Path, refusing a path holding a NUL as a usage error (``os.stat`` raises
+    ValueError for it, which click lets through)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and "\x00" in value:
+            self.fail("a path cannot hold a NUL character", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: MESSAGE`` as one line on stderr and exit ``code``."""
     click.echo("error: " + " ".join(str(message).split()), err=True)
@@ -335,7 +345,7 @@ def _cut_off(text: str) -> Any:
 )
 @click.option(
     "--archive",
-    type=click.Path(dir_okay=False),
+    type=_Path(dir_okay=False),
     default=None,
     help="Append each batch to this file (JSON lines, one run with its tasks, edges and ledger each), flushed to the"
     " disk before the batch is deleted; a failed write removes nothing of its batch.",
@@ -469,7 +479,7 @@ def _param(values: tuple[str, ...]) -> dict[str, Any] | None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False), required=False)
+@click.argument("file", type=_Path(dir_okay=False), required=False)
 @click.option("--dag", "registered", metavar="NAME[@N]", help="Run the registered DAG NAME (its latest version, or N).")
 @click.option(
     "--param", "params", multiple=True, metavar="KEY=VALUE",
@@ -608,7 +618,7 @@ def watch(run_id: str, poll: float, timeout: float | None) -> None:
     show_default=True,
     help="SVG (as on the run page), Graphviz dot, or a Mermaid flowchart.",
 )
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write to FILE (default: stdout).")
+@click.option("-o", "--output", type=_Path(dir_okay=False, writable=True), help="Write to FILE (default: stdout).")
 def graph(run_id: str, fmt: str, output: str | None) -> None:
     """Draw a run's DAG, tasks coloured by state, as the run page of `orchestrator serve` does."""
     from . import graph as drawing
@@ -988,7 +998,7 @@ def _dags() -> Any:
 
 
 @dag.command("register")
-@click.argument("spec_file", type=click.Path(dir_okay=False))
+@click.argument("spec_file", type=_Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the version as JSON (with created: true|false).")
 def dag_register(spec_file: str, as_json: bool) -> None:
     """Register the DAG spec SPEC_FILE under its name: a new version only when its content
@@ -1365,7 +1375,7 @@ def schedule_add(
 
 
 @schedule.command("apply")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=_Path(dir_okay=False))
 def schedule_apply(file: str) -> None:
     """Upsert every schedule of FILE (YAML/JSON: {"schedules": [{name, cron|every, tz,
     spec|dag|registered, params, dst_gap, dst_fold, catchup, max_catchup, overlap, max_active_runs, paused}]}; a spec
@@ -1612,7 +1622,7 @@ def on_add(
 
 
 @on.command("apply")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=_Path(dir_okay=False))
 def on_apply(file: str) -> None:
     """Upsert every trigger of FILE (YAML/JSON: {"triggers": [{name, event, match,
     spec|dag|registered, params, max_active_runs, paused}]}; a spec path is relative to FILE).

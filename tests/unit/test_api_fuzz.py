@@ -554,6 +554,7 @@ CHUNK = 5000
 
 
 @pytest.mark.fuzz
+@pytest.mark.timeout(4 * 3600)
 def test_fuzz_the_api_long(world: World) -> None:
     OUTCOMES.clear()
     n = _budget(True)
@@ -562,6 +563,7 @@ def test_fuzz_the_api_long(world: World) -> None:
         if start:
             world.reset()
         found += _run(world, min(CHUNK, n - start))
+        print(f"\n  {start + min(CHUNK, n - start)} inputs: {dict(OUTCOMES)}", flush=True)
     print(
         f"\nAPI fuzz: {sum(OUTCOMES.values())} inputs ({n} asked): {OUTCOMES['accepted']} accepted,"
         f" {OUTCOMES['refused']} refused with a typed error, {OUTCOMES['raw']} raw exceptions or partial writes"

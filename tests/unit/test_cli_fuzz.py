@@ -267,6 +267,7 @@ DEEP_OBJECT = '{"a": ' + "{" * 5000 + "}" * 5000 + "}"
         ["submit", "deep.json"],
         ["submit", "deep.yaml"],
         ["submit", "latin1.yaml"],
+        ["dag", "register", "a\x00b"],
         ["on", "apply", "latin1.json"],
         ["schedule", "apply", "latin1.json"],
         ["graph", "RUN", "-o", "no-such-folder/graph.svg"],
@@ -324,6 +325,7 @@ def test_an_endless_spec_file_is_refused_not_read_to_its_end(tmp_path: Path) -> 
 
 
 @pytest.mark.fuzz
+@pytest.mark.timeout(3600)
 def test_fuzz_the_cli_long(bench: Bench) -> None:
     OUTCOMES.clear()
     n = _budget(True)
