@@ -167,10 +167,11 @@ def test_worker_killed_while_the_10000_wide_expansion_commits(cluster: Cluster) 
 
 
 def test_worker_killed_during_the_join(cluster: Cluster) -> None:
-    # Given a 200-wide map whose join takes 3 s
+    # Given a 200-wide map whose join takes 10 s (still running when a loaded machine's test gets
+    # to kill it: 3 s could end before)
     w1 = cluster.worker("w1", concurrency=2)
     cluster.reconciler()
-    run = cluster.orc.submit(map_dag("join-killed", 200, join={"seconds": 3}))
+    run = cluster.orc.submit(map_dag("join-killed", 200, join={"seconds": 10}))
     join = cluster.wait_task(run.id, "join", lambda t: t.state is T.RUNNING, 60, "the join running")
     assert os.getpgid(worker_pid(join)) == w1.pid
     cluster.wait_for(lambda: cluster.effects(run.id)[("join", 1)] == 1, 10, "the join's body started")
@@ -188,7 +189,7 @@ def test_worker_killed_during_the_join(cluster: Cluster) -> None:
     events = cluster.events(run.id)
     assert ("join", 1) in {(e.key, e.attempt) for e in accepted(events, src="RUNNING", dst="RETRYING")}
     assert runs["join"] == 2 and all(runs[f"m[{i}]"] >= 1 for i in range(200))
-    cluster.restore_unacked()
+    cluster.restore_unacked(run.id, "join", 1)
     cluster.wait_for(
         lambda: [e for e in rejected(cluster.events(run.id), dst="RUNNING") if e.key == "join"],
         20,

@@ -27,13 +27,15 @@ def on_duty(cluster: Cluster) -> list[str]:
 
 def test_a_retry_is_released_while_the_pool_is_saturated(cluster: Cluster) -> None:
     # Given one worker with two slots and no other process: a task that fails once (retry due
-    # 0.5 s later), and two long tasks that take both slots as soon as it has failed
+    # 3 s later), and two long tasks (30 s) that take both slots as soon as it has failed (3 s
+    # and 30 s: a loaded machine claims the second one and reaches the release in time; with
+    # 0.5 s and 8 s the release could come first)
     w = cluster.worker("w1", concurrency=2)
     dag = DAG("saturated")
     dag.task("flaky", P + "flaky", kwargs={"fail_times": 1}, max_attempts=3, priority="high",
-             backoff={"base": 0.5, "cap": 0.5, "jitter": "none"})  # fmt: skip
-    dag.task("long1", P + "sleep", kwargs={"seconds": 8})
-    dag.task("long2", P + "sleep", kwargs={"seconds": 8})
+             backoff={"base": 3, "cap": 3, "jitter": "none"})  # fmt: skip
+    dag.task("long1", P + "sleep", kwargs={"seconds": 30})
+    dag.task("long2", P + "sleep", kwargs={"seconds": 30})
     run = cluster.orc.submit(dag)
 
     # When the retry falls due while both slots are busy
@@ -50,13 +52,15 @@ def test_a_retry_is_released_while_the_pool_is_saturated(cluster: Cluster) -> No
     released = accepted(events, src="RETRYING", dst="READY")[0]
     assert released.actor == "reconciler"
     lag = (released.at - failed.at).total_seconds()
-    claims = {e.key: e for e in accepted(events, src="QUEUED", dst="RUNNING") if e.key.startswith("long")}
-    ends = {e.key: e for e in accepted(events, src="RUNNING", dst="SUCCEEDED") if e.key.startswith("long")}
-    print(f"saturated pool: retry due 0.50 s after the failure, released after {lag:.2f} s")
-    assert lag >= 0.5, f"released {lag:.2f}s after the failure, before it was due"
+    # (the ledger's order: cluster.events is oldest first)
+    at = {id(e): i for i, e in enumerate(events)}
+    claims = {e.key: at[id(e)] for e in accepted(events, src="QUEUED", dst="RUNNING") if e.key.startswith("long")}
+    ends = {e.key: at[id(e)] for e in accepted(events, src="RUNNING", dst="SUCCEEDED") if e.key.startswith("long")}
+    print(f"saturated pool: retry due 3 s after the failure, released after {lag:.2f} s")
+    assert lag >= 3, f"released {lag:.2f}s after the failure, before it was due"
     assert set(claims) == set(ends) == {"long1", "long2"}
-    assert all(e.id < released.id for e in claims.values()), "both slots were busy when the retry was released"
-    assert all(e.id > released.id for e in ends.values()), "released before a slot freed"
+    assert all(i < at[id(released)] for i in claims.values()), "both slots were busy when the retry was released"
+    assert all(i > at[id(released)] for i in ends.values()), "released before a slot freed"
     assert "orchestrator-reconciler:w1@fault" in on_duty(cluster)
     assert w.popen.poll() is None
     cluster.assert_clean([run.id])
