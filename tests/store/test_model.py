@@ -352,6 +352,13 @@ class StoreModel(RuleBasedStateMachine):
         self._operator(self.orc.clear, run_id, self._key(data, run_id), downstream=downstream)
 
     @precondition(lambda self: self.dags)
+    @rule(data=st.data(), key=st.sampled_from(["src", "m", "br"]), downstream=st.booleans())
+    def clear_a_source(self, data: st.DataObject, key: str, downstream: bool) -> None:
+        """A clear of a map's source, a map or a branch (where clears meet expansions and
+        choices: drawn as often as a clear of any other task)."""
+        self._operator(self.orc.clear, self._run(data), key, downstream=downstream)
+
+    @precondition(lambda self: self.dags)
     @rule(data=st.data(), state=st.sampled_from(["success", "fail", "skip"]))
     def mark(self, data: st.DataObject, state: str) -> None:
         run_id = self._run(data)
