@@ -120,9 +120,11 @@ def counter_problems(tasks: list[Any], edges: list[Any], runs: list[Any]) -> lis
     return problems
 
 
-#: ``check_runs``'s line for a map's child that started before its header's parent finished
+#: ``check_runs``'s lines for a map's child that started before its header's parent finished, or
+#: (a chained map's child) before its item succeeded
 _CHILD_BEFORE_PARENT = re.compile(
-    r"^(?P<run>\w+)\.(?P<child>[^\[]+\[.*\]): started before its parent (?P<parent>\S+) finished$"
+    r"^(?P<run>\w+)\.(?P<child>[^\[]+\[.*\]): started before its "
+    r"(parent (?P<parent>\S+) finished|item (?P<item>\S+) succeeded)$"
 )
 _NEW_GENERATION = ("PENDING", "SUCCEEDED", "FAILED", "SKIPPED")
 
@@ -144,15 +146,17 @@ def regenerated(engine: sa.engine.Engine, run_ids: Iterable[str]) -> set[tuple[s
 
 
 def known_false_positives(problems: list[str], cleared: set[tuple[str, str]]) -> tuple[list[str], list[str]]:
-    """(kept, dropped): ``check_runs`` at a122942 reports a map's child as "started before its
-    parent P finished" when an operator cleared or marked P (the map's source) after the child
-    started: a new generation of P, which its check of a static child exempts and its check of a
-    map's child does not (``orchestrator verify`` says so for such a run too). Those lines, and
-    only those, are dropped here and counted; every other line is kept."""
+    """(kept, dropped): ``check_runs`` (a122942 .. f54ced4) reports a map's child as "started
+    before its parent P finished" when an operator cleared or marked P (the map's source) after
+    the child started, and a chained map's child as "started before its item I succeeded" when
+    an operator cleared or marked I (the earlier stage's child) after it: a new generation of P
+    or I, which its check of a static child exempts and its checks of a map's child do not
+    (``orchestrator verify`` says so for such a run too). Those lines, and only those, are
+    dropped here and counted; every other line is kept."""
     kept, dropped = [], []
     for p in problems:
         m = _CHILD_BEFORE_PARENT.match(p)
-        if m and (m["run"], m["parent"]) in cleared:
+        if m and (m["run"], m["parent"] or m["item"]) in cleared:
             dropped.append(p)
         else:
             kept.append(p)
