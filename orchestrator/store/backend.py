@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from .. import schema as s
 from ..dbtime import db_now
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, ValidationError
 
 #: advisory lock key held by the one reconciler on duty
 RECONCILER_LOCK = 0x6F7263_02
@@ -42,7 +42,7 @@ def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, transaction_poo
             f"unsupported database URL {url.split(':', 1)[0]!r}: Postgres (15 to 18) is the only backend;"
             " give postgresql+psycopg://... or leave ORCHESTRATOR_DATABASE_URL unset for the embedded one"
         )
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         pool_pre_ping=True,
         pool_size=pool_size,
@@ -52,6 +52,20 @@ def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, transaction_poo
         pool_timeout=60,
         connect_args=unprepared() if transaction_pooler else {},
     )
+    sa.event.listen(engine, "handle_error", refuse_bad_values)
+    return engine
+
+
+def refuse_bad_values(context: sa.engine.ExceptionContext) -> None:
+    """A value no column can hold (a NUL in a text, a lone surrogate, a number out of range) is
+    the input's fault, on every path to the database: :class:`ValidationError` (the
+    transaction rolls back: nothing written), never a raw driver error."""
+    exc = context.original_exception
+    if isinstance(exc, UnicodeEncodeError):
+        raise ValidationError(f"a text holds a lone surrogate, which is not valid Unicode ({exc.reason})") from exc
+    if isinstance(context.sqlalchemy_exception, sa.exc.DataError):
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValidationError(f"the database refused a value: {first}") from exc
 
 
 def unprepared() -> dict[str, Any]:

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from .. import schema as s
-from ..errors import ConfigurationError, SchemaMissingError, ValidationError
+from ..errors import ConfigurationError, SchemaMissingError
 from .backend import DEFAULT_POOL_SIZE, Backend, duty_engine, make_engine
 
 log = logging.getLogger(__name__)
@@ -124,15 +124,6 @@ class Database:
         while True:
             try:
                 return once()
-            except sa.exc.DataError as exc:
-                # a value no column can hold (a NUL in a text, a number out of range): the input's
-                # fault, refused as such (the transaction rolled back: nothing written)
-                first = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
-                raise ValidationError(f"the database refused a value: {first}") from exc
-            except UnicodeEncodeError as exc:  # a lone surrogate in a text sent as a parameter
-                raise ValidationError(
-                    f"a text holds a lone surrogate, which is not valid Unicode ({exc.reason})"
-                ) from exc
             except sa.exc.DBAPIError as exc:
                 i += 1
                 if not retryable(exc) or (i >= attempts and time.monotonic() >= deadline):
