@@ -195,13 +195,16 @@ def check_runs(
             if c.map_item_from is not None:
                 # a chained map's child waits for its item only: the earlier stage's child of its key
                 item = by_key.get((run_id, c.map_item_from))
+                if generation[(run_id, c.map_item_from)]:
+                    continue  # an item an operator cleared or marked may have run again after this child
                 if item is None:
                     problems.append(f"{where}: its item {c.map_item_from} does not exist")
                 elif item.state != "SUCCEEDED" or item.finished_at is None or item.finished_at > c.started_at:
                     problems.append(f"{where}: started before its item {c.map_item_from} succeeded")
                 continue
             # a map's child is made READY by its header's expansion: after the header's upstream
-            ups = parents.get((run_id, header), [])
+            # (a source an operator cleared or marked may have run again after the child ran, as above)
+            ups = [p for p in parents.get((run_id, header), []) if not generation[(run_id, p)]]
             problems.extend(_started_early(where, c.started_at, h.trigger_rule, run_id, ups, by_key, children))
     return problems
 

@@ -5,6 +5,7 @@ a READY task whose name no live worker of its queue registered (``orc_worker_tas
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -17,10 +18,13 @@ from ..states import TaskState
 from .database import Database
 from .ledger import Ledger
 
-t_workers, t_worker_tasks, t_tasks = s.workers, s.worker_tasks, s.tasks
+t_workers, t_worker_tasks, t_tasks, t_events = s.workers, s.worker_tasks, s.tasks, s.events
 
 #: the task name of a worker that did not say which tasks it has: it takes every name
 ANY_TASK = "*"
+#: drops of one attempt by workers that lack its task after which it is held even though another
+#: live worker of its queue has it (each drop made it READY again for those workers)
+MAX_DROPS_BEFORE_HOLD = 3
 
 
 class WorkerRegistry:
@@ -132,21 +136,61 @@ class WorkerRegistry:
 
     def drop(self, ledger: Ledger, run_id: str, key: str, attempt: int, worker: str, task_name: str) -> bool:
         """A worker received the attempt's message without ``task_name`` registered and dropped
-        it: CAS QUEUED -> READY (same attempt) with ``dropped_by``, so that admission holds the
-        task until a worker of its queue that has the task registers (:meth:`register`) or the
-        worker that dropped it goes away (:meth:`unregister`, :meth:`prune`), instead
-        of the reconciler re-publishing it every dispatch timeout. Returns whether it moved (a
-        stale or duplicate message's drop is a rejected event)."""
-        reason = (
-            f"dropped by worker {worker}: task {task_name} is not registered there; held READY until a worker"
-            f" of its queue that has it registers or {worker} goes away"
-        )
+        it: CAS QUEUED -> READY (same attempt). When another live worker of the task's queue named
+        the task among its registered ones (a queue whose workers differ), the task is READY again for them: the
+        next admission publishes it, and one of them takes it (a message reaches whichever
+        consumer asks first, so the lacking worker may take it again: after
+        :data:`MAX_DROPS_BEFORE_HOLD` drops of one attempt the task is held as below). Otherwise
+        it is held with ``dropped_by``: admission passes it over until a worker of its queue that
+        has the task registers (:meth:`register`) or the worker that dropped it goes away
+        (:meth:`unregister`, :meth:`prune`), instead of the reconciler re-publishing it every
+        dispatch timeout. Returns whether it moved (a stale or duplicate message's drop is a
+        rejected event)."""
 
         def tx(conn: Connection) -> bool:
+            queue = sa.select(t_tasks.c.queue).where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
+            others = (
+                conn.execute(
+                    sa.select(t_worker_tasks.c.worker)
+                    .join(t_workers, t_workers.c.name == t_worker_tasks.c.worker)
+                    .where(
+                        t_worker_tasks.c.queue == queue.scalar_subquery(),
+                        # named: a worker that did not say which tasks it has ('*') may lack it too
+                        t_worker_tasks.c.task_name == task_name,
+                        t_worker_tasks.c.worker != worker,
+                        t_workers.c.seen_at > db_after(-self.worker_ttl),
+                    )
+                    .order_by(t_worker_tasks.c.worker)
+                    .limit(5)
+                )
+                .scalars()
+                .all()
+            )
+            drops = conn.execute(
+                sa.select(sa.func.count()).where(
+                    t_events.c.run_id == run_id,
+                    t_events.c.key == key,
+                    t_events.c.attempt == attempt,
+                    t_events.c.accepted,
+                    t_events.c.from_state == TaskState.QUEUED.value,
+                    t_events.c.to_state == TaskState.READY.value,
+                )
+            ).scalar_one()
+            if others and drops < MAX_DROPS_BEFORE_HOLD:
+                reason = (
+                    f"dropped by worker {worker}: task {task_name} is not registered there; READY again for the"
+                    f" workers of its queue that have it ({', '.join(others)})"
+                )
+                values: dict[str, Any] = {"ready_at": db_now()}
+            else:
+                reason = (
+                    f"dropped by worker {worker}: task {task_name} is not registered there; held READY until a"
+                    f" worker of its queue that has it registers or {worker} goes away"
+                )
+                values = {"dropped_by": worker[:255], "ready_at": db_now()}
             moved = ledger.move(
-                conn, run_id, key, attempt, TaskState.QUEUED, TaskState.READY, WORKER,
-                reason=reason, values={"dropped_by": worker[:255], "ready_at": db_now()},
-            )  # fmt: skip
+                conn, run_id, key, attempt, TaskState.QUEUED, TaskState.READY, WORKER, reason=reason, values=values
+            )
             return bool(moved)
 
         return self.db.transaction(tx)

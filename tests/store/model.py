@@ -20,7 +20,6 @@ One accepted outcome per task generation is :func:`orchestrator.invariants.check
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -118,49 +117,6 @@ def counter_problems(tasks: list[Any], edges: list[Any], runs: list[Any]) -> lis
         if r.open_tasks != open_rows[r.id]:
             problems.append(f"run {r.id} ({r.state}): open_tasks {r.open_tasks}, {open_rows[r.id]} open rows")
     return problems
-
-
-#: ``check_runs``'s lines for a map's child that started before its header's parent finished, or
-#: (a chained map's child) before its item succeeded
-_CHILD_BEFORE_PARENT = re.compile(
-    r"^(?P<run>\w+)\.(?P<child>[^\[]+\[.*\]): started before its "
-    r"(parent (?P<parent>\S+) finished|item (?P<item>\S+) succeeded)$"
-)
-_NEW_GENERATION = ("PENDING", "SUCCEEDED", "FAILED", "SKIPPED")
-
-
-def regenerated(engine: sa.engine.Engine, run_ids: Iterable[str]) -> set[tuple[str, str]]:
-    """(run, key) of the tasks an operator cleared or marked (a new generation: it may have
-    finished again after the children of its first one started)."""
-    e = s.events.c
-    with engine.connect() as conn:
-        found = conn.execute(
-            sa.select(e.run_id, e.key)
-            .where(
-                e.run_id.in_(list(run_ids)), e.key.is_not(None), e.accepted.is_(True), e.actor == "operator",
-                e.to_state.in_(_NEW_GENERATION), e.from_state != e.to_state,
-            )
-            .distinct()
-        ).all()  # fmt: skip
-    return {(r.run_id, r.key) for r in found}
-
-
-def known_false_positives(problems: list[str], cleared: set[tuple[str, str]]) -> tuple[list[str], list[str]]:
-    """(kept, dropped): ``check_runs`` (a122942 .. f54ced4) reports a map's child as "started
-    before its parent P finished" when an operator cleared or marked P (the map's source) after
-    the child started, and a chained map's child as "started before its item I succeeded" when
-    an operator cleared or marked I (the earlier stage's child) after it: a new generation of P
-    or I, which its check of a static child exempts and its checks of a map's child do not
-    (``orchestrator verify`` says so for such a run too). Those lines, and only those, are
-    dropped here and counted; every other line is kept."""
-    kept, dropped = [], []
-    for p in problems:
-        m = _CHILD_BEFORE_PARENT.match(p)
-        if m and (m["run"], m["parent"] or m["item"]) in cleared:
-            dropped.append(p)
-        else:
-            kept.append(p)
-    return kept, dropped
 
 
 def current_message(publisher: InProcessPublisher) -> dict[tuple[str, str, int], str]:

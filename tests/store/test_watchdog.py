@@ -21,6 +21,7 @@ from orchestrator.reconciler import Reconciler
 from orchestrator.routing import default_queues
 from orchestrator.schema import events as ev
 from orchestrator.schema import tasks as t
+from orchestrator.store.workers import MAX_DROPS_BEFORE_HOLD
 from tests.store.dynamic import orchestrator
 
 pytestmark = pytest.mark.postgres
@@ -174,11 +175,28 @@ def test_a_message_dropped_as_unregistered_is_held_not_republished(
     orc.register_worker("new-worker", default_queues(), 1, ["t"])
     row = state(orc, run.id)
     assert row.state == "QUEUED"
-    # and dropped again by the worker that lacks it, it is released when that worker goes away
+    # When the worker that lacks it takes its message again while new-worker has it (a queue whose
+    # workers differ), it is READY again for new-worker: never held while a live worker can take it
+    for _ in range(MAX_DROPS_BEFORE_HOLD - 1):
+        assert store.workers.drop(store.ledger, run.id, "x", row.attempt, "old-worker", "t")
+        assert "READY again for the workers of its queue that have it (new-worker)" in last_reason(orc, run.id)
+        assert len(orc.store.admission.admit_ready(100)) == 1
+        row = state(orc, run.id)
+        assert row.state == "QUEUED"
+    # but past MAX_DROPS_BEFORE_HOLD drops of one attempt it is held, and released when that worker goes away
     assert store.workers.drop(store.ledger, run.id, "x", row.attempt, "old-worker", "t")
     assert orc.store.admission.admit_ready(100) == []
     orc.unregister_worker("old-worker")
     assert len(orc.store.admission.admit_ready(100)) == 1
+
+
+def last_reason(orc: Orchestrator, run_id: str) -> str:
+    with orc.store.engine.connect() as conn:
+        return str(
+            conn.execute(
+                sa.select(ev.c.reason).where(ev.c.run_id == run_id, ev.c.accepted).order_by(ev.c.id.desc()).limit(1)
+            ).scalar_one()
+        )
 
 
 def test_a_run_with_no_transition_while_waiting_on_nothing_named_is_flagged(pg_clean: str) -> None:
