@@ -449,6 +449,13 @@ class Deployment:
             restarted.append("reconciler")
         return restarted
 
+    def retire(self, name: str) -> None:
+        """Stop worker ``name`` for good (warm shutdown: it unregisters, and the tasks it dropped as
+        unregistered are released); :meth:`supervise` no longer restarts it."""
+        proc = self.worker_procs.pop(name, None)
+        if proc is not None:
+            stop_group(proc)
+
     def stop(self) -> None:
         for proc in [*self.worker_procs.values(), self.reconciler, self.redis]:
             if proc is not None:
@@ -962,6 +969,11 @@ def run_chaos(
                     echo(f"fault injection failed: {exc!r}")
                 next_fault = time.monotonic() + fault_interval * (0.5 + rng.random())
             if enough_faults and enough_actions and not injector.heals and up:
+                if LACKING in dep.worker_procs:
+                    # the misconfiguration the watchdog flagged is fixed, as an operator would: the worker
+                    # that lacks a task module goes; the tasks it dropped and held are released
+                    echo(f"past the last fault and action: the operator stops {LACKING}")
+                    dep.retire(LACKING)
                 if not pending and not emits and _finished(orc, run_ids) == len(run_ids):
                     break
                 quiet = time.monotonic() - max(injector.last_fault, mixer.last_action if mixer else 0.0)
@@ -1117,6 +1129,7 @@ def _summary(
         "faults_by_kind": by_kind,
         "faults_total": sum(injector.counts.values()),
         "lost": sum(1 for p in problems if "stuck in" in p),
+        "lost_detail": [p for p in problems if "stuck in" in p][:10],
         "committed_twice": sum(1 for p in problems if "committed twice" in p or "accepted results" in p),
         "stuck": stuck,
         "other_violations": [p for p in problems if "stuck in" not in p and "committed twice" not in p][:20],
@@ -1155,6 +1168,7 @@ def _format(r: dict[str, Any]) -> list[str]:
         f"time to recover (last fault's end -> every run final): {r['recovery_seconds']}s  (soak took {r['seconds']}s;"
         f" bound {r.get('settle', SETTLE_SECONDS):g}s)",
     ]
+    lines.extend(f"lost: {v}" for v in r.get("lost_detail", []))
     lines.extend(f"violation: {v}" for v in r["other_violations"])
     lines.extend(f"not final, explain says: {e}" for e in r.get("explained", []))
     return lines
