@@ -111,6 +111,10 @@ class Settings:
     event_retention_seconds: float = 7 * 86400.0
     #: the most bytes of JSON an event's payload (or a signal's, an approval's comment) may hold
     max_event_bytes: int = 64 * 1024
+    #: seconds any statement of an emit (or a signal) may run: the matching of its payload
+    #: against the waits and event triggers of its key, their wakes, the admission of what they
+    #: made READY; past it the emit is rolled back (``EmitTimeout``, nothing written); 0: no bound
+    emit_timeout_seconds: float = 30.0
     #: Postgres connections one process keeps for its store, shared by its threads (as many
     #: again at a peak; a thread waits for a free one beyond that), and for the hot path's claims
     #: and outcomes; opened as needed (docs/operations.md counts a deployment's connections)
@@ -123,10 +127,6 @@ class Settings:
     #: prepared statements, no session state on its connections; the reconciler's duty (a
     #: session advisory lock) then needs ``db_direct_url``
     db_transaction_pooler: bool = False
-    #: seconds any statement of an emit (or a signal) may run: the matching of its payload
-    #: against the waits and event triggers of its key, their wakes, the admission of what they
-    #: made READY; past it the emit is rolled back (``EmitTimeout``, nothing written); 0: no bound
-    emit_timeout_seconds: float = 30.0
     #: a URL straight to Postgres (not through a pooler) for the reconciler's duty lock, which
     #: it holds on a connection of its own; empty: the database URL
     db_direct_url: str = field(default="", repr=False)
