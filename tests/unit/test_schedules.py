@@ -10,6 +10,7 @@ import dataclasses
 import datetime as dt
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,7 @@ def test_backfill_is_idempotent_with_firing_and_with_itself(orc: Orchestrator, s
 
 
 def test_two_schedulers_at_once_fire_each_instant_once(orc: Orchestrator, spec: Path) -> None:
+    began = time.monotonic()
     for i in range(4):
         orc.schedules.add(f"s{i}", every=60, spec=str(spec), catchup="all", max_catchup=5)
         rewind(orc, f"s{i}", 5 * 60 + 30)
@@ -295,9 +297,11 @@ def test_two_schedulers_at_once_fire_each_instant_once(orc: Orchestrator, spec: 
     for t in threads:
         t.join()
     assert not errors
+    # five instants were due at the rewind; a loaded machine may let a sixth come due before a pass
+    later = int(time.monotonic() - began) // 60 + 1
     for i in range(4):
         got = runs_of(orc, f"s{i}")
-        assert len(got) == 5 and len({r.logical_date for r in got}) == 5
+        assert 5 <= len(got) <= 5 + later and len({r.logical_date for r in got}) == len(got)
 
 
 def test_apply_upserts_a_file_of_schedules_and_checks_all_first(orc: Orchestrator, spec: Path, tmp_path: Path) -> None:
