@@ -30,6 +30,16 @@ def test_a_killed_probe_does_not_leave_the_breaker_half_open(cluster: Cluster) -
         )  # fmt: skip
     run = orc.submit(dag)
     cluster.wait_for(lambda: orc.breaker(name).state != "closed", 30, "the breaker to trip", run_id=run.id)
+    # the breaker gates dispatch, not messages already sent: wait until every message sent before
+    # it tripped has run (and failed against the down resource), so that no ordinary call, only
+    # the probe, can start its body after the resource comes back (a loaded machine claims them late)
+    in_flight = {"QUEUED", "RUNNING"}
+    cluster.wait_for(
+        lambda: not any(t.state.value in in_flight for t in cluster.store.reads.get_tasks(run.id)),
+        30,
+        "the calls sent before the trip to have failed",
+        run_id=run.id,
+    )
     # the resource answers again, but slowly: the next probe hangs in its body
     cluster.redis.set(slow, 60)
     cluster.redis.delete(down)
