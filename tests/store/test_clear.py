@@ -312,3 +312,39 @@ def test_marking_a_maps_failed_child_closes_the_map_and_runs_the_join(orc: Orche
     with pytest.raises(OperatorError, match="is a map"):
         orc.mark(d.run_id, "m", "FAILED")
     assert check_runs(orc.store, [d.run_id]) == []
+
+
+def chained_run() -> DAG:
+    dag = DAG("chained")
+    dag.task("ls", "t")
+    dag.map("m", "t", over="ls", kwarg="x")
+    dag.map("m2", "t", over="m", kwarg="x")  # item by item over m
+    dag.task("join", "up", upstream=["m2"])
+    return dag
+
+
+def test_clearing_a_map_runs_the_map_chained_on_it_item_by_item_again(orc: Orchestrator) -> None:
+    # found by the model test: m2 went back to PENDING waiting on m's children, which count only
+    # into m2's children (gone): the run never finished
+    d = drive(orc, chained_run(), items([1, 2], set()))
+    assert d.run_state() == "SUCCEEDED"
+    cleared = orc.clear(d.run_id, "m", downstream=True)
+    assert cleared == ["join", "m", "m2", "m2[0]", "m2[1]", "m[0]", "m[1]"]
+    assert {k: orc.task(d.run_id, k).state.value for k in ("m", "m2")} == {"m": "MAPPED", "m2": "MAPPED"}
+    d = drive(orc, chained_run(), items([1, 2], set()), run_id=d.run_id)
+    assert d.run_state() == "SUCCEEDED", d.states()
+    assert {k: orc.task(d.run_id, k).attempt for k in ("m[0]", "m2[0]", "m2[1]")} == {"m[0]": 2, "m2[0]": 2, "m2[1]": 2}
+    assert not [e for e in orc.events(d.run_id) if e.kind == "removed"]
+    assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_clearing_the_source_expands_the_chained_maps_again(orc: Orchestrator) -> None:
+    listing = [1, 2, 3]
+    d = drive(orc, chained_run(), items(listing, set()))
+    listing[:] = [5]
+    orc.clear(d.run_id, "ls", downstream=True)
+    assert {k: orc.task(d.run_id, k).state.value for k in ("m", "m2")} == {"m": "PENDING", "m2": "PENDING"}
+    d = drive(orc, chained_run(), items(listing, set()), run_id=d.run_id)
+    assert d.run_state() == "SUCCEEDED", d.states()
+    assert sorted(k for k in d.states() if "[" in k) == ["m2[0]", "m[0]"]
+    assert check_runs(orc.store, [d.run_id]) == []

@@ -6,8 +6,10 @@
 -- outcome are refused and recorded), and an outcome it had stays in its ledger row (the event's
 -- result). Maps: a map cleared with the parent it maps over is expanded again when that parent
 -- succeeds again (its children removed now, each with a "removed" ledger row, never counted
--- again; the maps chained on it too); a map cleared without it stays MAPPED and runs again the
--- children in p_keys (the caller lists them: all, or the failed ones); a map child cleared on its
+-- again; the maps chained item by item on it too, and only those); a map cleared without it
+-- stays MAPPED and runs again the children in p_keys (the caller lists them: all, or the failed
+-- ones), and so does a map chained item by item on it (its children wait again, each on its
+-- item's child, as when they were made: never on the whole map); a map child cleared on its
 -- own runs again and its map, closed or not, counts it out (MAPPED). Then orc_redecide_v2
 -- counts, reopens and decides. Returns how many tasks it cleared.
 
@@ -29,7 +31,8 @@ BEGIN
     again := ARRAY(
         WITH RECURSIVE r(key) AS (
             SELECT t.key FROM orc_tasks t
-            WHERE t.run_id = p_run AND t.key = ANY (keys) AND t.map_spec IS NOT NULL AND EXISTS (
+            WHERE t.run_id = p_run AND t.key = ANY (keys) AND t.map_spec IS NOT NULL
+              AND t.map_spec->>'per_item' IS NULL AND EXISTS (
                 SELECT 1 FROM json_array_elements(t.map_spec->'args') a WHERE a->>'from' = ANY (keys))
             UNION
             SELECT d.key FROM r JOIN orc_tasks d ON d.run_id = p_run AND d.map_spec->>'per_item' = r.key
