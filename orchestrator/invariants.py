@@ -16,6 +16,8 @@ from .store import Store
 _OUTCOMES = {"SUCCEEDED", "FAILED", "RETRYING", "DEAD_LETTER"}
 #: an operator's event into these starts a new generation of the task (a clear, a mark)
 _NEW_GENERATION = {"PENDING", "SUCCEEDED", "FAILED", "SKIPPED"}
+#: what a map closes as; an operator that reopens one (a clear of its children) starts a generation
+_CLOSED = {"SUCCEEDED", "FAILED", "SKIPPED"}
 #: annotations recorded at most once per run and per task (a map child may be removed by each
 #: clear that expands its map again)
 _ONCE = {DEADLINE_MISSED}
@@ -116,7 +118,12 @@ def check_runs(
             outcome_events[(e.run_id, e.key, e.attempt)] += 1
         if not e.accepted:
             continue
-        if e.actor == "operator" and e.to_state in _NEW_GENERATION and e.from_state != e.to_state:
+        if (
+            e.actor == "operator"
+            and e.from_state != e.to_state
+            and (e.to_state in _NEW_GENERATION or (e.to_state == "MAPPED" and e.from_state in _CLOSED))
+        ):
+            # (a closed map that a clear of its children reopens closes again: a new generation)
             generation[k] += 1
         if e.to_state == "SUCCEEDED":
             g = (e.run_id, e.key, generation[k])

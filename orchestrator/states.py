@@ -73,8 +73,11 @@ TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     (T.MAPPED, T.SUCCEEDED): frozenset({"worker", "reconciler", "operator"}),
     (T.MAPPED, T.FAILED): frozenset({"worker", "reconciler", "operator"}),
     (T.MAPPED, T.SKIPPED): frozenset({"worker", "reconciler", "operator"}),
-    # an operator's retry of a map's FAILED child reopens the map
+    # an operator's retry of a map's FAILED child reopens the map; a clear of a closed map's
+    # child (or of the map without what it maps over) reopens it whatever it closed as
     (T.FAILED, T.MAPPED): frozenset({"operator"}),
+    (T.SUCCEEDED, T.MAPPED): frozenset({"operator"}),
+    (T.SKIPPED, T.MAPPED): frozenset({"operator"}),
     (T.READY, T.QUEUED): frozenset({"dispatcher"}),
     (T.QUEUED, T.QUEUED): frozenset({"reconciler"}),
     (T.QUEUED, T.RUNNING): frozenset({"worker"}),

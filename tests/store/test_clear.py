@@ -348,3 +348,14 @@ def test_clearing_the_source_expands_the_chained_maps_again(orc: Orchestrator) -
     assert d.run_state() == "SUCCEEDED", d.states()
     assert sorted(k for k in d.states() if "[" in k) == ["m2[0]", "m[0]"]
     assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_clearing_one_child_of_a_succeeded_map_reopens_and_closes_it_again(orc: Orchestrator) -> None:
+    # found by the model test: the map's SUCCEEDED -> MAPPED (a clear of its child) was called
+    # illegal, and its second close "committed twice"; it is a new generation, as a clear's is
+    d = drive(orc, mapped_run(), items([1, 2], set()))
+    orc.clear(d.run_id, "m[0]")
+    assert orc.task(d.run_id, "m").state.value == "MAPPED" and orc.task(d.run_id, "join").state.value == "SUCCEEDED"
+    d = drive(orc, mapped_run(), items([1, 2], set()), run_id=d.run_id)
+    assert d.run_state() == "SUCCEEDED" and orc.task(d.run_id, "m").state.value == "SUCCEEDED"
+    assert check_runs(orc.store, [d.run_id]) == []
