@@ -373,3 +373,36 @@ def test_a_map_cancelled_while_its_window_holds_items_back_verifies(
     made = sorted(k for k in d.states() if k.startswith("m["))
     assert made == ["m[0]", "m[1]"] and orc.task(d.run_id, "m").state.value == "CANCELLED"
     assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_a_clear_while_a_map_window_holds_items_back_keeps_them_open(
+    orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found by the interaction soak: a clear recounted the run's open tasks from the rows alone,
+    # forgetting the items a map's insert window had not made yet; the run closed SUCCEEDED when
+    # the made ones finished, its later windows READY and never run
+    monkeypatch.setattr(dag_module, "MAP_WINDOW", 2)
+    dag = mapped_run()
+    dag.task("other", "t")
+    d = drive(orc, dag, items([1, 2, 3, 4, 5], set()), until=lambda d: d.states().get("m[0]") == "SUCCEEDED")
+    assert len([k for k in d.states() if k.startswith("m[")]) < 5  # the window holds some back
+    before = orc.run(d.run_id).status().open_tasks
+    orc.clear(d.run_id, "other")
+    assert orc.run(d.run_id).status().open_tasks == before + 1  # other is open again; m's 5 still
+    d = drive(orc, dag, items([1, 2, 3, 4, 5], set()), run_id=d.run_id)
+    assert d.run_state() == "SUCCEEDED" and d.ran[-1] == ("join", {}, {"m": [10, 20, 30, 40, 50]}), d.states()
+    assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_a_windowed_map_expanded_again_counts_only_its_new_children(
+    orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dag_module, "MAP_WINDOW", 2)
+    listing = [1, 2, 3, 4, 5]
+    d = drive(orc, mapped_run(), items(listing, set()), until=lambda d: d.states().get("m[0]") == "SUCCEEDED")
+    listing[:] = [7, 8]
+    orc.clear(d.run_id, "ls", downstream=True)
+    d = drive(orc, mapped_run(), items(listing, set()), run_id=d.run_id)
+    assert d.run_state() == "SUCCEEDED" and d.ran[-1] == ("join", {}, {"m": [70, 80]})
+    assert orc.run(d.run_id).status().task_count == 3 + 2
+    assert check_runs(orc.store, [d.run_id]) == []

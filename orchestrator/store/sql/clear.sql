@@ -22,6 +22,7 @@ DECLARE
     keys text[] := p_keys;
     again text[];
     removed int := 0;
+    owed bigint := 0;
     n int;
     h record;
 BEGIN
@@ -40,6 +41,11 @@ BEGIN
         SELECT key FROM r);
     keys := ARRAY(SELECT DISTINCT k FROM unnest(keys || again) AS k);
     IF cardinality(again) > 0 THEN
+        -- the run counted every child of those maps at their expansion, made or not yet
+        owed := (SELECT coalesce(sum(a.map_total), 0) FROM orc_tasks a
+                 WHERE a.run_id = p_run AND a.key = ANY (again) AND a.state = 'MAPPED')
+                - (SELECT count(*) FROM orc_tasks c JOIN orc_tasks a ON a.run_id = p_run AND a.key = c.map_parent
+                   WHERE c.run_id = p_run AND c.map_parent = ANY (again) AND a.state = 'MAPPED');
         WITH gone AS (
             DELETE FROM orc_tasks c WHERE c.run_id = p_run AND c.map_parent = ANY (again)
             RETURNING c.key, c.state, c.attempt, c.result
@@ -55,7 +61,7 @@ BEGIN
         UPDATE orc_tasks t SET map_total = 0, map_done = 0, map_ok = 0, map_failed = 0, map_skipped = 0,
             map_items = NULL, map_next = NULL, map_refill = NULL, map_max_active = NULL
         WHERE t.run_id = p_run AND t.key = ANY (again);
-        UPDATE orc_runs SET task_count = task_count - removed WHERE id = p_run;
+        UPDATE orc_runs SET task_count = task_count - removed - owed WHERE id = p_run;
     END IF;
     WITH old AS (
         SELECT t.key, t.state, t.attempt, t.result FROM orc_tasks t
@@ -183,9 +189,9 @@ $$;
 
 -- orc_redecide_v2: after a clear or a mark, the counters of p_keys and of their PENDING
 -- children are counted again from their parents' states (edges and map rows: never the whole
--- run; n_upstream too, a map expanded or not), the run's
--- open tasks recounted and a final run reopened (RUNNING, with its event) when it has tasks to
--- run again or its outcome changed, then each PENDING
+-- run; n_upstream too, a map expanded or not), the run's open tasks recounted (with the
+-- children an open map's insert window has not made yet) and a final run reopened (RUNNING,
+-- with its event) when it has tasks to run again or its outcome changed, then each PENDING
 -- task of p_keys and their children is decided by its rule (orc_decide_v2; a root or an
 -- "always" is READY; a child that a branch not cleared did not follow is SKIPPED again,
 -- branch_not_taken; a task below a short circuit not cleared that returned a falsy result is
@@ -253,9 +259,16 @@ BEGIN
         n_done = x.done, n_succeeded = x.ok, n_failed = x.failed, n_upstream_failed = x.upstream_failed,
         n_skipped = x.skipped, n_setup_ok = x.setup_ok, n_setup_skipped = x.setup_skipped
     FROM x WHERE c.run_id = p_run AND c.key = x.key AND c.state = 'PENDING';
+    -- (with the children an open map's insert window has not made yet: its expansion counted
+    -- all of them, and each is open until it is made and ends)
     UPDATE orc_runs u SET open_tasks = (
-        SELECT count(*) FROM orc_tasks t WHERE t.run_id = p_run
-          AND t.state NOT IN ('SUCCEEDED', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED', 'CANCELLED'))
+        SELECT count(*) FILTER (WHERE t.state NOT IN ('SUCCEEDED', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED',
+                                                      'CANCELLED'))
+               + coalesce(sum(t.map_total) FILTER (WHERE t.state = 'MAPPED'), 0)
+               - count(*) FILTER (WHERE t.map_parent IS NOT NULL AND EXISTS (
+                     SELECT 1 FROM orc_tasks h WHERE h.run_id = p_run AND h.key = t.map_parent
+                       AND h.state = 'MAPPED'))
+        FROM orc_tasks t WHERE t.run_id = p_run)
     WHERE u.id = p_run
     RETURNING u.state, u.open_tasks INTO run_row;
     IF run_row.state IN ('SUCCEEDED', 'FAILED') AND (run_row.open_tasks > 0 OR run_row.state <> CASE WHEN EXISTS (
