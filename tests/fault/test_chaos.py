@@ -114,12 +114,6 @@ def test_a_soak_whose_only_worker_has_the_jumping_clock_loses_nothing() -> None:
     assert "violation:" not in out, out
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issue 36): about 1 run in 3 ends with 4-6 tasks lost in runs touched by clear --downstream,"
-    " retry or approve; suspected: a clear of a map whose downstream is a chained map leaves the chained map"
-    " PENDING (found by the model test). The report names the lost tasks; it must pass before the issue closes.",
-)
 def test_the_interaction_soak_keeps_the_promise_through_operator_actions() -> None:
     """``--mix``: a few dozen operator actions of every kind (clear, mark, retry, skip, cancel,
     rerun, approvals, a foreign tenant's events, a breaker, schedule and trigger firings, db
