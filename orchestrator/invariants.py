@@ -306,7 +306,10 @@ def _check_maps(
     #: the ledger id of each task's last accepted transition to a terminal state
     last_event: dict[tuple[str, str], int] = {}
     for e in events:
-        if e.accepted and e.to_state in _TERMINAL:
+        # (an operator's mark of a child already ended changes the map's counts in place, and its
+        # outcome only if they say so: the map then has no later close of its own to compare)
+        marked = e.actor == "operator" and e.from_state in _TERMINAL
+        if e.accepted and e.to_state in _TERMINAL and not marked:
             last_event[(e.run_id, e.key)] = max(last_event.get((e.run_id, e.key), 0), int(e.id))
     for (run_id, header), kids in children.items():
         h = by_key.get((run_id, header))

@@ -406,3 +406,13 @@ def test_a_windowed_map_expanded_again_counts_only_its_new_children(
     assert d.run_state() == "SUCCEEDED" and d.ran[-1] == ("join", {}, {"m": [70, 80]})
     assert orc.run(d.run_id).status().task_count == 3 + 2
     assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_marking_a_child_of_a_closed_map_that_keeps_its_outcome_verifies(orc: Orchestrator) -> None:
+    # found by the model test: verify said the map "closed before its last child finished" when a
+    # mark changed a child of a map already FAILED and the map's outcome stayed FAILED
+    d = drive(orc, mapped_run(), items([1, 2, 3], {"m[1]"}))
+    assert d.states()["m"] == "FAILED"
+    orc.mark(d.run_id, "m[0]", "FAILED")
+    assert orc.task(d.run_id, "m").state.value == "FAILED"
+    assert check_runs(orc.store, [d.run_id]) == []
