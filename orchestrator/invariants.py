@@ -56,8 +56,8 @@ def check_runs(
       is exempt; a child of a map started after its header's upstream finished, a child of a
       chained map after its item (the earlier stage's child of the same key) succeeded;
     - every map's children exist once each, keyed ``header[map_key]`` with map indexes
-      0..n-1, n being the header's ``map_total`` (a map cancelled while its insert window held
-      items back: those it inserted, ``map_next``); a header closed after its children
+      0..n-1, n being the header's ``map_total`` (a map cancelled while an insert window held
+      items back: those it made); a header closed after its children
       (SUCCEEDED / FAILED / SKIPPED) counts them as their states say, closed in the state
       they decide and after the last of them finished (in the ledger's order);
     - only legal transitions were accepted (tasks and runs), and attempts never went backwards,
@@ -323,9 +323,9 @@ def _check_maps(
         for c in kids:
             if c.key != f"{header}[{c.map_key}]":
                 problems.append(f"{run_id}.{c.key}: a child of {header} keyed {c.map_key!r} is not {header}[key]")
-        # a map cancelled while its window held back items: they were never inserted (map_next)
-        made = h.map_next if h.state == "CANCELLED" and h.map_next is not None else h.map_total
-        if made != len(kids):
+        # a map cancelled while its window held back items (or, chained item by item, while the
+        # window of the map it follows did): those were never made
+        if len(kids) > h.map_total or (len(kids) < h.map_total and h.state != "CANCELLED"):
             problems.append(f"{where}: map_total {h.map_total} but {len(kids)} children")
         if h.state == "PENDING":
             problems.append(f"{where}: PENDING with {len(kids)} children (expanded without becoming MAPPED)")
