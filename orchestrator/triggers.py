@@ -38,7 +38,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .alerts import raise_alert
-from .dag import DAG, MAX_NAME_CHARS, TENANT_RE, dag_from_spec, load_spec, parse_spec, read_spec_text, text_problem
+from .dag import (
+    DAG,
+    MAX_NAME_CHARS,
+    TENANT_RE,
+    check_json,
+    dag_from_spec,
+    load_spec,
+    parse_spec,
+    read_spec_text,
+    text_problem,
+)
 from .errors import OrchestratorError, SpecError, ValidationError
 from .scheduling import check_placeholders, load_factory, render, spec_hash
 from .store.schedules import iso
@@ -242,6 +252,10 @@ class Triggers:
             raise TriggerError(f"trigger {name!r}: max_active_runs must be an integer of at least 1")
         if paused is not None and not isinstance(paused, bool):
             raise TriggerError(f"trigger {name!r}: paused must be true or false, not {paused!r}")
+        try:  # plain JSON, nested at most MAX_JSON_DEPTH (a deeper one would overflow the encoder)
+            check_json(dict(params or {}), "params")
+        except ValidationError as exc:
+            raise TriggerError(f"trigger {name!r}: {exc}") from None
         params = json.loads(json.dumps(dict(params or {})))
         if sum(x is not None for x in (spec, dag, registered)) != 1:
             raise TriggerError(

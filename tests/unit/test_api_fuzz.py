@@ -520,6 +520,17 @@ def test_an_unknown_address_under_api_answers_json(world: World) -> None:
     assert world.http("GET", "/api/nope") == 404
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    inner: dict[str, Any] = {}
+    for _ in range(depth):
+        inner = {"a": inner}
+    return inner
+
+
+#: a valid spec for the calls whose other input is the bad one
+SPEC = {"name": "fuzz-ok", "tasks": [{"key": "a", "task": "tasks.probes.noop"}]}
+
+
 @pytest.mark.parametrize(
     "call",
     [
@@ -532,9 +543,12 @@ def test_an_unknown_address_under_api_answers_json(world: World) -> None:
         lambda orc, run: orc.rerun("a\x00"),
         lambda orc, run: orc.triggers.add("t1", event="go", spec=[1]),
         lambda orc, run: orc.schedules.add("s1", every=3600, spec=[1]),
+        # found by the 100,000-input run: params nested past the JSON encoder's recursion limit
+        lambda orc, run: orc.triggers.add("t1", event="go", spec=SPEC, params={"p": _nested(5000)}),
+        lambda orc, run: orc.schedules.add("s1", every=3600, spec=SPEC, params={"p": _nested(5000)}),
     ],
     ids=["approve-nul", "reject-surrogate", "retry-nul-key", "fail-surrogate", "signal-nul", "rerun-surrogate",
-         "rerun-nul", "trigger-spec-list", "schedule-spec-list"],
+         "rerun-nul", "trigger-spec-list", "schedule-spec-list", "trigger-params-deep", "schedule-params-deep"],
 )  # fmt: skip
 def test_known_bad_python_inputs_are_typed_refusals(world: World, call: Any) -> None:
     """Inputs the first fuzz runs found ending in a raw psycopg DataError, a UnicodeEncodeError
