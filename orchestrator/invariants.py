@@ -190,7 +190,13 @@ def check_runs(
             continue
         # a parent an operator cleared or marked may have run again after this child ran (a
         # clear without --downstream, a mark): its newest finish says nothing of that order
-        ps = [p for p in ps if not generation[(run_id, p)]]
+        # (so may a map's child: a map parent one of whose children an operator cleared or marked)
+        ps = [
+            p
+            for p in ps
+            if not generation[(run_id, p)]
+            and not any(generation[(run_id, c.key)] for c in children.get((run_id, p), ()))
+        ]
         problems.extend(_started_early(f"{run_id}.{child}", c.started_at, c.trigger_rule, run_id, ps, by_key, children))
     for (run_id, header), kids in children.items():
         h = by_key.get((run_id, header))

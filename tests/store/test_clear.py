@@ -421,3 +421,16 @@ def test_marking_a_child_of_a_closed_map_that_keeps_its_outcome_verifies(orc: Or
     orc.mark(d.run_id, "m[0]", "FAILED")
     assert orc.task(d.run_id, "m").state.value == "FAILED"
     assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_marking_the_child_a_one_success_join_ran_on_verifies(orc: Orchestrator) -> None:
+    # found by the model test: join (one_success) ran on m[0]'s success; a mark then made m[0]
+    # SKIPPED, and verify said join started before any upstream succeeded
+    dag = DAG("one")
+    dag.task("ls", "t")
+    dag.map("m", "t", over="ls", kwarg="x")
+    dag.task("join", "up", upstream=["m"], trigger_rule="one_success")
+    d = drive(orc, dag, items([1, 2], {"m[1]"}))
+    assert d.states()["join"] == "SUCCEEDED" and d.states()["m"] == "FAILED"
+    orc.mark(d.run_id, "m[0]", "SKIPPED")  # m stays FAILED: no event of its own
+    assert check_runs(orc.store, [d.run_id]) == []
