@@ -22,12 +22,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, Settings
-from orchestrator.migrate import upgrade
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
-from orchestrator.routing import default_queues
-from orchestrator.schema import tasks as t
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.core.routing import default_queues
 from orchestrator.store import Store, make_engine
+from orchestrator.store.migrate import upgrade
+from orchestrator.store.schema import tasks as t
 
 COUNTERS = """
 SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()) AS xacts,
@@ -118,7 +118,7 @@ def main() -> None:
     if a.passes:
         # the reconciler's passes over the finished work, back to back: the first reads the READY
         # backlog and the idle runs, the others only what every pass reads
-        from orchestrator.reconciler import Reconciler
+        from orchestrator.services.reconciler import Reconciler
 
         store = Store(url)
         registry = StaticRegistry(["t", "u"])

@@ -96,7 +96,7 @@ MAP_ITEM = "bench.map_item"
 
 def fanout_dag(n: int, name: str, *, queue: str | None = None) -> Any:
     """1 root -> ``n`` middle no-ops -> 1 sink."""
-    from orchestrator.dag import DAG
+    from orchestrator.core.dag import DAG
 
     dag = DAG(name)
     root = dag.task("root", NOOP, queue=queue)
@@ -108,7 +108,7 @@ def fanout_dag(n: int, name: str, *, queue: str | None = None) -> Any:
 def map_dag(n: int, name: str, *, queue: str | None = None) -> Any:
     """1 source (``bench.listing``: ``n`` items) -> ``dag.map`` of ``bench.map_item`` over its
     result (``n`` children) -> 1 sink."""
-    from orchestrator.dag import DAG
+    from orchestrator.core.dag import DAG
 
     dag = DAG(name)
     source = dag.task("source", LISTING, kwargs={"n": n}, queue=queue)
@@ -120,7 +120,7 @@ def map_dag(n: int, name: str, *, queue: str | None = None) -> Any:
 def static_map_dag(n: int, name: str) -> Any:
     """:func:`map_dag`'s shape written out statically: the same source, ``n`` ``bench.map_item``
     nodes each given its item as a constant kwarg, 1 sink (the map's reference)."""
-    from orchestrator.dag import DAG
+    from orchestrator.core.dag import DAG
 
     dag = DAG(name)
     source = dag.task("source", LISTING, kwargs={"n": n})
@@ -132,7 +132,7 @@ def static_map_dag(n: int, name: str) -> Any:
 def chained_map_dag(n: int, name: str, depth: int = CHAINED_DEPTH) -> Any:
     """1 source (``n`` items) -> map ``s1`` -> map ``s2`` over ``s1`` ... -> map ``s<depth>`` -> 1
     sink: a chained map, item by item (child k of a stage waits for child k of the stage before)."""
-    from orchestrator.dag import DAG
+    from orchestrator.core.dag import DAG
 
     dag = DAG(name)
     prev = dag.task("source", LISTING, kwargs={"n": n})
@@ -196,8 +196,7 @@ def reset_database(url: str) -> None:
             conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     finally:
         admin.dispose()
-    from orchestrator import migrate
-    from orchestrator.store import make_engine
+    from orchestrator.store import make_engine, migrate
 
     engine = make_engine(url)
     try:
@@ -418,7 +417,7 @@ class Bench:
 
     @property
     def app(self) -> Any:
-        from orchestrator.celery_app import get_app
+        from orchestrator.runtime.celery_app import get_app
 
         return get_app()
 
@@ -480,7 +479,7 @@ class Bench:
     # -------------------------------------------------------------- 2. orchestrated
 
     def orchestrator(self) -> Any:
-        from orchestrator.engine import Orchestrator
+        from orchestrator.engine.facade import Orchestrator
 
         if not hasattr(self, "_orc"):
             self._orc = Orchestrator(app=self.app)
@@ -579,7 +578,7 @@ class Bench:
         log(f"fan-out 1->{n}->1: {elapsed:.3f}s = {n / elapsed:.1f} middle tasks/s ({n / elapsed / raw:.2f}x raw)")
 
     def bench_chain(self) -> None:
-        from orchestrator.dag import DAG
+        from orchestrator.core.dag import DAG
 
         n = self.args.chain
         dag = DAG("bench_chain")
@@ -793,9 +792,9 @@ class Bench:
         (superuser only) for the server's split: ``orc_expand_v1`` and ``orc_map_insert_v1``."""
         import sqlalchemy as sa
 
-        from orchestrator.config import Settings
-        from orchestrator.engine import Orchestrator
-        from orchestrator.publisher import RecordingPublisher
+        from orchestrator.core.config import Settings
+        from orchestrator.core.publisher import RecordingPublisher
+        from orchestrator.engine.facade import Orchestrator
 
         name = sa.engine.make_url(url).database
         orc = Orchestrator(Settings.from_env(database_url=url), app=self.app, publisher=RecordingPublisher())
@@ -981,7 +980,7 @@ class Bench:
             return int(conn.execute(sa.text(q), params).scalar_one())
 
     def _tenant_run(self, tenant: str, n: int, name: str, priority: str = "default") -> Any:
-        from orchestrator.dag import DAG
+        from orchestrator.core.dag import DAG
 
         dag = DAG(name, tenant=tenant, priority=priority)
         for i in range(n):
@@ -1082,7 +1081,7 @@ class Bench:
     def bench_pool(self) -> None:
         """A pool of 2 slots under 50 no-op tasks on the bench worker: the most of its tasks
         running (and QUEUED or RUNNING) at once, from the ledger (must be 2)."""
-        from orchestrator.dag import DAG
+        from orchestrator.core.dag import DAG
 
         orc = self.orchestrator()
         orc.set_pool("bench-pool", 2)
@@ -1105,7 +1104,7 @@ class Bench:
         --lease seconds: worker 1 holds both slots of a 2-slot pool and is killed with -9; the
         seconds until worker 2 claims a pool task (target: lease + one tick). Then a run holding
         the pool is cancelled: how soon its slot is admitted to, and claimed by, a waiting run."""
-        from orchestrator.dag import DAG
+        from orchestrator.core.dag import DAG
 
         orc = self.orchestrator()
         orc.set_pool("bench-held", 2)
@@ -1204,7 +1203,7 @@ class Bench:
     # -------------------------------------------------------------- 3. submit
 
     def submit_dag(self, n: int, name: str) -> Any:
-        from orchestrator.dag import DAG
+        from orchestrator.core.dag import DAG
 
         dag = DAG(name)
         root = dag.task("root", NOOP, queue=UNCONSUMED_QUEUE)
@@ -1213,8 +1212,8 @@ class Bench:
         return dag
 
     def bench_submit(self, submit_url: str) -> None:
-        from orchestrator.config import Settings
-        from orchestrator.engine import Orchestrator
+        from orchestrator.core.config import Settings
+        from orchestrator.engine.facade import Orchestrator
 
         n = self.args.submit_nodes
         orc = Orchestrator(Settings.from_env(database_url=submit_url), app=self.app)
@@ -1337,15 +1336,15 @@ class Bench:
         """
         import sqlalchemy as sa
 
-        from orchestrator.config import Settings
-        from orchestrator.engine import Orchestrator
-        from orchestrator.schema import tasks
-        from orchestrator.states import TaskState
+        from orchestrator.core.config import Settings
+        from orchestrator.core.states import TaskState
+        from orchestrator.engine.facade import Orchestrator
+        from orchestrator.store.schema import tasks
 
         n = self.args.planner_probe
         orc = Orchestrator(Settings.from_env(database_url=probe_url), app=self.app)
         store = orc.store
-        from orchestrator.models import WORKER
+        from orchestrator.core.models import WORKER
 
         def settle(conn: Any, run_id: str, finished: list[Any]) -> None:
             store.settlement.settle(conn, run_id, finished, WORKER)
@@ -1379,7 +1378,7 @@ class Bench:
     # -------------------------------------------------------------- warm-up
 
     def warm_up(self) -> None:
-        from orchestrator.dag import DAG
+        from orchestrator.core.dag import DAG
 
         c = self.args.concurrency
         self.send_raw(20 * c)
@@ -1861,9 +1860,9 @@ def main(argv: list[str] | None = None) -> int:
     r.flushdb()
     redis.Redis.from_url(canvas_backend_url(args.redis_url)).flushdb()
 
-    from orchestrator.celery_app import get_app
-    from orchestrator.errors import OrchestratorError
-    from orchestrator.routing import default_queues
+    from orchestrator.core.errors import OrchestratorError
+    from orchestrator.core.routing import default_queues
+    from orchestrator.runtime.celery_app import get_app
 
     app = get_app()
     app.loader.import_default_modules()

@@ -97,8 +97,8 @@ def main() -> None:
 
     from bench.bench import Worker, log, reset_database
     from orchestrator import DAG
-    from orchestrator.engine import Orchestrator
-    from orchestrator.routing import default_queues
+    from orchestrator.core.routing import default_queues
+    from orchestrator.engine.facade import Orchestrator
 
     if a.cancel_from:
         use_cancel_from(a.cancel_from)
@@ -114,7 +114,7 @@ def main() -> None:
     worker.start()
     rows: list[dict[str, Any]] = []
     try:
-        from orchestrator.celery_app import get_app
+        from orchestrator.runtime.celery_app import get_app
 
         orc = Orchestrator(app=get_app())
         engine = orc.store.engine

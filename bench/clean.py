@@ -68,8 +68,8 @@ def main() -> None:
     import sqlalchemy as sa
 
     from bench.bench import Worker, fanout_dag, log, reset_database
-    from orchestrator.engine import Orchestrator
-    from orchestrator.routing import default_queues
+    from orchestrator.core.routing import default_queues
+    from orchestrator.engine.facade import Orchestrator
 
     log(f"resetting {DB}; flushing {REDIS}")
     reset_database(DB)
@@ -82,7 +82,7 @@ def main() -> None:
     worker.start()
     clean: subprocess.Popen[str] | None = None
     try:
-        from orchestrator.celery_app import get_app
+        from orchestrator.runtime.celery_app import get_app
 
         orc = Orchestrator(app=get_app())
         engine = orc.store.engine

@@ -53,9 +53,9 @@ def main() -> int:
     import sqlalchemy as sa
 
     import bench.bench as b
-    from orchestrator.celery_app import get_app
-    from orchestrator.engine import Orchestrator
-    from orchestrator.routing import default_queues
+    from orchestrator.core.routing import default_queues
+    from orchestrator.engine.facade import Orchestrator
+    from orchestrator.runtime.celery_app import get_app
 
     b.reset_database(DB)
     admin = sa.create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/postgres", isolation_level="AUTOCOMMIT")

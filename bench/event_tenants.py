@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     import sqlalchemy as sa
 
     from orchestrator import DAG, Orchestrator, Settings, ValidationError
-    from orchestrator.publisher import RecordingPublisher
-    from orchestrator.registry import StaticRegistry
-    from orchestrator.routing import default_queues
+    from orchestrator.core.publisher import RecordingPublisher
+    from orchestrator.core.registry import StaticRegistry
+    from orchestrator.core.routing import default_queues
     from orchestrator.store import Store
 
     reset_database(args.database_url)
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         dag = a_dag(items)
     except ValidationError as exc:
         out["refused"] = str(exc)
-        from orchestrator.waits import MAX_MATCH_ITEMS
+        from orchestrator.core.waits import MAX_MATCH_ITEMS
 
         items = MAX_MATCH_ITEMS
         dag = a_dag(items)

@@ -6,7 +6,7 @@ Builds a fresh database (``<db>_metrics``, dropped and made again): ``--tasks`` 
 through ``Orchestrator.submit`` in DAGs of 10,000 nodes, all but ``--open`` of them then marked
 SUCCEEDED, and ``--events`` ledger rows spread over the last two hours (so the 15-minute window
 holds about an eighth of them, and the scrape reads at most its newest 10,000). Then it times
-``orchestrator.metrics.render`` ``--repeat`` times and prints the median and the worst, with
+``orchestrator.web.metrics.render`` ``--repeat`` times and prints the median and the worst, with
 ``EXPLAIN ANALYZE`` timings of the snapshot's heaviest query. The rows are written with plain SQL
 (a benchmark fixture, not a history the ledger would accept), so ``orchestrator verify`` is not
 meant to pass on this database.
@@ -39,10 +39,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
-    from orchestrator import DAG, Orchestrator, Settings, metrics, migrate
-    from orchestrator.publisher import RecordingPublisher
-    from orchestrator.registry import StaticRegistry
-    from orchestrator.store import make_engine
+    from orchestrator import DAG, Orchestrator, Settings
+    from orchestrator.core.publisher import RecordingPublisher
+    from orchestrator.core.registry import StaticRegistry
+    from orchestrator.store import make_engine, migrate
+    from orchestrator.web import metrics
 
     url = sa.engine.make_url(args.database_url)
     url = url.set(database=f"{url.database}_metrics")

@@ -60,7 +60,7 @@ import psycopg  # noqa: E402
 import redis  # noqa: E402
 
 from orchestrator import DAG, Orchestrator, Settings  # noqa: E402
-from orchestrator.chaos import PrivatePostgres  # noqa: E402
+from orchestrator.testing.chaos import PrivatePostgres  # noqa: E402
 
 SCENARIOS = ("idle_tx", "rr_readers", "terminate", "pool_exhausted", "restart")
 
@@ -329,7 +329,7 @@ def main() -> int:
              "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        from orchestrator.celery_app import create_app
+        from orchestrator.runtime.celery_app import create_app
 
         settings = Settings.from_env(env)
         orc = Orchestrator(settings, app=create_app(settings, main="pressure"))

@@ -1,5 +1,5 @@
 """The cost of one publish: Celery's ``send_task`` (as the orchestrator published before) against
-the lean publish (:class:`orchestrator.publisher.CeleryPublisher`: one producer per batch,
+the lean publish (:class:`orchestrator.core.publisher.CeleryPublisher`: one producer per batch,
 the message's constant part built once per task name and stamped per attempt).
 
     python bench/publish.py [--n 5000] [--rounds 3] [--broker redis://127.0.0.1:6379/14] [--kombu-transport]
@@ -15,11 +15,11 @@ import argparse
 import statistics
 import time
 
-from orchestrator.celery_app import create_app
-from orchestrator.config import Settings
-from orchestrator.models import Dispatch
-from orchestrator.protocol import send_options, sign
-from orchestrator.publisher import CeleryPublisher
+from orchestrator.core.config import Settings
+from orchestrator.core.models import Dispatch
+from orchestrator.core.protocol import send_options, sign
+from orchestrator.core.publisher import CeleryPublisher
+from orchestrator.runtime.celery_app import create_app
 
 KEY = b"k" * 32
 QUEUE = "orchestrator.bench.publish"
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument(
         "--kombu-transport",
         action="store_true",
-        help="kombu's own Redis transport (a client object per command), as before orchestrator.redisbroker",
+        help="kombu's own Redis transport (a client object per command), as before orchestrator.runtime.redisbroker",
     )
     a = parser.parse_args()
     app = create_app(Settings.from_env({}, broker_url=a.broker, database_url="postgresql://unused/x"))

@@ -20,7 +20,7 @@ from typing import Any
 import redis
 from celery import Task
 
-from orchestrator.celery_app import get_app
+from orchestrator.runtime.celery_app import get_app
 
 app = get_app()
 

@@ -859,7 +859,7 @@ class Scaleout:
     def orc(self) -> Any:
         if self._orc is None:
             from orchestrator import Orchestrator
-            from orchestrator.celery_app import get_app
+            from orchestrator.runtime.celery_app import get_app
 
             app = get_app()
             app.loader.import_default_modules()
@@ -881,8 +881,7 @@ class Scaleout:
         """Create the database when it is missing and migrate it (a no-op when at head)."""
         import sqlalchemy as sa
 
-        from orchestrator import migrate
-        from orchestrator.store import make_engine
+        from orchestrator.store import make_engine, migrate
 
         name = self.database
         if not re.fullmatch(r"[A-Za-z0-9_]+", name) or "scaleout" not in name:
@@ -1425,7 +1424,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for key in ("ORCHESTRATOR_DB_TRANSACTION_POOLER", "ORCHESTRATOR_DB_DIRECT_URL", "ORCHESTRATOR_TENANT"):
         os.environ.pop(key, None)
-    from orchestrator.errors import OrchestratorError  # after the settings are in the environment
+    from orchestrator.core.errors import OrchestratorError  # after the settings are in the environment
 
     bench = Scaleout(args, url, redis_url, tmp)
     meta: dict[str, Any] = {

@@ -93,7 +93,7 @@ def event_key(i: int, distinct: bool) -> str:
 def waits_dag(items: range, name: str, distinct: bool = False) -> Any:
     """A wait node for each of ``items`` on one event key (``distinct``: each on its own), each
     matching its own payload, each -> a no-op."""
-    from orchestrator.dag import DAG
+    from orchestrator.core.dag import DAG
 
     dag = DAG(name)
     for i in items:
@@ -104,7 +104,7 @@ def waits_dag(items: range, name: str, distinct: bool = False) -> Any:
 
 def sleeps_dag(n: int, name: str, until: dt.datetime) -> Any:
     """``n`` wait nodes sleeping until ``until``, each -> a no-op."""
-    from orchestrator.dag import DAG
+    from orchestrator.core.dag import DAG
 
     dag = DAG(name)
     for i in range(n):
@@ -307,9 +307,9 @@ class WaitsBench:
     def bench_races(self, url: str, app: Any) -> None:
         import sqlalchemy as sa
 
-        from orchestrator.config import Settings
-        from orchestrator.dag import DAG, dag_from_spec
-        from orchestrator.engine import Orchestrator
+        from orchestrator.core.config import Settings
+        from orchestrator.core.dag import DAG, dag_from_spec
+        from orchestrator.engine.facade import Orchestrator
 
         pairs, lanes = self.args.races, self.args.lanes
         orc = Orchestrator(Settings.from_env(database_url=url), app=app)
@@ -601,9 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     import celery
     import redis
 
-    from orchestrator.celery_app import get_app
-    from orchestrator.errors import OrchestratorError
-    from orchestrator.routing import default_queues
+    from orchestrator.core.errors import OrchestratorError
+    from orchestrator.core.routing import default_queues
+    from orchestrator.runtime.celery_app import get_app
 
     race_url = derived_url(args.database_url, "_race")
     log(f"resetting {args.database_url} and {race_url}; flushing {args.redis_url}")

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backoff import Backoff, Jitter
-from .config import Settings
-from .dag import DAG, Limits, MapArg, MapSpec, Node, OnDeadline, SizeLimits, load_spec
-from .dag_registry import DagDiff, DagRegistry, DagVersion, RegisteredDag
-from .engine import Orchestrator, RunHandle
-from .errors import (
+from .core.backoff import Backoff, Jitter
+from .core.config import Settings
+from .core.dag import DAG, Limits, MapArg, MapSpec, Node, OnDeadline, SizeLimits, load_spec
+from .core.errors import (
     ConfigurationError,
     ConflictError,
     CycleError,
@@ -38,23 +36,20 @@ from .errors import (
     UnknownTaskError,
     ValidationError,
 )
-from .routing import Priority
-from .scheduling import FactoryNotAllowed, dag_factory
-from .states import RunState, SkipReason, TaskState, TriggerRule
+from .core.routing import Priority
+from .core.states import RunState, SkipReason, TaskState, TriggerRule
+from .core.waits import Defer, SensorSpec, WaitSpec
+from .engine.facade import Orchestrator, RunHandle
+from .services.dag_registry import DagDiff, DagRegistry, DagVersion, RegisteredDag
+from .services.scheduling import FactoryNotAllowed, dag_factory
 from .store.waits import Emitted
-from .waits import Defer, SensorSpec, WaitSpec
-
-_default: Orchestrator | None = None
 
 
 def default() -> Orchestrator:
     """The process-wide :class:`Orchestrator` built from the environment."""
-    global _default
-    if _default is None:
-        from .celery_app import get_app
+    from .runtime.celery_app import default_orchestrator
 
-        _default = Orchestrator(app=get_app())
-    return _default
+    return default_orchestrator()
 
 
 def submit(dag: DAG, **options: Any) -> RunHandle:

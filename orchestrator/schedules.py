@@ -1,8 +1,8 @@
 """Schedules: DAGs fired on a cron expression or an interval, kept in the database.
 
-The calls of ``Orchestrator.schedules`` (:class:`~orchestrator.scheduling.Schedules`: add,
+The calls of ``Orchestrator.schedules`` (:class:`~orchestrator.services.scheduling.Schedules`: add,
 change, pause, resume, trigger, remove, backfill) as functions on :func:`orchestrator.default`,
-and the names of :mod:`orchestrator.scheduling` (where schedules are implemented; see it for what
+and the names of :mod:`orchestrator.services.scheduling` (where schedules are implemented; see it for what
 a schedule runs, when it fires and what ``orchestrator beat`` does).
 
 This module imports the package root (for :func:`orchestrator.default`); nothing inside the
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .cron import ScheduleError
-from .scheduling import (
+from .core.cron import ScheduleError
+from .services.scheduling import (
     CANCEL_PREVIOUS,
     PENDING_AFTER,
     PLACEHOLDERS,

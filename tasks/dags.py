@@ -10,8 +10,8 @@ import datetime as dt
 from typing import Any
 
 from orchestrator import dag_factory
+from orchestrator.cli.demo import build_demo_dag
 from orchestrator.dag import DAG
-from orchestrator.demo import build_demo_dag
 
 
 @dag_factory

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator import Skip
 from orchestrator.celery_app import get_app
-from orchestrator.process import current_orchestrator
+from orchestrator.runtime.process import current_orchestrator
 from orchestrator.store.probes import record_effect
 from orchestrator.worker import current_context
 

@@ -7,7 +7,7 @@ embedded default uses), started for the session and stopped at its end: the unit
 tiers need no server to install. The fault tier restarts and terminates a real server's
 backends and needs the machine's.
 
-The in-process Celery app (``orchestrator.celery_app.get_app``) is configured once from the
+The in-process Celery app (``orchestrator.runtime.celery_app.get_app``) is configured once from the
 environment set here, before anything imports it: Postgres + Redis db 3.
 """
 
@@ -39,7 +39,7 @@ def _database_server() -> tuple[str, str, bool]:
             return default, "", False
         except psycopg.OperationalError:
             pass  # no server here: the embedded one
-    from orchestrator import embedded
+    from orchestrator.store import embedded
 
     url = sa.engine.make_url(embedded.ensure(EMBEDDED_PG))
     return "postgresql+psycopg://postgres@", f"?host={url.query['host']}&port={url.query['port']}", True
@@ -55,7 +55,7 @@ def db_url(name: str) -> str:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if PG_EMBEDDED:
-        from orchestrator import embedded
+        from orchestrator.store import embedded
 
         embedded.stop(EMBEDDED_PG)
 
@@ -105,7 +105,7 @@ def ensure_database(name: str) -> str:
 
 def empty_tables(engine: sa.engine.Engine) -> None:
     """Delete every row of every table (children first): a clean database without migrating."""
-    from orchestrator import schema
+    from orchestrator.store import schema
 
     with engine.begin() as conn:
         for table in reversed(schema.metadata.sorted_tables):
@@ -116,8 +116,8 @@ def backend_orchestrator(request: pytest.FixtureRequest, data_dir: str, task_nam
     """An orchestrator on the emptied test database, with an in-memory publisher and a static
     registry of ``task_names``."""
     from orchestrator import Orchestrator, Settings
-    from orchestrator.publisher import RecordingPublisher
-    from orchestrator.registry import StaticRegistry
+    from orchestrator.core.publisher import RecordingPublisher
+    from orchestrator.core.registry import StaticRegistry
 
     settings = Settings.from_env({}, data_dir=data_dir, database_url=request.getfixturevalue("pg_clean"))
     return Orchestrator(settings, publisher=RecordingPublisher(), registry=StaticRegistry(task_names))
@@ -127,15 +127,14 @@ def stop_embedded(data_dir: str | os.PathLike[str]) -> None:
     """Stop the embedded PostgreSQL a test started under ``data_dir`` (it outlives its processes)."""
     from pathlib import Path
 
-    from orchestrator import embedded
+    from orchestrator.store import embedded
 
     embedded.stop(Path(data_dir).absolute() / "pg")
 
 
 def reset_schema(url: str) -> None:
     """Drop everything and migrate from scratch with Alembic."""
-    from orchestrator import migrate
-    from orchestrator.store import make_engine
+    from orchestrator.store import make_engine, migrate
 
     engine = make_engine(url)
     try:

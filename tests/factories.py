@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from orchestrator import dag_factory
-from orchestrator.dag import DAG
+from orchestrator.core.dag import DAG
 
 
 @dag_factory

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.config import Settings
+from orchestrator.core.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -190,7 +190,7 @@ def test_something_reconciles_without_beat(services: dict[str, Any]) -> None:
 
 def test_beat_carries_no_reconciler_duty(tmp_path: Path) -> None:
     # beat fires the database's schedules; Celery's own beat_schedule stays empty
-    from orchestrator.celery_app import create_app
+    from orchestrator.runtime.celery_app import create_app
 
     app = create_app(Settings.from_env({}, data_dir=str(tmp_path)), main="compose-check")
     assert dict(app.conf.beat_schedule) == {}
@@ -200,7 +200,7 @@ def test_beat_uses_the_database_scheduler_and_the_schedules_file_applies(
     services: dict[str, Any], tmp_path: Path, pg_clean: str
 ) -> None:
     from orchestrator import Orchestrator
-    from orchestrator.celery_app import create_app
+    from orchestrator.runtime.celery_app import create_app
 
     args = argv(services["beat"])
     assert "-S" not in args and not [a for a in args if a.startswith("--scheduler")]  # the default: the database's
@@ -357,8 +357,8 @@ def test_dockerfile_installs_the_project() -> None:
 
 
 def test_serve_requires_credentials_and_publishes_on_loopback(services: dict[str, Any]) -> None:
-    from orchestrator.errors import ConfigurationError
-    from orchestrator.web import Access
+    from orchestrator.core.errors import ConfigurationError
+    from orchestrator.web.app import Access
 
     serve = services["serve"]
     args = argv(serve)
@@ -385,7 +385,7 @@ def test_the_triggers_file_applies(tmp_path: Path, pg_clean: str) -> None:
     """``config/triggers.yaml`` (``orchestrator on apply``) is valid, and an event it matches
     starts a run that would submit."""
     from orchestrator import Orchestrator
-    from orchestrator.celery_app import create_app
+    from orchestrator.runtime.celery_app import create_app
 
     settings = Settings.from_env({}, data_dir=str(tmp_path), database_url=pg_clean)
     orc = Orchestrator(settings, app=create_app(settings, main="compose-triggers"))

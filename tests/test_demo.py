@@ -40,7 +40,7 @@ def test_demo_runs_on_the_embedded_default(tmp_path: Path) -> None:
         # own user (when the tests run as root) must traverse to be stopped: stop copes with it
         tmp_path.chmod(0o700)
         stop_embedded(tmp_path / ".orchestrator")
-    from orchestrator import embedded
+    from orchestrator.store import embedded
 
     assert not embedded.status(tmp_path / ".orchestrator" / "pg").running
     assert (tmp_path / ".orchestrator" / "pg" / "PG_VERSION").read_text().strip() == "18"

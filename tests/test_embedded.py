@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import embedded
-from orchestrator.config import Settings
+from orchestrator.core.config import Settings
+from orchestrator.store import embedded
 from tests.conftest import stop_embedded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,8 +83,7 @@ def test_two_processes_share_one_embedded_server(tmp_path: Path) -> None:
 def test_the_embedded_server_runs_postgres_18_and_the_production_functions(tmp_path: Path) -> None:
     import sqlalchemy as sa
 
-    from orchestrator import migrate
-    from orchestrator.store import make_engine
+    from orchestrator.store import make_engine, migrate
 
     url = Settings.from_env({}, data_dir=str(tmp_path)).database_url
     assert url == f"embedded://{tmp_path}/pg"
@@ -101,7 +100,7 @@ def test_the_embedded_server_runs_postgres_18_and_the_production_functions(tmp_p
 
 @pytest.mark.parametrize("url", ["sqlite:///x.db", "mysql://h/db", "embedded://relative/path"])
 def test_a_database_url_that_is_not_postgres_is_refused(url: str) -> None:
-    from orchestrator.errors import ConfigurationError
+    from orchestrator.core.errors import ConfigurationError
     from orchestrator.store import make_engine
 
     with pytest.raises(ConfigurationError, match=r"Postgres|embedded"):
@@ -133,7 +132,7 @@ def test_a_stale_pid_file_naming_another_process_does_not_block_the_server(tmp_p
 
 
 def test_a_data_directory_the_shell_would_split_is_refused(tmp_path: Path) -> None:
-    from orchestrator.errors import ConfigurationError
+    from orchestrator.core.errors import ConfigurationError
 
     for name in ("with space", "e$(id)", "a&b"):
         with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DATA_DIR"):

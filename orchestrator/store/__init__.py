@@ -43,7 +43,7 @@ from functools import cached_property
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from .. import schema as s
+from . import schema as s
 from .admission import Admission
 from .attempts import Attempts
 from .backend import DEFAULT_POOL_SIZE, make_engine

@@ -36,12 +36,12 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dbtime import db_after
-from ..models import Dispatch
-from ..states import TaskState
+from ..core.models import Dispatch
+from ..core.states import TaskState
 from . import rows
+from . import schema as s
 from .database import Database
+from .dbtime import db_after
 from .ledger import Ledger
 
 T = TaskState

@@ -14,14 +14,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dbtime import db_after, db_now
-from ..models import WORKER, Actor, Claim, Outcome
-from ..poison import is_retryable, verdict
-from ..states import TaskState, check_transition
+from ..core.models import WORKER, Actor, Claim, Outcome
+from ..core.poison import is_retryable, verdict
+from ..core.states import TaskState, check_transition
 from . import rows
+from . import schema as s
 from .admission import Admission
 from .database import Database
+from .dbtime import db_after, db_now
 from .hotpath import HotPath
 from .ledger import Ledger, holds
 from .settlement import Settlement
@@ -149,7 +149,7 @@ class Attempts:
     ) -> Outcome:
         """Record a failed attempt, fenced by ``attempt``.
 
-        The verdict (:func:`orchestrator.poison.verdict`): DEAD_LETTER when the same
+        The verdict (:func:`orchestrator.core.poison.verdict`): DEAD_LETTER when the same
         ``fingerprint`` failed ``poison_threshold`` attempts in a row (parked, no cascade,
         alert); RETRYING with ``attempt + 1`` and ``not_before`` = now + backoff while the
         failure is retryable (``retry_on`` / ``no_retry_on`` over ``exc_types``) and attempts

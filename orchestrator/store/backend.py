@@ -13,9 +13,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from .. import schema as s
-from ..dbtime import db_now
-from ..errors import ConfigurationError, ValidationError
+from ..core.errors import ConfigurationError, ValidationError
+from . import schema as s
+from .dbtime import db_now
 
 #: advisory lock key held by the one reconciler on duty
 RECONCILER_LOCK = 0x6F7263_02
@@ -33,7 +33,7 @@ def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, transaction_poo
     server connection). ``embedded://DIR`` is the embedded server whose data directory is
     ``DIR`` (started when it is not running)."""
     if url.startswith("embedded:"):
-        from .. import embedded
+        from . import embedded
 
         url = embedded.ensure(embedded.data_dir_of(url))
     url = psycopg_url(url)

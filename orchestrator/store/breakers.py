@@ -36,11 +36,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dag import LIMIT_NAME_RE, TASK_NAME_RE, short
-from ..dbtime import aware
-from ..errors import OrchestratorError, ValidationError
+from ..core.dag import LIMIT_NAME_RE, TASK_NAME_RE, short
+from ..core.errors import OrchestratorError, ValidationError
+from . import schema as s
 from .database import Database
+from .dbtime import aware
 
 t_breakers, t_counts, t_probes, t_events = s.breakers, s.breaker_counts, s.breaker_probes, s.breaker_events
 

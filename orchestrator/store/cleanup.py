@@ -40,8 +40,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..errors import OrchestratorError
+from ..core.errors import OrchestratorError
+from . import schema as s
 from .database import Database
 
 t_runs, t_tasks, t_edges, t_events, t_keys = s.runs, s.tasks, s.edges, s.events, s.idempotency_keys

@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dbtime import db_now
+from . import schema as s
 from .database import Database
+from .dbtime import db_now
 
 t_dags = s.dags
 t_versions = s.dag_versions

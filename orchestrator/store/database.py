@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from .. import schema as s
-from ..errors import ConfigurationError, SchemaMissingError
+from ..core.errors import ConfigurationError, SchemaMissingError
+from . import schema as s
 from .backend import DEFAULT_POOL_SIZE, Backend, duty_engine, make_engine
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class Database:
         server functions it calls), or when the server is older than Postgres 15. A database
         ahead of this code (a newer release migrated it: a rolling upgrade) is accepted: a
         migration keeps the functions older releases call (``store/functions.py``)."""
-        from .. import migrate
+        from . import migrate
 
         where = self.engine.url.render_as_string(hide_password=True)
         if not self.read(lambda conn: sa.inspect(conn).has_table(s.runs.name)):

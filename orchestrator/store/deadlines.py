@@ -31,12 +31,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dag import OnDeadline
-from ..dbtime import aware, db_now
-from ..models import RECONCILER
-from ..states import DEADLINE_MISSED, TERMINAL, RunState
+from ..core.dag import OnDeadline
+from ..core.models import RECONCILER
+from ..core.states import DEADLINE_MISSED, TERMINAL, RunState
+from . import schema as s
 from .database import Database
+from .dbtime import aware, db_now
 from .ledger import RUN_EVENT_ATTEMPT, Ledger
 
 t_runs, t_tasks, t_events = s.runs, s.tasks, s.events

@@ -7,9 +7,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .. import schema as s
-from ..dbtime import db_now
+from . import schema as s
 from .database import Database
+from .dbtime import db_now
 
 t_deliveries = s.deliveries
 

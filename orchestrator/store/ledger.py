@@ -18,9 +18,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..models import Actor
-from ..states import RunState, TaskState, check_annotation, check_run_transition, check_transition
+from ..core.models import Actor
+from ..core.states import RunState, TaskState, check_annotation, check_run_transition, check_transition
+from . import schema as s
 from .backend import EVENTS_AT_DB_NOW
 from .database import Database
 

@@ -22,13 +22,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dag import DAG, LIMIT_NAME_RE, MAX_ACTIVE_TASKS, MAX_NAME_CHARS, MAX_POOL_SLOTS, short, text_problem
-from ..dbtime import aware, db_now
-from ..errors import UnknownLimitError, ValidationError
-from ..models import Pool, RateLimit
-from ..states import TaskState
+from ..core.dag import DAG, LIMIT_NAME_RE, MAX_ACTIVE_TASKS, MAX_NAME_CHARS, MAX_POOL_SLOTS, short, text_problem
+from ..core.errors import UnknownLimitError, ValidationError
+from ..core.models import Pool, RateLimit
+from ..core.states import TaskState
+from . import schema as s
 from .database import Database
+from .dbtime import aware, db_now
 
 T = TaskState
 t_tasks, t_runs, t_pools, t_rates, t_dag_limits = s.tasks, s.runs, s.pools, s.rate_limits, s.dag_limits

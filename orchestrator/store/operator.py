@@ -19,14 +19,14 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dbtime import db_after, db_now
-from ..errors import OperatorError, RunNotFound, TaskNotFound
-from ..models import Actor, Outcome
-from ..protocol import task_id
-from ..states import NON_TERMINAL, RunState, TaskState
+from ..core.errors import OperatorError, RunNotFound, TaskNotFound
+from ..core.models import Actor, Outcome
+from ..core.protocol import task_id
+from ..core.states import NON_TERMINAL, RunState, TaskState
+from . import schema as s
 from .admission import Admission
 from .database import Database
+from .dbtime import db_after, db_now
 from .ledger import Ledger
 from .settlement import Settlement
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from ..dbtime import db_now
+from .dbtime import db_now
 
 probe_metadata = sa.MetaData()
 

@@ -18,11 +18,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dbtime import aware, db_after, db_now
-from ..errors import RunNotFound, TaskNotFound
-from ..explain import ExplainInput, LimitUse
-from ..models import (
+from ..core.errors import RunNotFound, TaskNotFound
+from ..core.explain import ExplainInput, LimitUse
+from ..core.models import (
     EventView,
     MetricsSnapshot,
     OpenTaskCount,
@@ -33,10 +31,12 @@ from ..models import (
     WindowEvent,
     WorkerLoad,
 )
-from ..states import DEADLINE_MISSED, NON_TERMINAL, RunState, TaskState
+from ..core.states import DEADLINE_MISSED, NON_TERMINAL, RunState, TaskState
 from . import rows
+from . import schema as s
 from .breakers import breaker_row
 from .database import Database
+from .dbtime import aware, db_after, db_now
 from .limits import bucket
 from .probes import probe_effects
 from .workers import WorkerRegistry
@@ -545,7 +545,7 @@ class Reads:
     # ------------------------------------------------------------------ metrics
 
     def metrics_snapshot(self, *, window_seconds: float, max_events: int, worker_ttl: float) -> MetricsSnapshot:
-        """What ``orchestrator.metrics`` exposes, read in one read-only REPEATABLE READ
+        """What ``orchestrator.web.metrics`` exposes, read in one read-only REPEATABLE READ
         transaction (one snapshot) with bounded queries:
 
         - the tasks not yet terminal per (state, queue, tenant), through the state index: as

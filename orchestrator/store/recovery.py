@@ -13,15 +13,15 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dbtime import db_after, db_now
-from ..explain import dropped_text, unregistered_text
-from ..models import RECONCILER, Dispatch, Outcome
-from ..states import STUCK, TERMINAL, RunState, TaskState
+from ..core.explain import dropped_text, unregistered_text
+from ..core.models import RECONCILER, Dispatch, Outcome
+from ..core.states import STUCK, TERMINAL, RunState, TaskState
 from . import rows
+from . import schema as s
 from .admission import Admission
 from .attempts import Attempts
 from .database import Database
+from .dbtime import db_after, db_now
 from .ledger import Ledger, holds
 from .settlement import Settlement
 

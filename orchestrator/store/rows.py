@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import schema as s
-from ..backoff import Backoff, Jitter
-from ..dbtime import aware
-from ..models import Dispatch, EventView, RunView, TaskView
-from ..states import RunState, TaskState
+from ..core.backoff import Backoff, Jitter
+from ..core.models import Dispatch, EventView, RunView, TaskView
+from ..core.states import RunState, TaskState
+from . import schema as s
+from .dbtime import aware
 
 t_tasks = s.tasks
 

@@ -26,11 +26,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dbtime import aware, db_now
-from ..errors import ValidationError
-from ..states import RunState
+from ..core.errors import ValidationError
+from ..core.states import RunState
+from . import schema as s
 from .database import Database
+from .dbtime import aware, db_now
 
 t_schedules, t_firings, t_runs = s.schedules, s.firings, s.runs
 

@@ -14,11 +14,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dbtime import db_now
-from ..models import Actor
-from ..states import TERMINAL, RunState, TaskState, run_outcome
+from ..core.models import Actor
+from ..core.states import TERMINAL, RunState, TaskState, run_outcome
+from . import schema as s
 from .database import Database
+from .dbtime import db_now
 from .ledger import Ledger
 
 T = TaskState

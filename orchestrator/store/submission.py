@@ -11,13 +11,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dag import DAG, Node, expand_resources
-from ..dbtime import aware, db_now
-from ..errors import IdempotencyConflict, ValidationError
-from ..models import SUBMIT
-from ..states import RunState, TaskState, TriggerRule, check_transition
+from ..core.dag import DAG, Node, expand_resources
+from ..core.errors import IdempotencyConflict, ValidationError
+from ..core.models import SUBMIT
+from ..core.states import RunState, TaskState, TriggerRule, check_transition
+from . import schema as s
 from .database import Database
+from .dbtime import aware, db_now
 from .ledger import Ledger
 
 T = TaskState

@@ -21,10 +21,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..errors import EmitTimeout, EventIdConflict, OperatorError, RunNotFound, TaskNotFound
-from ..models import Dispatch
-from ..states import TaskState as T
+from ..core.errors import EmitTimeout, EventIdConflict, OperatorError, RunNotFound, TaskNotFound
+from ..core.models import Dispatch
+from ..core.states import TaskState as T
+from . import schema as s
 from .admission import Admission
 from .database import Database
 from .triggers import record_firings

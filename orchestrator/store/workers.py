@@ -11,11 +11,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from .. import schema as s
-from ..dbtime import db_after, db_now
-from ..models import WORKER
-from ..states import TaskState
+from ..core.models import WORKER
+from ..core.states import TaskState
+from . import schema as s
 from .database import Database
+from .dbtime import db_after, db_now
 from .ledger import Ledger
 
 t_workers, t_worker_tasks, t_tasks, t_events = s.workers, s.worker_tasks, s.tasks, s.events

@@ -24,16 +24,15 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
-from .. import embedded, migrate
-from .. import schema as s
-from ..config import Settings
-from ..store import Store, make_engine
+from ..core.config import Settings
+from ..store import Store, embedded, make_engine, migrate
+from ..store import schema as s
 from ..store.backend import psycopg_url
 from . import clock as clock_mod
 from .clock import Clock
 
 if TYPE_CHECKING:
-    from ..engine import Orchestrator
+    from ..engine.facade import Orchestrator
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +147,7 @@ class KitDatabase:
         """The worker heartbeater of every kit of the session (one thread, through the shared
         store), bound to the first kit's orchestrator."""
         if self._heartbeater is None:
-            from ..worker import Heartbeater
+            from ..runtime.worker import Heartbeater
 
             self._heartbeater = Heartbeater(orc)
         return self._heartbeater

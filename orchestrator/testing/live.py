@@ -16,9 +16,9 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-from .. import process
-from ..dag import DAG
-from ..engine import Orchestrator
+from ..core.dag import DAG
+from ..engine.facade import Orchestrator
+from ..runtime import process
 from .runner import Kit, RunResult
 
 
@@ -45,7 +45,7 @@ class LiveWorker:
     def start(self) -> LiveWorker:
         from celery.contrib.testing.worker import start_worker
 
-        from ..worker import start_services
+        from ..runtime.worker import start_services
 
         self._was = process._orchestrators.get(self._ident)
         process._orchestrators[self._ident] = self.orc
@@ -63,7 +63,7 @@ class LiveWorker:
         return self
 
     def stop(self) -> None:
-        from ..worker import stop_services
+        from ..runtime.worker import stop_services
 
         try:
             stop_services()

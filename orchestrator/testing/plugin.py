@@ -11,7 +11,7 @@ Fixtures:
 - ``orchestrator_worker`` (opt-in): a real Celery worker in a thread on the app's broker
   (:class:`~orchestrator.testing.live.LiveWorker`), for the few tests that want one.
 - ``orchestrator_app``: the Celery app whose tasks the DAGs name; ``None`` (the default) is the
-  project's app (``orchestrator.celery_app.get_app()``). Override it in a ``conftest.py``.
+  project's app (``orchestrator.runtime.celery_app.get_app()``). Override it in a ``conftest.py``.
 
 ``--orchestrator-db URL`` (or ``ORCHESTRATOR_KIT_DATABASE_URL``) names the database to use; else
 a database ``test_<name>`` beside ``ORCHESTRATOR_DATABASE_URL``'s; else an embedded PostgreSQL

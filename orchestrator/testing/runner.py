@@ -1,10 +1,10 @@
 """Runs a DAG in the test's process through the production transitions.
 
-The :class:`Kit` is a deployment in one process: an :class:`~orchestrator.engine.Orchestrator` on
+The :class:`Kit` is a deployment in one process: an :class:`~orchestrator.engine.facade.Orchestrator` on
 the kit's database whose publisher is an in-process queue (:class:`InProcessPublisher`) instead
 of a broker, one registered worker (``kit@orchestrator-testing``) that takes the queue's
 messages one at a time and runs each through Celery's tracer and the task's own
-:class:`~orchestrator.worker.OrchestratedTask` code (signature check, claim, body, fenced
+:class:`~orchestrator.runtime.worker.OrchestratedTask` code (signature check, claim, body, fenced
 outcome: what a pool process runs), and the reconciler's pass between them. The arguments of
 every message go through the app's serializer (JSON) and back, results through the worker's
 JSON check and the database, so what would not cross a broker or the database fails here too.
@@ -27,16 +27,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .. import process, protocol
-from .. import schema as s
-from ..config import Settings
-from ..dag import DAG
-from ..engine import Orchestrator, RunHandle
-from ..errors import OrchestratorError
-from ..models import Dispatch, EventView, TaskView
-from ..registry import RESERVED_PREFIXES, declares_upstream
-from ..routing import default_queues
-from ..states import TERMINAL, RunState, TaskState
+from ..core import protocol
+from ..core.config import Settings
+from ..core.dag import DAG
+from ..core.errors import OrchestratorError
+from ..core.models import Dispatch, EventView, TaskView
+from ..core.registry import RESERVED_PREFIXES, declares_upstream
+from ..core.routing import default_queues
+from ..core.states import TERMINAL, RunState, TaskState
+from ..engine.facade import Orchestrator, RunHandle
+from ..runtime import process
+from ..store import schema as s
 from ..store.waits import Emitted
 from .clock import Clock
 from .database import KitDatabase
@@ -211,7 +212,9 @@ def kit_app() -> Any:
     if _kit_app is None:
         from celery import Celery
 
-        _kit_app = Celery("orchestrator-testing", task_cls="orchestrator.worker:OrchestratedTask", set_as_current=False)
+        _kit_app = Celery(
+            "orchestrator-testing", task_cls="orchestrator.runtime.worker:OrchestratedTask", set_as_current=False
+        )
         _kit_app.conf.update(
             task_serializer="json", accept_content=["json"], task_ignore_result=True, result_serializer="json"
         )
@@ -221,7 +224,7 @@ def kit_app() -> Any:
 class KitTasks:
     """The task registry of the kit: the stand-ins given to it (``tasks={name: task or
     function}``), then the tasks of the Celery app (by default the project's,
-    :func:`orchestrator.celery_app.get_app`). Also the submit's registry check."""
+    :func:`orchestrator.runtime.celery_app.get_app`). Also the submit's registry check."""
 
     def __init__(self, app: Any = None) -> None:
         self._app = self._explicit = app
@@ -231,7 +234,7 @@ class KitTasks:
     @property
     def app(self) -> Any:
         if self._app is None:
-            from ..celery_app import get_app
+            from ..runtime.celery_app import get_app
 
             self._app = get_app()
         return self._app
@@ -277,7 +280,7 @@ def _elsewhere(name: str) -> Any:
     made its own with ``create_app``), when the default app has none."""
     from celery._state import _get_active_apps
 
-    from ..worker import OrchestratedTask
+    from ..runtime.worker import OrchestratedTask
 
     for app in list(_get_active_apps()):
         task = app.tasks.get(name)  # finalizes the app (its pending tasks registered), as a worker does
@@ -405,7 +408,7 @@ class Kit:
     """A deployment in the test's process on the kit's database (see the module docstring).
 
     ``app`` is the Celery app whose tasks the DAGs name (default: the project's,
-    ``orchestrator.celery_app.get_app()``); ``settings`` default to :func:`kit_settings`."""
+    ``orchestrator.runtime.celery_app.get_app()``); ``settings`` default to :func:`kit_settings`."""
 
     def __init__(self, db: KitDatabase, *, app: Any = None, settings: Settings | None = None) -> None:
         self.db = db
@@ -424,7 +427,7 @@ class Kit:
         self._tracers: dict[int, Any] = {}
         self._inputs: list[Input] = []
         # the process's heartbeater (the worker's lease extensions) beats through this database
-        from .. import worker
+        from ..runtime import worker
 
         self._heartbeater_was = worker._heartbeaters.get(os.getpid())
         worker._heartbeaters[os.getpid()] = db.heartbeater(self.orc)
@@ -709,7 +712,7 @@ class Kit:
     def close(self) -> None:
         """Give the apps back the orchestrators they had before this kit, and the process
         its heartbeater."""
-        from .. import worker
+        from ..runtime import worker
 
         if self._heartbeater_was is None:
             worker._heartbeaters.pop(os.getpid(), None)

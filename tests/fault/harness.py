@@ -38,10 +38,10 @@ import redis
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState, Settings, TaskState
-from orchestrator import schema as s
-from orchestrator.invariants import check_runs
-from orchestrator.registry import CeleryRegistry
+from orchestrator.core.registry import CeleryRegistry
+from orchestrator.services.invariants import check_runs
 from orchestrator.store import Store
+from orchestrator.store import schema as s
 
 ROOT = Path(__file__).resolve().parents[2]
 P = "tasks.probes."
@@ -244,7 +244,7 @@ class Proc:
 
 def probe_registry() -> CeleryRegistry:
     """The registry where ``tasks.probes`` / ``tasks.etl`` registered their tasks (the global app)."""
-    from orchestrator.celery_app import get_app
+    from orchestrator.runtime.celery_app import get_app
 
     return CeleryRegistry(get_app())
 
@@ -282,7 +282,7 @@ class Cluster:
     @property
     def orc(self) -> Orchestrator:
         if self._orc is None:
-            from orchestrator.celery_app import create_app
+            from orchestrator.runtime.celery_app import create_app
 
             settings = self.settings
             store = Store(

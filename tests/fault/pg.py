@@ -1,7 +1,7 @@
 """A private PostgreSQL server for outage tests: its own data directory on a free port, so a
 test may stop and restart it without touching the shared server other suites use.
 
-The chaos soak's server (:class:`orchestrator.chaos.PrivatePostgres`: the Debian cluster
+The chaos soak's server (:class:`orchestrator.testing.chaos.PrivatePostgres`: the Debian cluster
 binaries, run as the ``postgres`` user as root), with a blocking restart. Missing binaries fail
 the test: the outage tests are part of the suite, never skipped.
 """
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from orchestrator import chaos
+from orchestrator.testing import chaos
 
 
 class PrivatePostgres(chaos.PrivatePostgres):

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, RunState
-from orchestrator import schema as s
+from orchestrator.store import schema as s
 from tests.fault.harness import Cluster, P, republished
 
 pytestmark = pytest.mark.fault

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from orchestrator import schema as s
+from orchestrator.store import schema as s
 from orchestrator.store.schedules import iso
 from tests.conftest import stop_embedded
 from tests.fault.harness import Cluster, Proc

@@ -10,7 +10,7 @@ import time
 import sqlalchemy as sa
 
 from orchestrator import DAG, RunState
-from orchestrator import schema as s
+from orchestrator.store import schema as s
 from tests.fault.harness import Cluster, P
 
 

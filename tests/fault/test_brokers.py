@@ -67,7 +67,7 @@ def test_rabbitmq_queues_carry_the_priority_class(cluster: Cluster, broker: str)
 
     from kombu import Connection, Exchange, Queue
 
-    from orchestrator.protocol import message_priority
+    from orchestrator.core.protocol import message_priority
 
     cluster.configure(ORCHESTRATOR_BROKER_URL=broker, ORCHESTRATOR_WORKER_RECONCILER="0")
     w = cluster.worker("w1", concurrency=1)  # declares the queues

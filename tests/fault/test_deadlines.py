@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import DAG, RunState, TaskState
-from orchestrator.states import DEADLINE_MISSED
+from orchestrator.core.states import DEADLINE_MISSED
 from tests.fault.harness import Cluster, P, accepted, webhook
 
 pytestmark = pytest.mark.fault

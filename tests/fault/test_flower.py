@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from orchestrator import DAG, RunState, TaskState
-from orchestrator.protocol import parse_task_id, task_id
+from orchestrator.core.protocol import parse_task_id, task_id
 from tests.fault.harness import Cluster, P, Proc, accepted, free_port
 from tests.test_compose import COMPOSE, argv, interpolate
 

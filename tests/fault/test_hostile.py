@@ -19,8 +19,7 @@ import sqlalchemy as sa
 from kombu import Connection, Exchange, Producer
 
 from orchestrator import DAG, RunState, TaskState
-from orchestrator import schema as s
-from orchestrator.protocol import (
+from orchestrator.core.protocol import (
     HEADER_ATTEMPT,
     HEADER_DIRECT,
     HEADER_KEY,
@@ -29,6 +28,7 @@ from orchestrator.protocol import (
     FencingToken,
     sign,
 )
+from orchestrator.store import schema as s
 from tests.fault.harness import Cluster, P, rejected
 
 pytestmark = pytest.mark.fault

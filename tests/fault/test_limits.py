@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, RunState, TaskState
-from orchestrator import schema as s
+from orchestrator.store import schema as s
 from tests.fault.harness import Cluster, P
 
 pytestmark = pytest.mark.fault

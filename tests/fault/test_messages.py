@@ -189,7 +189,7 @@ def test_a_direct_body_whose_claim_cannot_be_written_goes_back_to_its_queue(clus
     reconciler's re-publish (or a duplicate copy, with no record at all) ran it again."""
     import sqlalchemy as sa
 
-    from orchestrator.chaos import Relays
+    from orchestrator.testing.chaos import Relays
 
     relays = Relays()
     try:

@@ -34,7 +34,10 @@ def private_pg() -> Iterator[PrivatePostgres]:
 def test_a_database_restart_mid_run_delays_but_loses_nothing(cluster: Cluster, private_pg: PrivatePostgres) -> None:
     cluster.configure(ORCHESTRATOR_DATABASE_URL=private_pg.url, ORCHESTRATOR_LEASE_SECONDS="15")
     migrated = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "db", "upgrade"], cwd=ROOT, env=cluster.env(), capture_output=True
+        [sys.executable, "-m", "orchestrator.cli", "db", "upgrade"],
+        cwd=ROOT,
+        env=cluster.env(),
+        capture_output=True,
     )
     assert migrated.returncode == 0, migrated.stderr
     worker = cluster.worker("w1", concurrency=2)

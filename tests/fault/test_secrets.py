@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import DAG, TaskState, redact
+from orchestrator import DAG, TaskState
+from orchestrator.core import redact
 from tests.fault.harness import Cluster, P
 
 pytestmark = pytest.mark.fault

@@ -23,7 +23,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, RunState, TaskState
-from orchestrator import schema as s
+from orchestrator.store import schema as s
 from tests.fault.harness import ROOT, Cluster, P, accepted, rejected
 from tests.fault.pg import PrivatePostgres
 
@@ -191,7 +191,10 @@ def test_postgres_restarted_while_a_thousand_tasks_wait(cluster: Cluster, privat
     cluster.configure(ORCHESTRATOR_DATABASE_URL=private_pg.url, ORCHESTRATOR_LEASE_SECONDS="15",
                       ORCHESTRATOR_RECORD_PROBE_EFFECTS="0")  # fmt: skip
     migrated = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "db", "upgrade"], cwd=ROOT, env=cluster.env(), capture_output=True
+        [sys.executable, "-m", "orchestrator.cli", "db", "upgrade"],
+        cwd=ROOT,
+        env=cluster.env(),
+        capture_output=True,
     )
     assert migrated.returncode == 0, migrated.stderr
     started = time.monotonic()

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import DAG, Orchestrator
-from orchestrator.states import RunState, TaskState
+from orchestrator.core.states import RunState, TaskState
 from tests.integration.conftest import WorkerProcess, serving
 
 P = "tasks.probes."
@@ -126,7 +126,7 @@ def test_run_page_draws_the_dag_and_retries_a_parked_task(
     assert drawn(driver) == states, (drawn(driver), states)
     assert states["transform"] == "DEAD_LETTER" and states["load"] == "PENDING"
     # the box's fill is the state's colour; the all_done rule is written in its box
-    from orchestrator.graph import COLOURS
+    from orchestrator.core.graph import COLOURS
 
     box = driver.find_element(By.CSS_SELECTOR, '#dag g.node[data-key="transform"] rect')  # type: ignore[attr-defined]
     assert box.get_attribute("fill") == COLOURS["DEAD_LETTER"]

@@ -12,9 +12,9 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState
-from orchestrator import schema as s
-from orchestrator.invariants import check_runs
-from orchestrator.states import TERMINAL
+from orchestrator.core.states import TERMINAL
+from orchestrator.services.invariants import check_runs
+from orchestrator.store import schema as s
 from tests.integration.conftest import WorkerProcess
 
 pytestmark = pytest.mark.integration

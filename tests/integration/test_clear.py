@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState, TaskState, TriggerRule
-from orchestrator import schema as s
-from orchestrator.invariants import check_runs
+from orchestrator.services.invariants import check_runs
+from orchestrator.store import schema as s
 from tests.integration.conftest import ROOT, WorkerProcess
 
 T = TaskState

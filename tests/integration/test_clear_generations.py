@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from orchestrator import DAG, Orchestrator, RunState, TaskState
-from orchestrator.invariants import check_runs
+from orchestrator.services.invariants import check_runs
 from tests.integration.conftest import WorkerProcess
 
 T = TaskState

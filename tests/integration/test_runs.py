@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState, TaskState, TriggerRule
-from orchestrator import schema as s
-from orchestrator.engine import local_by
-from orchestrator.protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE, FencingToken, sign
+from orchestrator.core.protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE, FencingToken, sign
+from orchestrator.engine.facade import local_by
+from orchestrator.store import schema as s
 from tests.integration.conftest import ROOT, WorkerProcess, start_worker, stop_process
 
 T = TaskState

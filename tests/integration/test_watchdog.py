@@ -20,9 +20,9 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState
-from orchestrator.schema import events as ev
-from orchestrator.schema import tasks as t
-from orchestrator.schema import workers as w
+from orchestrator.store.schema import events as ev
+from orchestrator.store.schema import tasks as t
+from orchestrator.store.schema import workers as w
 from tests.conftest import DATA_DIR
 from tests.integration.conftest import start_worker, stop_process
 

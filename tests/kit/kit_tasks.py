@@ -7,8 +7,8 @@ import datetime as dt
 from typing import Any
 
 from orchestrator import Defer
-from orchestrator.celery_app import get_app
-from orchestrator.worker import current_context
+from orchestrator.runtime.celery_app import get_app
+from orchestrator.runtime.worker import current_context
 
 app = get_app()
 CALLS: list[tuple[str, int, dict[str, Any]]] = []

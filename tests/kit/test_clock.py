@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, TaskState
-from orchestrator.dbtime import db_now
+from orchestrator.store.dbtime import db_now
 from orchestrator.testing import Kit, KitDatabase, run_dag
 
 pytestmark = pytest.mark.postgres

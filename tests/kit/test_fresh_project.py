@@ -22,7 +22,7 @@ pytestmark = pytest.mark.postgres
 
 DAGS = """
 from orchestrator import DAG
-from orchestrator.celery_app import get_app
+from orchestrator.runtime.celery_app import get_app
 
 app = get_app()
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from orchestrator import DAG, Settings, TaskState
-from orchestrator.celery_app import create_app
+from orchestrator.runtime.celery_app import create_app
 from orchestrator.testing import Kit
 from orchestrator.testing.live import LiveWorker
 from tests.conftest import REDIS_BASE

@@ -285,7 +285,7 @@ def test_each_test_starts_with_an_empty_database(orchestrator: Kit) -> None:
 
 def test_the_tasks_of_another_app_of_the_process(orchestrator: Kit) -> None:
     """A project that made its own app (``create_app``) rather than the default one."""
-    from orchestrator.celery_app import create_app
+    from orchestrator.runtime.celery_app import create_app
 
     other = create_app(main="other")
 
@@ -304,7 +304,7 @@ def test_a_long_body_is_kept_alive_by_the_worker_s_heartbeats(orchestrator: Kit)
     ORCHESTRATOR_LEASE_SECONDS, 5 s in this suite)."""
     import sqlalchemy as sa
 
-    from orchestrator import schema as s
+    from orchestrator.store import schema as s
 
     lease = orchestrator.settings.lease_seconds
     dag = DAG("slow")

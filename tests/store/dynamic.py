@@ -12,12 +12,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from orchestrator import DAG, Defer, Orchestrator, Settings, Skip
-from orchestrator.models import Claim
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
-from orchestrator.routing import default_queues
-from orchestrator.schema import tasks as t
+from orchestrator.core.models import Claim
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.core.routing import default_queues
 from orchestrator.store import Store
+from orchestrator.store.schema import tasks as t
 
 TASKS = ["t", "up"]
 
@@ -100,7 +100,7 @@ def drive(
             store.attempts.fail(run_id, task.key, task.attempt, error=str(exc), window=10_000, retryable=False)
         else:
             if claim.sensor is not None and not result:
-                from orchestrator.worker import sensor_defer
+                from orchestrator.runtime.worker import sensor_defer
 
                 spec = sensor_defer(claim.sensor, claim.resumed)
                 store.waits.defer(run_id, task.key, task.attempt, json.dumps(spec), 10_000)

@@ -15,7 +15,7 @@ the state machine, read from the database and the kit's in-process broker.
   named (an event, an instant, an approval), DEAD_LETTER (a person, flagged), a PENDING one whose
   upstream is still open, a MAPPED header with an open child.
 
-One accepted outcome per task generation is :func:`orchestrator.invariants.check_runs`'s.
+One accepted outcome per task generation is :func:`orchestrator.services.invariants.check_runs`'s.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from orchestrator import schema as s
+from orchestrator.store import schema as s
 from orchestrator.testing import InProcessPublisher
 
 TERMINAL = {"SUCCEEDED", "FAILED", "UPSTREAM_FAILED", "SKIPPED", "CANCELLED"}

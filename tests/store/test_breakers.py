@@ -19,10 +19,10 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, ValidationError
-from orchestrator import schema as s
-from orchestrator.celery_app import get_app
-from orchestrator.dag import dag_from_spec
-from orchestrator.routing import default_queues
+from orchestrator.core.dag import dag_from_spec
+from orchestrator.core.routing import default_queues
+from orchestrator.runtime.celery_app import get_app
+from orchestrator.store import schema as s
 from orchestrator.store.breakers import UnknownBreakerError, parse_open_for
 from orchestrator.testing.runner import CONCURRENCY, WORKER, Kit
 
@@ -340,7 +340,7 @@ def test_metrics_only_counts_and_never_holds(orchestrator: Kit) -> None:
 
 
 def test_state_changes_are_alerted_once_by_the_reconciler(orchestrator: Kit) -> None:
-    from orchestrator import alerts
+    from orchestrator.services import alerts
 
     kit, orc = orchestrator, orchestrator.orc
     got: list[dict[str, Any]] = []
@@ -386,7 +386,7 @@ def test_the_cli_sets_shows_and_acts_with_identity(orchestrator: Kit, monkeypatc
 
     from click.testing import CliRunner
 
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
 
     kit = orchestrator
     monkeypatch.setattr(cli, "_ready_store", lambda: kit.orc)
@@ -425,7 +425,7 @@ def test_breaker_errors_exit_2_as_documented(orchestrator: Kit, monkeypatch: pyt
     """Every breaker command's error is one ``error: ...`` line and exit 2 (issue 36: 1 before)."""
     from click.testing import CliRunner
 
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
 
     monkeypatch.setattr(cli, "_ready_store", lambda: orchestrator.orc)
     runner = CliRunner()
@@ -447,7 +447,8 @@ def test_a_tenant_bound_caller_is_refused_the_deployments_breakers(
     own tasks' holds stay visible in ``explain``. Nothing is written."""
     from click.testing import CliRunner
 
-    from orchestrator import Orchestrator, cli
+    from orchestrator import Orchestrator
+    from orchestrator.cli import app as cli
 
     kit = orchestrator
     kit.orc.set_breaker("stripe", min_calls=1, min_failures=1, by="alice")
@@ -494,7 +495,7 @@ def test_a_tenant_bound_caller_is_refused_the_deployments_breakers(
 
 
 def test_the_metrics_show_each_breakers_state_and_changes(orchestrator: Kit) -> None:
-    from orchestrator.metrics import families
+    from orchestrator.web.metrics import families
 
     kit, orc = orchestrator, orchestrator.orc
     orc.set_breaker("stripe", min_calls=1, min_failures=1)

@@ -19,14 +19,14 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, RunState, Settings, TaskState
-from orchestrator import schema as s
-from orchestrator.invariants import check_runs
-from orchestrator.models import operator
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.reconciler import Reconciler
-from orchestrator.routing import default_queues, route
-from orchestrator.states import TERMINAL
+from orchestrator.core.models import operator
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.routing import default_queues, route
+from orchestrator.core.states import TERMINAL
+from orchestrator.services.invariants import check_runs
+from orchestrator.services.reconciler import Reconciler
 from orchestrator.store import Store
+from orchestrator.store import schema as s
 
 T = TaskState
 OP = operator("alice")

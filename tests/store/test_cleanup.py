@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator
-from orchestrator import schema as s
+from orchestrator.store import schema as s
 from tests.store.dynamic import Fail, drive, orchestrator
 
 pytestmark = pytest.mark.postgres
@@ -106,7 +106,7 @@ def test_the_db_clean_command(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
 
     from click.testing import CliRunner
 
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
 
     monkeypatch.setattr(cli, "_ready_store", lambda: orc)
     runner = CliRunner()
@@ -234,7 +234,7 @@ def test_db_clean_errors_are_one_line_and_delete_nothing(
     hold is removed."""
     from click.testing import CliRunner
 
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
 
     monkeypatch.setattr(cli, "_ready_store", lambda: orc)
     runner = CliRunner()
@@ -303,7 +303,7 @@ def test_a_removed_runs_idempotency_key_is_kept_and_refused(orc: Orchestrator) -
 def test_db_clean_keep_keys(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
 
     monkeypatch.setattr(cli, "_ready_store", lambda: orc)
     runner = CliRunner()

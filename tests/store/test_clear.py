@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-import orchestrator.dag as dag_module
+import orchestrator.core.dag as dag_module
 from orchestrator import DAG, Orchestrator, RunNotFound, TaskNotFound
-from orchestrator.errors import OperatorError
-from orchestrator.invariants import check_runs
+from orchestrator.core.errors import OperatorError
+from orchestrator.services.invariants import check_runs
 from tests.store.dynamic import Fail, drive, orchestrator
 
 pytestmark = pytest.mark.postgres

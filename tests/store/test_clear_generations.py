@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from orchestrator import DAG, Orchestrator
-from orchestrator.invariants import check_runs
-from orchestrator.models import Claim
-from orchestrator.protocol import task_id
-from orchestrator.publisher import RecordingPublisher
+from orchestrator.core.models import Claim
+from orchestrator.core.protocol import task_id
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.services.invariants import check_runs
 from tests.store.dynamic import drive, orchestrator
 
 pytestmark = pytest.mark.postgres
@@ -76,7 +76,7 @@ def dispatched(orc: Orchestrator, run_id: str, after: int = 0) -> dict[str, int]
 def test_a_map_expanded_again_never_reuses_a_revoked_task_id_and_old_messages_are_refused(
     orc: Orchestrator, monkeypatch: pytest.MonkeyPatch, shape: str
 ) -> None:
-    import orchestrator.dag
+    import orchestrator.core.dag
 
     if shape == "windowed":
         monkeypatch.setattr(orchestrator.dag, "MAP_WINDOW", 2)

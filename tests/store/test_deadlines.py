@@ -13,15 +13,16 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from orchestrator import DAG, RunState, Settings, TaskState, alerts
-from orchestrator import schema as s
-from orchestrator.dbtime import db_now
-from orchestrator.invariants import check_runs
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.reconciler import Reconciler
-from orchestrator.routing import default_queues, route
-from orchestrator.states import DEADLINE_MISSED
+from orchestrator import DAG, RunState, Settings, TaskState
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.routing import default_queues, route
+from orchestrator.core.states import DEADLINE_MISSED
+from orchestrator.services import alerts
+from orchestrator.services.invariants import check_runs
+from orchestrator.services.reconciler import Reconciler
 from orchestrator.store import Store
+from orchestrator.store import schema as s
+from orchestrator.store.dbtime import db_now
 from orchestrator.store.deadlines import iso_utc
 
 T = TaskState
@@ -328,7 +329,7 @@ def test_the_checker_refuses_a_forged_or_repeated_annotation(store: Store) -> No
 
 
 def test_a_deadline_past_the_year_9999_is_refused_before_anything_is_written(store: Store) -> None:
-    from orchestrator.errors import ValidationError
+    from orchestrator.core.errors import ValidationError
 
     dag = DAG("far", deadline=366 * 86400)
     dag.task("a", "t")

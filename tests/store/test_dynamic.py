@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator import DAG, Orchestrator, Skip, ValidationError
-from orchestrator.invariants import check_runs
+from orchestrator.services.invariants import check_runs
 from tests.store.dynamic import Fail, drive, orchestrator
 
 pytestmark = pytest.mark.postgres
@@ -455,7 +455,7 @@ def test_a_chained_map_with_another_upstream_is_refused(orc: Orchestrator) -> No
 
 
 def test_the_spec_format_describes_maps_and_branches(orc: Orchestrator) -> None:
-    from orchestrator.dag import dag_from_spec
+    from orchestrator.core.dag import dag_from_spec
 
     spec = {
         "name": "spec",
@@ -476,7 +476,7 @@ def test_the_spec_format_describes_maps_and_branches(orc: Orchestrator) -> None:
 def test_a_map_wider_than_its_window_inserts_its_children_window_by_window(
     orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orchestrator.dag
+    import orchestrator.core.dag
 
     monkeypatch.setattr(orchestrator.dag, "MAP_WINDOW", 4)
     dag = DAG("windows")

@@ -26,21 +26,12 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from orchestrator import (
-    DAG,
-    Defer,
-    EmitTimeout,
-    EventIdConflict,
-    Orchestrator,
-    SensorSpec,
-    ValidationError,
-    WaitSpec,
-    cli,
-)
-from orchestrator import schema as s
-from orchestrator.dag import dag_from_spec
-from orchestrator.triggers import TriggerError
-from orchestrator.waits import MAX_MATCH_BYTES, MAX_MATCH_ITEMS, WAIT_TASK, sensor_from_spec
+from orchestrator import DAG, Defer, EmitTimeout, EventIdConflict, Orchestrator, SensorSpec, ValidationError, WaitSpec
+from orchestrator.cli import app as cli
+from orchestrator.core.dag import dag_from_spec
+from orchestrator.core.waits import MAX_MATCH_BYTES, MAX_MATCH_ITEMS, WAIT_TASK, sensor_from_spec
+from orchestrator.services.triggers import TriggerError
+from orchestrator.store import schema as s
 from tests.store.dynamic import orchestrator
 
 pytestmark = pytest.mark.postgres

@@ -11,8 +11,9 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from orchestrator import DAG, Orchestrator, cli
-from orchestrator import schema as s
+from orchestrator import DAG, Orchestrator
+from orchestrator.cli import app as cli
+from orchestrator.store import schema as s
 from tests.store.dynamic import orchestrator
 
 pytestmark = pytest.mark.postgres

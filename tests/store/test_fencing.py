@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator import DAG, Orchestrator, Settings
-from orchestrator.protocol import FencingToken
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
-from orchestrator.routing import default_queues, route
+from orchestrator.core.protocol import FencingToken
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.core.routing import default_queues, route
+from orchestrator.runtime.worker import Heartbeater, LeaseLost
 from orchestrator.store import Store
-from orchestrator.worker import Heartbeater, LeaseLost
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG
-from orchestrator.routing import default_queues, route
-from orchestrator.states import TaskState
+from orchestrator.core.routing import default_queues, route
+from orchestrator.core.states import TaskState
 from orchestrator.store import Store
 from tests.conftest import empty_tables
 

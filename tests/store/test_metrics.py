@@ -1,4 +1,4 @@
-"""Prometheus metrics from the database (``orchestrator.metrics.render``), on SQLite and Postgres:
+"""Prometheus metrics from the database (``orchestrator.web.metrics.render``), on SQLite and Postgres:
 real state built through the engine and the store (submits, claims, successes, failures, a dead
 letter, a lease expiry and a due retry by the reconciler, workers live and gone, schedules),
 scraped, parsed with prometheus_client's own parsers and checked against direct SQL counts."""
@@ -17,14 +17,14 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import DAG, Orchestrator, Settings, TaskState
-from orchestrator import schema as s
-from orchestrator.metrics import DURATION_BUCKETS, LAG_BUCKETS, render
-from orchestrator.protocol import FencingToken
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.reconciler import ReconcilerService
-from orchestrator.registry import StaticRegistry
-from orchestrator.routing import default_queues
+from orchestrator.core.protocol import FencingToken
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.core.routing import default_queues
+from orchestrator.services.reconciler import ReconcilerService
 from orchestrator.store import Store
+from orchestrator.store import schema as s
+from orchestrator.web.metrics import DURATION_BUCKETS, LAG_BUCKETS, render
 from tests.conftest import backend_orchestrator
 
 T = TaskState

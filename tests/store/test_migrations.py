@@ -1,4 +1,4 @@
-"""Alembic migrations produce exactly the schema declared in orchestrator/schema.py."""
+"""Alembic migrations produce exactly the schema declared in orchestrator/store/schema.py."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from orchestrator import migrate
-from orchestrator.schema import metadata
-from orchestrator.store import make_engine
+from orchestrator.store import make_engine, migrate
+from orchestrator.store.schema import metadata
 
 
 def test_migrations_match_schema(pg_url: str) -> None:
@@ -64,8 +63,8 @@ def test_downgrade_and_upgrade_on_postgres() -> None:
 
 def test_code_refuses_a_database_behind_the_newest_migration() -> None:
     from orchestrator import Orchestrator, SchemaMissingError, Settings
-    from orchestrator.publisher import RecordingPublisher
-    from orchestrator.registry import StaticRegistry
+    from orchestrator.core.publisher import RecordingPublisher
+    from orchestrator.core.registry import StaticRegistry
     from orchestrator.store import Store
 
     url = revisions_url()

@@ -12,7 +12,7 @@ broker loses a message; an operator clears (with and without downstream), marks,
 skips, fails, cancels and reruns; an event is emitted; an approval answered; the reconciler
 makes a pass; the clock moves.
 
-After every step (``@invariant``): :func:`orchestrator.invariants.check_runs` (one accepted
+After every step (``@invariant``): :func:`orchestrator.services.invariants.check_runs` (one accepted
 outcome per task generation, legal transitions only, maps consistent; runs in progress
 allowed), the counters equal a recount from the rows, no open task whose current message was
 revoked, and every open run has a next step some actor will take (``tests/store/model.py``).
@@ -38,9 +38,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from orchestrator import DAG, Defer
-from orchestrator.errors import OperatorError, RunNotFound, TaskNotFound
-from orchestrator.invariants import check_runs
-from orchestrator.models import Dispatch
+from orchestrator.core.errors import OperatorError, RunNotFound, TaskNotFound
+from orchestrator.core.models import Dispatch
+from orchestrator.services.invariants import check_runs
 from orchestrator.testing import Kit, KitDatabase
 from orchestrator.testing.runner import WORKER, kit_settings
 from tests.store import model

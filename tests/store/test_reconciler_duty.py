@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import Orchestrator, Settings
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.reconciler import ReconcilerService
-from orchestrator.registry import StaticRegistry
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.services.reconciler import ReconcilerService
 from tests.conftest import empty_tables
 
 pytestmark = pytest.mark.postgres
@@ -106,7 +106,7 @@ def test_the_duty_lives_on_a_connection_of_its_own(pg_url: str) -> None:
 
 
 def test_through_a_transaction_pooler_the_duty_needs_a_direct_url(pg_url: str) -> None:
-    from orchestrator.errors import ConfigurationError
+    from orchestrator.core.errors import ConfigurationError
 
     pooled = Settings.from_env({}, database_url=pg_url, db_transaction_pooler=True)
     o = Orchestrator(pooled, publisher=RecordingPublisher(), registry=StaticRegistry(["t"]))
@@ -127,15 +127,15 @@ def test_through_a_transaction_pooler_the_duty_needs_a_direct_url(pg_url: str) -
 
 
 def test_a_pool_size_below_one_is_refused() -> None:
-    from orchestrator.errors import ConfigurationError
+    from orchestrator.core.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DB_POOL_SIZE=0 must be at least 1"):
         Settings.from_env({"ORCHESTRATOR_DB_POOL_SIZE": "0"})
 
 
 def test_a_worker_through_a_transaction_pooler_without_a_direct_url_refuses_to_start() -> None:
-    from orchestrator.celery_app import check_worker_settings, create_app
-    from orchestrator.errors import ConfigurationError
+    from orchestrator.core.errors import ConfigurationError
+    from orchestrator.runtime.celery_app import check_worker_settings, create_app
 
     pooled = {"database_url": "postgresql://u@pgbouncer:6432/db", "db_transaction_pooler": True}
     app = create_app(Settings.from_env({}, broker_url="redis://127.0.0.1:6379/13", **pooled))

@@ -17,10 +17,11 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from orchestrator import DAG, DagNotFound, DagVersionNotFound, Orchestrator, ValidationError, cli
-from orchestrator import schema as s
-from orchestrator.dag_registry import content_hash, definition, parse_ref
-from orchestrator.errors import UnknownTaskError
+from orchestrator import DAG, DagNotFound, DagVersionNotFound, Orchestrator, ValidationError
+from orchestrator.cli import app as cli
+from orchestrator.core.errors import UnknownTaskError
+from orchestrator.services.dag_registry import content_hash, definition, parse_ref
+from orchestrator.store import schema as s
 from tests.store.dynamic import drive, orchestrator
 
 pytestmark = pytest.mark.postgres

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from psycopg.types.json import Json
 
 from orchestrator import DAG
-from orchestrator.routing import default_queues, route
+from orchestrator.core.routing import default_queues, route
 from orchestrator.store import Store
 from orchestrator.store.functions import FILES, definitions, source
 from tests.conftest import empty_tables

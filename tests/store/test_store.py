@@ -12,12 +12,12 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, TaskState, TriggerRule
-from orchestrator import schema as s
-from orchestrator.dbtime import db_after
-from orchestrator.models import operator
-from orchestrator.routing import default_queues, route
-from orchestrator.states import RunState
+from orchestrator.core.models import operator
+from orchestrator.core.routing import default_queues, route
+from orchestrator.core.states import RunState
 from orchestrator.store import Store
+from orchestrator.store import schema as s
+from orchestrator.store.dbtime import db_after
 
 T = TaskState
 OP = operator("alice")
@@ -498,7 +498,7 @@ def test_cancel_run(store: Store) -> None:
 
 
 def test_explain_reads_the_same_on_both_backends(store: Store) -> None:
-    from orchestrator.explain import explain
+    from orchestrator.core.explain import explain
 
     store.workers.unregister("test-worker")
     store.workers.register("w", ["orchestrator.default"], 1)
@@ -583,8 +583,8 @@ def test_free_slots_are_shared_between_tenants_by_weight(
 
 def test_tenant_weights_are_validated(tmp_path: Path, pg_clean: str) -> None:
     from orchestrator import Orchestrator, Settings, ValidationError
-    from orchestrator.publisher import RecordingPublisher
-    from orchestrator.registry import StaticRegistry
+    from orchestrator.core.publisher import RecordingPublisher
+    from orchestrator.core.registry import StaticRegistry
 
     orc = Orchestrator(
         Settings.from_env({}, data_dir=str(tmp_path), database_url=pg_clean),
@@ -603,7 +603,7 @@ def test_a_tenant_limit_holds_at_admission_and_frees_with_its_tasks(store: Store
     """orchestrator tenant set t --max-running 2: never more than 2 of its tasks QUEUED or
     RUNNING across every queue, counted from the rows; a slot frees when a task ends or its run
     is cancelled; explain says why the rest waits."""
-    from orchestrator.explain import explain
+    from orchestrator.core.explain import explain
 
     store.tenants.update("capped", max_running=2)
     dag = DAG("capped", tenant="capped")
@@ -642,7 +642,7 @@ def _start(store: Store, dispatches: Any) -> None:
 
 
 def _reasons(store: Store, run_id: str) -> dict[str, dict[str, Any]]:
-    from orchestrator.explain import explain
+    from orchestrator.core.explain import explain
 
     found = explain(store.reads.explain_input(run_id, worker_ttl=30, depth=1))
     return {e.key: {r.kind: r.to_json() for r in e.reasons} for e in found}

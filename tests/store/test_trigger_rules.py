@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 import sqlalchemy as sa
 
-from orchestrator.states import TriggerRule
+from orchestrator.core.states import TriggerRule
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.postgres

@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, DagNotFound, Orchestrator, ValidationError
-from orchestrator import schema as s
-from orchestrator.triggers import TriggerError, TriggerNotFound
+from orchestrator.services.triggers import TriggerError, TriggerNotFound
+from orchestrator.store import schema as s
 from tests.store.dynamic import orchestrator
 
 pytestmark = pytest.mark.postgres
@@ -198,7 +198,7 @@ def test_remove_deletes_the_trigger_and_its_firings(orc: Orchestrator) -> None:
 
 
 def test_beats_pass_finishes_open_firings(orc: Orchestrator) -> None:
-    from orchestrator.beat import DatabaseScheduler
+    from orchestrator.runtime.beat import DatabaseScheduler
 
     orc.triggers.add("first", event="orders.new", spec=etl())
     orc.store.waits.emit("default", "orders.new", "{}", "e1", None, "test", 10)  # its emitter died

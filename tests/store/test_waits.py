@@ -20,10 +20,10 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, Defer, Orchestrator, ValidationError
-from orchestrator import schema as s
-from orchestrator.dag import dag_from_spec
-from orchestrator.errors import OperatorError
-from orchestrator.invariants import check_runs
+from orchestrator.core.dag import dag_from_spec
+from orchestrator.core.errors import OperatorError
+from orchestrator.services.invariants import check_runs
+from orchestrator.store import schema as s
 from tests.store.dynamic import drive, orchestrator
 
 pytestmark = pytest.mark.postgres

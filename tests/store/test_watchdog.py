@@ -14,14 +14,15 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator import DAG, Orchestrator, alerts
-from orchestrator import schema as s
-from orchestrator.metrics import render
-from orchestrator.reconciler import Reconciler
-from orchestrator.routing import default_queues
-from orchestrator.schema import events as ev
-from orchestrator.schema import tasks as t
+from orchestrator import DAG, Orchestrator
+from orchestrator.core.routing import default_queues
+from orchestrator.services import alerts
+from orchestrator.services.reconciler import Reconciler
+from orchestrator.store import schema as s
+from orchestrator.store.schema import events as ev
+from orchestrator.store.schema import tasks as t
 from orchestrator.store.workers import MAX_DROPS_BEFORE_HOLD
+from orchestrator.web.metrics import render
 from tests.store.dynamic import orchestrator
 
 pytestmark = pytest.mark.postgres

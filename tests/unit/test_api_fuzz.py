@@ -33,13 +33,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import DAG, Orchestrator, Settings
-from orchestrator import schema as s
-from orchestrator.dag import dag_from_spec
-from orchestrator.errors import ConfigurationError, OrchestratorError
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
-from orchestrator.routing import default_queues
-from orchestrator.web import SERVER_OPTIONS
+from orchestrator.core.dag import dag_from_spec
+from orchestrator.core.errors import ConfigurationError, OrchestratorError
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.core.routing import default_queues
+from orchestrator.store import schema as s
+from orchestrator.web.app import SERVER_OPTIONS
 from tests.conftest import clean_test_database
 from tests.unit.test_spec_fuzz import _anything, _api_call, _deep, _json, _mostly, _number, _text
 
@@ -95,7 +95,7 @@ class World:
         from tornado.httpserver import HTTPServer
         from tornado.netutil import bind_sockets
 
-        from orchestrator.web import make_app
+        from orchestrator.web.app import make_app
 
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
@@ -234,7 +234,7 @@ def _spec(draw: Any) -> dict[str, Any]:
 @st.composite
 def _hand_built_wait(draw: Any) -> DAG:
     """A DAG whose wait or sensor node holds a WaitSpec / SensorSpec built by hand (no checks)."""
-    from orchestrator.waits import SensorSpec, WaitSpec
+    from orchestrator.core.waits import SensorSpec, WaitSpec
 
     dag = DAG("by-hand")
     if draw(st.booleans()):

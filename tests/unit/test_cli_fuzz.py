@@ -26,11 +26,12 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import Orchestrator, Settings, cli
-from orchestrator.dag import dag_from_spec
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
-from orchestrator.routing import default_queues
+from orchestrator import Orchestrator, Settings
+from orchestrator.cli import app as cli
+from orchestrator.core.dag import dag_from_spec
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.core.routing import default_queues
 from tests.conftest import clean_test_database
 from tests.unit.test_api_fuzz import LEDGER, counts
 

@@ -6,17 +6,12 @@ import random
 
 import pytest
 
-from orchestrator.backoff import Backoff, Jitter
-from orchestrator.config import Settings
-from orchestrator.errors import ConfigurationError
-from orchestrator.protocol import parse_task_id, task_id
-from orchestrator.routing import Priority, default_queues, route
-from orchestrator.states import (
-    TRANSITIONS,
-    IllegalTransition,
-    TaskState,
-    check_transition,
-)
+from orchestrator.core.backoff import Backoff, Jitter
+from orchestrator.core.config import Settings
+from orchestrator.core.errors import ConfigurationError
+from orchestrator.core.protocol import parse_task_id, task_id
+from orchestrator.core.routing import Priority, default_queues, route
+from orchestrator.core.states import TRANSITIONS, IllegalTransition, TaskState, check_transition
 
 T = TaskState
 

@@ -17,7 +17,7 @@ import datetime as dt
 
 import pytest
 
-from orchestrator.cron import (
+from orchestrator.core.cron import (
     ScheduleError,
     Timing,
     count_instants,
@@ -26,7 +26,7 @@ from orchestrator.cron import (
     next_instant,
     previous_instant,
 )
-from orchestrator.firing import Decision, Policy, catch_up, overlap, plan
+from orchestrator.core.firing import Decision, Policy, catch_up, overlap, plan
 
 
 def z(text: str) -> dt.datetime:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator import DAG, CycleError, SpecError, UnknownTaskError, ValidationError
-from orchestrator.dag import SizeLimits, dag_from_spec, load_spec, parse_spec
+from orchestrator.core.dag import SizeLimits, dag_from_spec, load_spec, parse_spec
 
 REGISTERED = {"t.a", "t.b"}
 

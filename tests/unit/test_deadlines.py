@@ -14,13 +14,13 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState, Settings, ValidationError
-from orchestrator import schema as s
-from orchestrator.dag import MAX_DEADLINE, OnDeadline, load_spec
-from orchestrator.errors import SpecError
-from orchestrator.invariants import check_runs
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
-from orchestrator.routing import default_queues
+from orchestrator.core.dag import MAX_DEADLINE, OnDeadline, load_spec
+from orchestrator.core.errors import SpecError
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.core.routing import default_queues
+from orchestrator.services.invariants import check_runs
+from orchestrator.store import schema as s
 
 
 @pytest.fixture

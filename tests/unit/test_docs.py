@@ -15,8 +15,8 @@ from pathlib import Path
 
 import click
 
-from orchestrator import config
 from orchestrator.cli import main
+from orchestrator.core import config
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -122,7 +122,7 @@ def test_every_command_has_a_heading_and_every_heading_a_command() -> None:
 
 def _exported_metrics() -> set[str]:
     """Every metric family name metrics.py builds: the string literals that are whole names."""
-    tree = ast.parse((ROOT / "orchestrator" / "metrics.py").read_text())
+    tree = ast.parse((ROOT / "orchestrator" / "web" / "metrics.py").read_text())
     return {
         node.value
         for node in ast.walk(tree)
@@ -148,7 +148,7 @@ def test_every_revision_is_listed() -> None:
     text = (REFERENCE / "migrations.md").read_text()
     listed = {_first_code(r[0]) for r in _table_rows(text) if r}
     revisions = set()
-    for path in sorted((ROOT / "orchestrator" / "migrations" / "versions").glob("*.py")):
+    for path in sorted((ROOT / "orchestrator" / "store" / "migrations" / "versions").glob("*.py")):
         found = re.search(r'^revision\s*=\s*["\']([^"\']+)["\']', path.read_text(), flags=re.M)
         if found is None:
             continue

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator import DAG, ConfigurationError, ConflictError, Orchestrator, RunState, Settings, TaskState
-from orchestrator.models import Dispatch
-from orchestrator.protocol import FencingToken
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.reconciler import ReconcilerService
-from orchestrator.registry import StaticRegistry
-from orchestrator.routing import default_queues
+from orchestrator.core.models import Dispatch
+from orchestrator.core.protocol import FencingToken
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.core.routing import default_queues
+from orchestrator.services.reconciler import ReconcilerService
 
 T = TaskState
 NAMES = ["t.ok", "t.fail"]
@@ -211,7 +211,7 @@ def test_verify_checks_the_promise_from_the_database(orc: Orchestrator, tmp_path
 
     import sqlalchemy as sa
 
-    from orchestrator import schema as s
+    from orchestrator.store import schema as s
 
     dag = DAG("verified")
     a = dag.task("a", "t.ok")
@@ -247,7 +247,7 @@ def test_verify_checks_the_promise_from_the_database(orc: Orchestrator, tmp_path
 
 
 def test_a_direct_messages_signature_covers_its_arguments() -> None:
-    from orchestrator.protocol import sign, verify
+    from orchestrator.core.protocol import sign, verify
 
     key, token = b"k" * 32, FencingToken("r", "k", 3)
     plain = sign(key, "t", token)
@@ -266,8 +266,8 @@ def test_a_redelivered_message_whose_count_cannot_be_written_goes_back_to_its_qu
     body may have run there before its claim): a message is never run without it."""
     from types import SimpleNamespace
 
-    from orchestrator.celery_app import create_app
-    from orchestrator.inbox import GuardedConsumer
+    from orchestrator.runtime.celery_app import create_app
+    from orchestrator.runtime.inbox import GuardedConsumer
 
     settings = Settings(
         database_url="postgresql+psycopg://postgres@127.0.0.1:1/unreachable",

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from orchestrator import DAG, Orchestrator, Settings, Skip
-from orchestrator.explain import ExplainInput, explain
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
+from orchestrator.core.explain import ExplainInput, explain
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
 from tests.store import dynamic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -271,7 +271,7 @@ def test_pending_counters_and_early_verdicts(dyn: Orchestrator) -> None:
 def cli_explain(orc: Orchestrator, run_id: str, key: str) -> str:
     from click.testing import CliRunner
 
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
 
     original = cli._ready_store
     cli._ready_store = lambda: orc  # type: ignore[assignment]

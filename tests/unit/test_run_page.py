@@ -17,9 +17,9 @@ from urllib.parse import quote
 import sqlalchemy as sa
 
 from orchestrator import DAG
-from orchestrator import graph as drawing
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.web import API_LIMIT, CHANGES_LIMIT, LEDGER_ROWS, TASK_ROWS
+from orchestrator.core import graph as drawing
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.web.app import API_LIMIT, CHANGES_LIMIT, LEDGER_ROWS, TASK_ROWS
 from tests.store.dynamic import Fail, drive
 from tests.unit.test_web import TOKEN, WebCase, bearer
 

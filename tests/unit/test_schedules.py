@@ -19,13 +19,13 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, FactoryNotAllowed, Orchestrator, RunState, ValidationError, dag_factory
-from orchestrator import schema as s
-from orchestrator.alerts import schedule_failed
-from orchestrator.cron import ScheduleError
-from orchestrator.firing import RECORD_SKIPPED
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
+from orchestrator.core.cron import ScheduleError
+from orchestrator.core.firing import RECORD_SKIPPED
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
 from orchestrator.schedules import CANCEL_PREVIOUS, ScheduleNotFound
+from orchestrator.services.alerts import schedule_failed
+from orchestrator.store import schema as s
 from orchestrator.store.schedules import iso
 from tests.conftest import backend_orchestrator
 

@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import DAG, Orchestrator, Settings
-from orchestrator import schema as s
-from orchestrator.dag import load_spec
-from orchestrator.errors import ValidationError
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
+from orchestrator.core.dag import load_spec
+from orchestrator.core.errors import ValidationError
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.store import schema as s
 from tests.conftest import clean_test_database
 
 TASKS = ["t.ok", "t.other"]
@@ -361,7 +361,7 @@ _BAD_FIELDS: dict[str, Any] = {
 @st.composite
 def _hand_built(draw: Any) -> tuple[DAG, str]:
     """A DAG of Node objects put into ``dag.nodes`` by hand, with one thing wrong (returned)."""
-    from orchestrator.dag import Node
+    from orchestrator.core.dag import Node
 
     dag = DAG("by-hand")
     keys = draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3, unique=True))
@@ -409,7 +409,7 @@ def test_a_dag_assembled_by_hand_is_validated_at_submit(orc: Orchestrator) -> No
 def test_two_entries_of_one_node_key_are_a_validation_error_not_a_unique_violation(orc: Orchestrator) -> None:
     """The shape the fuzzer found ending in a raw psycopg UniqueViolation: ``dag.nodes`` holding
     one Node under two dict keys (or a Node under another key) made two task rows of one key."""
-    from orchestrator.dag import Node
+    from orchestrator.core.dag import Node
 
     dag = DAG("dup")
     node = Node(key="a", task="t.ok")

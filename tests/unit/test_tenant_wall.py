@@ -23,13 +23,13 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunNotFound, Settings, TaskNotFound, TaskState
-from orchestrator import schema as s
-from orchestrator.engine import RunHandle
-from orchestrator.metrics import render as render_metrics
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
-from orchestrator.routing import default_queues
-from orchestrator.scheduling import ScheduleNotFound
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.core.routing import default_queues
+from orchestrator.engine.facade import RunHandle
+from orchestrator.services.scheduling import ScheduleNotFound
+from orchestrator.store import schema as s
+from orchestrator.web.metrics import render as render_metrics
 from tests.conftest import empty_tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,7 +263,7 @@ def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def test_web_and_json_api(world: tuple[Orchestrator, Orchestrator, str]) -> None:
-    from orchestrator.web import make_app
+    from orchestrator.web.app import make_app
 
     a, b, run_id = world
     before = written(a)

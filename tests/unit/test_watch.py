@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from orchestrator import DAG, RunState
-from orchestrator.watch import watch
+from orchestrator.cli.watch import watch
 from tests.unit.test_web import finish, make_orc
 
 
@@ -55,8 +55,8 @@ def test_watch_gives_up_after_its_timeout(tmp_path: Path) -> None:
 def test_task_text_is_never_read_as_markup() -> None:
     import datetime as dt
 
-    from orchestrator.models import EventView, RunView
-    from orchestrator.watch import view
+    from orchestrator.cli.watch import view
+    from orchestrator.core.models import EventView, RunView
 
     now = dt.datetime.now(dt.UTC)
     run = RunView("r1", "d", "default", RunState.RUNNING, "default", None, {}, 1, 1, now, None, {})

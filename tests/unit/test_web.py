@@ -21,12 +21,12 @@ import pytest
 from tornado.testing import AsyncHTTPTestCase
 
 from orchestrator import DAG, Orchestrator, Settings, TaskState
-from orchestrator import graph as drawing
-from orchestrator.errors import ConfigurationError
-from orchestrator.publisher import RecordingPublisher
-from orchestrator.registry import StaticRegistry
-from orchestrator.routing import default_queues
-from orchestrator.web import SERVER_OPTIONS, Access, is_loopback, make_app, parse_ui_auth
+from orchestrator.core import graph as drawing
+from orchestrator.core.errors import ConfigurationError
+from orchestrator.core.publisher import RecordingPublisher
+from orchestrator.core.registry import StaticRegistry
+from orchestrator.core.routing import default_queues
+from orchestrator.web.app import SERVER_OPTIONS, Access, is_loopback, make_app, parse_ui_auth
 from tests.conftest import clean_test_database
 from tests.integration.conftest import stop_process
 
@@ -376,7 +376,7 @@ class TestLocal(WebCase):
         assert nonce.group(1) not in self.get(f"/runs/{run_id}").headers["Content-Security-Policy"]  # per response
 
     def test_oversized_requests_are_answered(self) -> None:
-        from orchestrator.web import MAX_HEADER_BYTES, MAX_URL_BYTES
+        from orchestrator.web.app import MAX_HEADER_BYTES, MAX_URL_BYTES
 
         long_url = self.get("/api/runs?q=" + "a" * 100_000)  # the 100 KB query string
         assert long_url.code == 414 and "URL longer" in json.loads(long_url.body)["error"]
@@ -449,7 +449,7 @@ class TestClearMarkRerun(WebCase):
         return found.group(1)
 
     def test_clear_with_downstream_runs_a_failed_task_and_its_downstream_again(self) -> None:
-        from orchestrator.invariants import check_runs
+        from orchestrator.services.invariants import check_runs
         from tests.store.dynamic import drive
 
         run_id, body = self.broken_run()
@@ -927,7 +927,7 @@ def test_graph_command_writes_each_format(
 ) -> None:
     from click.testing import CliRunner
 
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
 
     run = pg_orc.submit(diamond())
     finish(pg_orc, fail={"b"})
@@ -946,7 +946,7 @@ def test_submit_warns_and_status_shows_maps_and_skips(
 ) -> None:
     from click.testing import CliRunner
 
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
     from tests.store.dynamic import drive
 
     monkeypatch.setattr(cli, "_ready_store", lambda: pg_orc)

@@ -13,8 +13,8 @@ import pytest
 from tornado.testing import AsyncHTTPSTestCase
 
 from orchestrator import Settings
-from orchestrator.errors import ConfigurationError
-from orchestrator.web import Access, LoginLimiter, make_app
+from orchestrator.core.errors import ConfigurationError
+from orchestrator.web.app import Access, LoginLimiter, make_app
 from tests.unit.test_web import TOKEN, WebCase, basic, bearer, make_orc
 
 PASSWORD = "correct-horse-battery"

@@ -1,0 +1,5 @@
+"""``python -m orchestrator.cli``."""
+
+from .app import main
+
+main()

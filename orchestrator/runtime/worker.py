@@ -1,0 +1,759 @@
+"""The worker side: a base Celery Task that claims, heartbeats and commits fenced outcomes.
+
+An orchestrated message carries (run, key, attempt) headers and their signature (an HMAC with
+the deployment's key, ``protocol.sign``). The task:
+
+0. verifies the signature for its own task name: a message that fails it (forged, or made for
+   another task) is acked and dropped, and nothing is written;
+1. claims with a CAS QUEUED -> RUNNING for that attempt (a lost claim: ack and drop);
+2. runs the body with the arguments stored in the database, a heartbeat extending the lease;
+   a direct message (its signed arguments are all the body gets; not redelivered) runs its
+   body first, and is claimed with its success when the body ends within the claim delay
+   (``ORCHESTRATOR_CLAIM_DELAY``), or from the heartbeat thread when the delay is up (a claim
+   that loses stops the body);
+3. commits SUCCEEDED (JSON result), SKIPPED (the body raised :class:`orchestrator.Skip`) or a
+   failed attempt (RETRYING with backoff / FAILED), fenced by the attempt, settles the
+   children and publishes what became dispatchable.
+
+The same task called without those headers (``task.delay()``, ``task()``, Flower's apply) is a
+plain Celery task that never touches a run. A hard time limit is recorded from the worker's
+main process (:class:`OrchestratedRequest`) for a verified token only.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import ctypes
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from celery import Celery, Task, signals
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.worker.request import Request
+
+from ..core.crashpoints import crash_point
+from ..core.dag import UPSTREAM_KWARG, check_json
+from ..core.errors import ResultNotSerializable, Skip, ValidationError
+from ..core.models import Claim
+from ..core.poison import exception_names, fingerprint, is_infrastructure
+from ..core.protocol import (
+    FENCING_HEADERS,
+    HEADER_DIRECT,
+    HEADER_SIGNATURE,
+    FencingToken,
+    MalformedHeaders,
+    read_token,
+    verify,
+)
+from ..core.registry import RESERVED_PREFIXES
+from ..core.waits import Defer, SensorSpec
+from ..engine.facade import Orchestrator
+from ..services.reconciler import ReconcilerService
+from .inbox import count_drop
+from .process import all_orchestrators, current_orchestrator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What an orchestrated task body may know about itself (see :func:`current_context`)."""
+
+    run_id: str
+    key: str
+    attempt: int
+    upstream: dict[str, Any] = field(default_factory=dict)
+    #: reads the run's logical date (one query, the first time it is asked)
+    lookup: Callable[[str], str | None] | None = field(default=None, repr=False, compare=False)
+    #: a body called again after it raised :class:`orchestrator.Defer`: ``{"event": the payload
+    #: that woke it, or None; "state": what it saved; "timed_out": False}``; None on a first call
+    resumed: dict[str, Any] | None = None
+
+    @property
+    def logical_date(self) -> dt.datetime | None:
+        """The run's logical date (a schedule's instant, in UTC), or ``None`` for a run that has none."""
+        found = _logical_dates.get(self.run_id)
+        if found is None and self.lookup is not None:
+            found = _logical_dates[self.run_id] = self.lookup(self.run_id) or ""
+        return dt.datetime.fromisoformat(found) if found else None
+
+
+#: run id -> logical date ("" for none), per process: a run's logical date never changes
+_logical_dates: dict[str, str] = {}
+
+
+_context: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("orc_context", default=None)
+
+
+def current_context() -> TaskContext | None:
+    """The running orchestrated task's context, or ``None`` outside a DAG."""
+    return _context.get()
+
+
+class RetryRequested(Exception):
+    """Raised by ``self.retry()`` inside an orchestrated task: a retryable failure whose
+    delay comes from the node's backoff in the database, never a broker countdown."""
+
+
+class LeaseLost(BaseException):
+    """Raised inside a task body whose lease was taken from it: the worker fences itself.
+
+    A BaseException, so that a body's ``except Exception`` does not swallow it."""
+
+
+_FENCE_SIGNAL = signal.SIGUSR2
+_fence_requested = threading.Event()
+
+
+def _on_fence_signal(signum: int, frame: Any) -> None:
+    if _fence_requested.is_set():
+        _fence_requested.clear()
+        raise LeaseLost()
+
+
+def _prepare_fencing() -> bool:
+    """Install the fence signal handler when bodies run on the main thread (prefork, solo)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(_FENCE_SIGNAL) is not _on_fence_signal:
+        signal.signal(_FENCE_SIGNAL, _on_fence_signal)
+    return True
+
+
+def _interrupt(thread_id: int) -> None:
+    """Raise :class:`LeaseLost` in the thread running the body.
+
+    On the main thread (prefork and solo pools) a signal does it, which also breaks a
+    blocking call such as ``time.sleep`` or a socket read; in other threads (the threads
+    pool) an asynchronous exception does it, taking effect at the next bytecode.
+    """
+    if thread_id == threading.main_thread().ident and signal.getsignal(_FENCE_SIGNAL) is _on_fence_signal:
+        _fence_requested.set()
+        signal.pthread_kill(thread_id, _FENCE_SIGNAL)
+        return
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(LeaseLost))
+
+
+#: the longest the heartbeat thread sleeps at a time: a direct body's claim is at most this late
+_CLAIM_POLL = 0.05
+
+
+@dataclass
+class _Unclaimed:
+    """A direct message's body running before its claim (see :meth:`Heartbeater.track_direct`)."""
+
+    thread_id: int
+    #: seconds of the claim delay left
+    left: float
+    claim: Callable[[], bool]
+    #: pending -> claiming -> held | refused | failed (the claim could not be written)
+    state: str = "pending"
+    #: the body returned or raised (its thread is in untrack(): not to be interrupted)
+    finished: bool = False
+
+
+class Heartbeater:
+    """One daemon thread per process extending the leases of the attempts it runs, and claiming
+    the direct bodies that outlive the claim delay.
+
+    When an extension CAS fails, the attempt no longer holds the task: the body is
+    interrupted with :class:`LeaseLost` and its outcome will be rejected (self-fencing). A
+    direct body whose delayed claim is refused is interrupted the same way.
+    """
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orc = orchestrator
+        self.lease = orchestrator.settings.lease_seconds
+        self.claim_delay = orchestrator.settings.claim_delay
+        self._active: dict[FencingToken, int] = {}
+        self._unclaimed: dict[FencingToken, _Unclaimed] = {}
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="orc-heartbeat", daemon=True)
+            self._thread.start()
+
+    def track(self, token: FencingToken) -> None:
+        """Start beating for an attempt run by the calling thread."""
+        _prepare_fencing()
+        with self._lock:
+            self._active[token] = threading.get_ident()
+            self._start()
+
+    def track_direct(self, token: FencingToken, claim: Callable[[], bool]) -> None:
+        """A direct body starts unclaimed in the calling thread: ``claim()`` (the claim; whether
+        it was accepted) is made from this thread once the claim delay has passed, and the
+        attempt is then tracked as any other."""
+        _prepare_fencing()
+        with self._lock:
+            self._unclaimed[token] = _Unclaimed(threading.get_ident(), self.claim_delay, claim)
+            self._start()
+
+    def untrack(self, token: FencingToken) -> str:
+        """Stop tracking the attempt once its body returned or raised: ``"unclaimed"`` (a direct
+        body that finished before its claim: the caller claims, with its outcome), ``"held"``
+        (claimed and still holding the task), ``"refused"`` (its delayed claim lost),
+        ``"failed"`` (its delayed claim could not be written: the body was stopped unrecorded)
+        or ``"lost"`` (its lease was taken over)."""
+        with self._lock:
+            entry = self._unclaimed.get(token)
+            if entry is not None:
+                entry.finished = True
+            while entry is not None and entry.state == "claiming":
+                self._lock.wait()
+            if entry is not None:
+                del self._unclaimed[token]
+                if entry.state == "pending":
+                    return "unclaimed"
+                if entry.state in ("refused", "failed"):
+                    return entry.state
+            return "held" if self._active.pop(token, None) is not None else "lost"
+
+    def _loop(self) -> None:
+        # time is counted in the sleeps made, never read from a clock: a worker whose clock is
+        # shifted or jumps (libfaketime moves the monotonic clock too) still beats and claims
+        # on time, and a relative sleep never waits for an absolute deadline
+        interval = max(self.lease / 3.0, 0.05)
+        since_beat = 0.0
+        while True:
+            with self._lock:
+                left = [e.left for e in self._unclaimed.values() if e.state == "pending"]
+            # a direct body may start while this thread sleeps: with a claim delay, never sleep
+            # longer than _CLAIM_POLL (without one, no body starts unclaimed)
+            poll = [_CLAIM_POLL] if self.claim_delay > 0 else []
+            step = max(min([*left, interval - since_beat, *poll]), 0.001)
+            time.sleep(step)
+            since_beat += step
+            due: list[tuple[FencingToken, _Unclaimed]] = []
+            with self._lock:
+                for token, entry in self._unclaimed.items():
+                    if entry.state == "pending":
+                        entry.left -= step
+                        if entry.left <= 0:
+                            entry.state = "claiming"
+                            due.append((token, entry))
+            for token, entry in due:
+                self._claim(token, entry)
+            if since_beat >= interval:
+                self._beat()
+                since_beat = 0.0
+
+    def _claim(self, token: FencingToken, entry: _Unclaimed) -> None:
+        failed = False
+        try:
+            held = entry.claim()
+        except Exception:
+            log.exception("claim of %s failed; its body is stopped and its message requeued", token.task_id)
+            held, failed = False, True
+        with self._lock:
+            # under the lock: untrack() waits while the claim is being made, then reads its outcome
+            if held:
+                entry.state = "held"
+                self._active[token] = entry.thread_id
+            else:
+                entry.state = "failed" if failed else "refused"
+                if not entry.finished:
+                    log.info("claim of %s refused: stopping its body (a duplicate or stale message)", token.task_id)
+                    _interrupt(entry.thread_id)
+            self._lock.notify_all()
+
+    def _beat(self) -> None:
+        with self._lock:
+            items = list(self._active.items())
+        for token, thread_id in items:
+            try:
+                alive = self.orc.heartbeat(token)
+            except Exception:
+                log.exception("heartbeat failed for %s", token.task_id)
+                continue
+            if alive:
+                continue
+            with self._lock:
+                # under the lock: untrack() cannot return between the check and the interrupt
+                if self._active.pop(token, None) is None:
+                    continue  # finished meanwhile
+                log.warning("lease lost for %s: stopping the body", token.task_id)
+                _interrupt(thread_id)
+
+
+_heartbeaters: dict[int, Heartbeater] = {}
+
+
+def _heartbeater(orc: Orchestrator) -> Heartbeater:
+    hb = _heartbeaters.get(os.getpid())
+    if hb is None:
+        hb = _heartbeaters[os.getpid()] = Heartbeater(orc)
+    return hb
+
+
+class OrchestratedTask(Task):  # type: ignore[misc]
+    """Base class of every task of the project's app (``task_cls``)."""
+
+    Request = "orchestrator.runtime.worker:OrchestratedRequest"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)
+        token = verified_token(self, request, (args, kwargs))
+        if token is None:
+            # a plain Celery message: Task.__call__ would push a fresh request and hide this one
+            return self.run(*args, **kwargs)
+        # a redelivered message (its worker died, or it was restored unacknowledged) may be of an
+        # attempt already claimed: it claims before its body, so a stale copy never runs
+        direct = getattr(request, HEADER_DIRECT, None) is True and not _redelivered(request)
+        return self._run_attempt(token, (list(args), dict(kwargs)) if direct else None)
+
+    def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Any:
+        if current_context() is not None:
+            raise RetryRequested(str(exc) if exc else "retry requested") from exc
+        return super().retry(*args, exc=exc, **kwargs)
+
+    def _run_attempt(self, token: FencingToken, direct: tuple[list[Any], dict[str, Any]] | None = None) -> Any:
+        """Run one attempt. ``direct``: a direct message's verified arguments; with a claim
+        delay the body starts unclaimed on them, and is claimed with its success when it
+        finishes sooner (one transaction), or from the heartbeat thread when it does not."""
+        orc = current_orchestrator(self.app)
+        worker = f"{self.request.hostname or socket.gethostname()}:{os.getpid()}"
+        hb = _heartbeater(orc)
+        started = time.monotonic()
+        if direct is not None and orc.settings.claim_delay > 0:
+            args, kwargs = direct
+            upstream: dict[str, Any] = {}
+            resumed = sensor = None
+            hb.track_direct(token, lambda: orc.claim(token, worker, self.name) is not None)
+        else:
+            claim = _claim_or_ignore(orc, token, worker, self.name)
+            crash_point("after_claim_commit")
+            args, kwargs, resumed, sensor = claim.args, dict(claim.kwargs), claim.resumed, claim.sensor
+            upstream = claim.upstream_results
+            if claim.wants_upstream:
+                kwargs[UPSTREAM_KWARG] = upstream
+            hb.track(token)
+        context = _context.set(TaskContext(token.run_id, token.key, token.attempt, upstream, orc.logical_date, resumed))
+        status: str | None = None
+        try:
+            try:
+                result = self.run(*args, **kwargs)
+            finally:
+                status = hb.untrack(token)
+            if status == "refused":
+                raise Ignore()
+            if status == "failed":
+                raise _requeue()
+        except Skip as exc:
+            if status == "lost":
+                # the lease was lost meanwhile: this attempt no longer holds the task
+                raise Ignore() from None
+            _claim_late(orc, token, worker, self.name, status)
+            orc.skip_attempt(token, exc.reason)
+            return None
+        except Defer as exc:
+            if status == "lost":
+                raise Ignore() from None
+            _claim_late(orc, token, worker, self.name, status)
+            try:
+                spec = exc.spec()
+                check_json(spec, "Defer")
+            except ValidationError as bad:
+                orc.fail_attempt(token, error=f"Defer: {bad}", exc_types=["ValidationError"], retryable=False)
+                return None
+            orc.defer_attempt(token, spec)
+            return None
+        except (Ignore, Reject):
+            raise
+        except BaseException as exc:
+            if status is None:
+                status = hb.untrack(token)
+            if status == "refused":
+                # a direct body whose delayed claim lost: the claim's rejection is in the ledger
+                count_drop("claim refused")
+                raise Ignore() from None
+            if status == "failed":
+                raise _requeue() from None
+            if status == "unclaimed" and not isinstance(exc, LeaseLost):
+                try:
+                    _claim_late(orc, token, worker, self.name, status)
+                except (Ignore, Reject):
+                    if _terminated_by(exc) is not None:
+                        raise exc from None  # a terminated process goes on exiting
+                    raise
+            fp, evidence = fingerprint(exc)
+            # a terminate signal (a revoke of a fenced attempt, or a shutdown) is a fence when the
+            # attempt no longer holds the task, the lease check the heartbeat makes
+            terminated = _terminated_by(exc)
+            tracked = status in ("held", "unclaimed")
+            fenced = isinstance(exc, LeaseLost) or not tracked or (terminated is not None and not _holds(orc, token))
+            retryable = not isinstance(exc, (ResultNotSerializable, ValidationError, LeaseLost)) and not fenced
+            if terminated is not None and fenced:
+                error = f"LeaseLost: the attempt was fenced (cleared or cancelled); body terminated ({terminated})"
+            elif terminated is not None:
+                error = f"Terminated: body stopped by {terminated} (its worker is stopping)"
+            elif fenced:
+                error = "LeaseLost: the lease was taken over; body stopped"
+            else:
+                error = f"{_describe(exc)} [{evidence}]"
+            orc.fail_attempt(
+                token,
+                error=error,
+                exc_types=exception_names(exc),
+                # an attempt taken over, a terminated body or an outage says nothing about the task's code
+                fingerprint=None if fenced or terminated or is_infrastructure(exc) else fp,
+                retryable=retryable,
+            )
+            if fenced and terminated is None:
+                # the attempt was taken over; its rejected outcome is in the ledger
+                raise Ignore() from None
+            raise  # a terminated process goes on exiting
+        finally:
+            _context.reset(context)
+        if sensor is not None and not result and status != "lost":
+            # a sensor's check said "not yet": wait as a row until the next check
+            orc.defer_attempt(token, sensor_defer(sensor, resumed))
+            return None
+        problem = _result_problem(result, orc.settings.max_result_bytes)
+        if problem is not None:
+            _claim_late(orc, token, worker, self.name, status)
+            orc.fail_attempt(token, error=problem, retryable=False)
+            raise ResultNotSerializable(f"task {self.name} ({token.task_id}): {problem}")
+        if status == "unclaimed":
+            try:
+                orc.complete(token, result, claim=(worker, self.name, time.monotonic() - started))
+            except Exception:
+                log.exception(_UNRECORDED, token.task_id)
+                raise _requeue() from None
+        else:
+            orc.complete(token, result)
+        return result
+
+
+def _redelivered(request: Any) -> bool:
+    """Whether the broker flagged the message redelivered (RabbitMQ's flag; kombu's Redis
+    transport sets it, and a header, on a message it restores)."""
+    info = getattr(request, "delivery_info", None) or {}
+    return bool(info.get("redelivered") or getattr(request, "redelivered", None))
+
+
+def _claim_or_ignore(orc: Orchestrator, token: FencingToken, worker: str, task_name: str) -> Claim:
+    """The claim before the body; a failed or refused claim acks and drops the message."""
+    try:
+        claim = orc.claim(token, worker, task_name)
+    except Exception:
+        log.exception("claim of %s failed; left to the reconciler", token.task_id)
+        raise Ignore() from None
+    if claim is None:
+        # a duplicate, a stale attempt or an unknown task: counted here, in the ledger only
+        # when the task exists (a rejected event)
+        log.info("claim of %s refused; duplicate or stale message dropped", token.task_id)
+        count_drop("claim refused")
+        raise Ignore()
+    return claim
+
+
+def _claim_late(orc: Orchestrator, token: FencingToken, worker: str, task_name: str, status: str | None) -> None:
+    """A direct body that finished unclaimed with another outcome than a success: claim now,
+    before that outcome is recorded (a refused claim drops it; a claim that cannot be written
+    requeues the message)."""
+    if status != "unclaimed":
+        return
+    try:
+        claim = orc.claim(token, worker, task_name)
+    except Exception:
+        log.exception(_UNRECORDED, token.task_id)
+        raise _requeue() from None
+    if claim is None:
+        log.info("claim of %s refused; duplicate or stale message dropped", token.task_id)
+        count_drop("claim refused")
+        raise Ignore()
+
+
+_UNRECORDED = "the claim of %s's direct body could not be written; its message goes back to its queue"
+
+
+def _requeue() -> Reject:
+    """A direct body ran, and its claim could not be written (the database unreachable past the
+    retries, or the commit in doubt): its message goes back to its queue instead of being
+    acknowledged, so the execution is not left without a record. It comes back flagged
+    redelivered: the inbox counts the delivery (``orc_deliveries``, the record) and the
+    attempt claims before its body runs again (a commit that did happen refuses that claim)."""
+    return Reject(requeue=True)
+
+
+class OrchestratedRequest(Request):  # type: ignore[misc]
+    """The worker main process's request of an orchestrated task: when the pool kills the
+    body at its hard time limit, the attempt's failure is recorded from here (the body never
+    got to record it), for a verified fencing token only."""
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        super().on_timeout(soft, timeout)
+        if soft:
+            return
+        headers = self._request_dict  # the message's headers (the main process has no task request)
+        fencing = SimpleNamespace(id=self.id, **{h: headers.get(h) for h in FENCING_HEADERS})
+        try:
+            token = verified_token(self.task, fencing, (self.args, self.kwargs))
+        except Ignore:
+            return
+        if token is None:
+            return
+        exc = TimeLimitExceeded(timeout)
+        try:
+            current_orchestrator(self.task.app).fail_attempt(
+                token,
+                error=f"TimeLimitExceeded: hard time limit ({exc})",
+                exc_types=exception_names(exc),
+                fingerprint=fingerprint(exc)[0],
+            )
+        except Exception:
+            log.exception("could not record the hard time limit of %s", token.task_id)
+
+
+def verified_token(task: Any, request: Any, arguments: tuple[Any, Any] | None = None) -> FencingToken | None:
+    """The fencing token of an orchestrated request, once its signature verifies for
+    ``task``'s name (and, for a direct message, for its ``arguments``); ``None`` for a plain
+    Celery message (no fencing headers). A malformed or unverified token raises
+    :class:`~celery.exceptions.Ignore` (the message is acked and dropped, nothing is written)
+    after a log line, counted in ``inbox.DROPPED``."""
+    try:
+        token = read_token(request)
+        direct = getattr(request, HEADER_DIRECT, None)
+        if token is not None and direct not in (None, True):
+            raise MalformedHeaders(f"malformed orchestrator direct header {direct!r}")
+    except MalformedHeaders as exc:
+        log.error("dropping message %s of %s: %s", request.id, task.name, exc)
+        count_drop("fencing headers")
+        raise Ignore() from None
+    if token is None:
+        return None
+    key = current_orchestrator(task.app).signing_key
+    signed = arguments if direct is True else None
+    if (direct is True and arguments is None) or not verify(
+        key, task.name, token, getattr(request, HEADER_SIGNATURE, None), signed
+    ):
+        log.error(
+            "dropping message %s of %s: the fencing headers' signature does not verify (forged, or made"
+            " for another task, other arguments or another deployment)",
+            request.id,
+            task.name,
+        )
+        count_drop("signature")
+        raise Ignore()
+    return token
+
+
+def sensor_defer(row: dict[str, Any], resumed: dict[str, Any] | None) -> dict[str, Any]:
+    """What a sensor's "not yet" waits for: its next check after the interval its count of
+    checks gives, within the deadline fixed at its first check (carried across checks)."""
+    spec = SensorSpec.from_row(row)
+    state = (resumed or {}).get("state") or {}
+    checks = int(state.get("checks", 0)) + 1
+    out: dict[str, Any] = {
+        "kind": "sensor", "delay": spec.interval(checks), "on_timeout": spec.on_timeout, "state": {"checks": checks},
+    }  # fmt: skip
+    deadline = (resumed or {}).get("deadline")
+    if deadline is not None:
+        out["deadline"] = deadline
+    elif spec.timeout is not None:
+        out["timeout"] = spec.timeout
+    return out
+
+
+def _holds(orc: Orchestrator, token: FencingToken) -> bool:
+    """Whether the attempt still holds its task (the heartbeat's lease check); ``True`` when the
+    database cannot say (its outcome's compare-and-set decides)."""
+    try:
+        return orc.heartbeat(token)
+    except Exception:
+        log.exception("lease check of %s failed", token.task_id)
+        return True
+
+
+def _terminated_by(exc: BaseException) -> str | None:
+    """The signal that stopped the body, when ``exc`` is how it did: in a prefork pool process
+    billiard's terminate handler raises ``SystemExit(signum - 256)`` (a revoke with
+    ``terminate=True``, a cold shutdown); a ``KeyboardInterrupt`` is SIGINT's. ``None`` for
+    anything else, a body's own ``sys.exit()`` included."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "SIGINT"
+    if not isinstance(exc, SystemExit) or not isinstance(exc.code, int) or not -256 < exc.code < 0:
+        return None
+    try:
+        from billiard.common import terminate_handler_fired
+    except ImportError:  # an older billiard: the exit code alone says it
+        terminate_handler_fired = None
+    if terminate_handler_fired is not None and not terminate_handler_fired():
+        return None
+    try:
+        return signal.Signals(exc.code + 256).name
+    except ValueError:
+        return f"signal {exc.code + 256}"
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return "SoftTimeLimitExceeded: soft time limit exceeded"
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return text[:4000]
+
+
+def _result_problem(result: Any, max_bytes: int) -> str | None:
+    try:
+        check_json(result, "result")
+    except ValidationError as exc:
+        return f"{exc}; tasks in a DAG must return plain JSON"
+    size = len(json.dumps(result, separators=(",", ":")))
+    if size > max_bytes:
+        return f"result is {size} bytes of JSON, over ORCHESTRATOR_MAX_RESULT_BYTES={max_bytes}"
+    return None
+
+
+class WorkerServices:
+    """What runs in a worker's main process beside the pool: the registry heartbeat that
+    keeps this worker's capacity row fresh, and the reconciler service (on duty when it
+    holds the deployment-wide duty; see ``orchestrator.services.reconciler``)."""
+
+    def __init__(
+        self,
+        orchestrator: Orchestrator,
+        name: str,
+        queues: list[str],
+        concurrency: int,
+        tasks: list[str] | None = None,
+    ) -> None:
+        self.orc, self.name, self.queues, self.concurrency = orchestrator, name, queues, concurrency
+        #: the task names this worker registered (advertised, so that admission holds the others)
+        self.tasks = tasks
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="orc-registry", daemon=True)
+        settings = orchestrator.settings
+        self.reconciler: ReconcilerService | None = None
+        if settings.worker_reconciler:
+            self.reconciler = ReconcilerService(
+                orchestrator.reconciler,
+                name=name,
+                interval=settings.tick_seconds,
+                stall_seconds=settings.reconciler_stall_seconds,
+            )
+
+    def start(self) -> None:
+        self.orc.register_worker(self.name, self.queues, self.concurrency, self.tasks)
+        self._thread.start()
+        if self.reconciler is not None:
+            self.reconciler.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.reconciler is not None:
+            self.reconciler.stop()
+        try:
+            self.orc.unregister_worker(self.name)
+        except Exception:
+            log.exception("could not unregister worker %s", self.name)
+
+    def _loop(self) -> None:
+        interval = max(min(5.0, self.orc.settings.worker_ttl / 3.0), 0.2)
+        while not self._stop.wait(interval):
+            try:
+                self.orc.touch_worker(self.name, self.queues, self.concurrency, self.tasks)
+            except Exception:
+                log.exception("worker registry heartbeat failed")
+
+
+_services: WorkerServices | None = None
+
+
+def start_services(
+    app: Celery, name: str, queues: list[str], concurrency: int, tasks: list[str] | None = None
+) -> WorkerServices:
+    """Register a worker's capacity (and the task names it registered, ``tasks``) and start its
+    reconciler service until :func:`stop_services`."""
+    global _services
+    _services = WorkerServices(current_orchestrator(app), name, queues, concurrency, tasks)
+    _services.start()
+    return _services
+
+
+def registered_names(app: Celery) -> list[str]:
+    """The task names a DAG node may name that this worker's app registered: what the worker
+    advertises (``orc_worker_tasks``)."""
+    return sorted(n for n in app.tasks.keys() if not n.startswith(RESERVED_PREFIXES))
+
+
+def stop_services() -> None:
+    global _services
+    if _services is not None:
+        _services.stop()
+        _services = None
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None or not hasattr(app, "orchestrator_settings"):
+        return
+    queues = sorted(q.name for q in sender.task_consumer.queues)
+    concurrency = int(getattr(sender.controller, "concurrency", None) or 1)
+    start_services(app, sender.hostname, queues, concurrency, registered_names(app))
+
+
+@signals.task_unknown.connect
+def _on_task_unknown(sender: Any = None, message: Any = None, name: str | None = None, **_: Any) -> None:
+    """The worker received a message of a task it has not registered (Celery logged "Received
+    unregistered task" and dropped it). An orchestrated one, once its signature verifies for
+    that name, holds its task READY (``WorkerRegistry.drop``) instead of leaving it QUEUED for the
+    reconciler to re-publish every dispatch timeout."""
+    app = getattr(sender, "app", None)
+    if app is None or not hasattr(app, "orchestrator_settings") or message is None or not name:
+        return
+    try:
+        headers = dict(message.headers or {})
+        token = read_token(SimpleNamespace(**{h: headers.get(h) for h in FENCING_HEADERS}))
+        if token is None:
+            return
+        orc = current_orchestrator(app)
+        direct = headers.get(HEADER_DIRECT) is True
+        signed = None
+        if direct:
+            body = message.payload
+            signed = (list(body[0]), dict(body[1]))
+        if not verify(orc.signing_key, name, token, headers.get(HEADER_SIGNATURE), signed):
+            log.error("message %s of unregistered task %s: its signature does not verify; dropped", token.task_id, name)
+            return
+        worker = getattr(sender, "hostname", None) or socket.gethostname()
+        if orc.drop_unregistered(token, worker, name):
+            log.error(
+                "task %s is not registered on worker %s: %s is held READY until a worker of its queue that has"
+                " it registers",
+                name,
+                worker,
+                token.task_id,
+            )
+    except Exception:
+        log.exception("could not record the unregistered task %s", name)
+
+
+@signals.worker_shutdown.connect
+def _on_worker_shutdown(**_: Any) -> None:
+    stop_services()
+
+
+@signals.worker_process_init.connect
+def _on_pool_process_init(**_: Any) -> None:
+    # a forked pool process must not use (or close) its parent's pooled connections
+    for orc in all_orchestrators():
+        orc.after_fork()
+    if _services is not None and _services.reconciler is not None:
+        _services.reconciler.forget_after_fork()
