@@ -157,3 +157,32 @@ def test_the_core_is_pure() -> None:
         assert not bad, f"{module_name(path)} imports {bad}"
         above = sorted(m for m in found if m.startswith("orchestrator") and floor_of(m) > 0)
         assert not above, f"{module_name(path)} imports {above}"
+
+
+#: a module of one concept stays reviewable: past ~600 lines it is split by concept, as a function past ~80
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def product_modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts)
+
+
+def test_no_module_is_over_600_lines() -> None:
+    big = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in product_modules()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not big, f"modules over {MAX_MODULE_LINES} lines (split them by concept): {big}"
+
+
+def test_no_function_is_over_80_lines() -> None:
+    long = {}
+    for path in product_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(PACKAGE.parent)}:{node.name}"] = lines
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (docstring included): {long}"

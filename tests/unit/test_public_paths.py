@@ -18,7 +18,7 @@ PUBLIC = {
         "SensorSpec", "MapArg", "MapSpec", "Limits", "load_spec", "dag_factory", "DagRegistry", "OrchestratorError",
         "ValidationError", "Skip",
     ],
-    "orchestrator.dag": ["DAG", "Node", "MapArg", "MapSpec", "Limits", "SizeLimits", "OnDeadline", "load_spec", "parse_spec"],
+    "orchestrator.dag": ["DAG", "Node", "MapArg", "MapSpec", "Limits", "SizeLimits", "OnDeadline", "load_spec"],
     "orchestrator.celery_app": ["get_app", "create_app"],
     "orchestrator.worker": ["current_context", "TaskContext", "OrchestratedTask", "OrchestratedRequest", "LeaseLost"],
     "orchestrator.schedules": ["add", "pause", "resume", "remove"],
