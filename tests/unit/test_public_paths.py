@@ -21,6 +21,7 @@ PUBLIC = {
     "orchestrator.dag": ["DAG", "Node", "MapArg", "MapSpec", "Limits", "SizeLimits", "OnDeadline", "load_spec"],
     "orchestrator.celery_app": ["get_app", "create_app"],
     "orchestrator.worker": ["current_context", "TaskContext", "OrchestratedTask", "OrchestratedRequest", "LeaseLost"],
+    "orchestrator.beat": ["DatabaseScheduler"],
     "orchestrator.schedules": ["add", "pause", "resume", "remove"],
     "orchestrator.testing": ["run_dag"],
     "orchestrator.testing.plugin": [],
@@ -57,6 +58,8 @@ def test_the_celery_class_paths_of_the_docs_resolve() -> None:
 
     assert symbol_by_name("orchestrator.worker:OrchestratedTask") is OrchestratedTask
     assert symbol_by_name("orchestrator.worker:OrchestratedRequest") is OrchestratedRequest
+    beat = symbol_by_name("orchestrator.beat:DatabaseScheduler")
+    assert beat is symbol_by_name("orchestrator.runtime.beat:DatabaseScheduler")
 
 
 def test_the_console_script_and_python_m_reach_the_cli() -> None:
