@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import click
 
 from ..core import redact
 from ..core.dag import DAG
 from ..core.models import TaskView
 from ..core.routing import default_queues
 from ..core.states import RunState, TaskState
-from ..engine.facade import RunHandle
+
+if TYPE_CHECKING:
+    from ..engine.facade import RunHandle
 
 
 def build_demo_dag(day: str = "2026-04-25", tenant: str = "demo") -> DAG:
@@ -110,3 +116,10 @@ def run_demo(echo: Callable[[str], None] = print, timeout: float = 120.0) -> int
         echo(f"loaded: {load.result}")
     echo(f"run {run.id}: {state.value}")
     return 0 if state is RunState.SUCCEEDED else 1
+
+
+@click.command()
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to follow the run.")
+def demo(timeout: float) -> None:
+    """Run a small ETL DAG with an in-process worker on the embedded default."""
+    sys.exit(run_demo(timeout=timeout))

@@ -387,9 +387,10 @@ def test_the_cli_sets_shows_and_acts_with_identity(orchestrator: Kit, monkeypatc
     from click.testing import CliRunner
 
     from orchestrator.cli import app as cli
+    from orchestrator.cli import base as cli_base
 
     kit = orchestrator
-    monkeypatch.setattr(cli, "_ready_store", lambda: kit.orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: kit.orc)
     runner = CliRunner()
     out = runner.invoke(
         cli.main,
@@ -426,8 +427,9 @@ def test_breaker_errors_exit_2_as_documented(orchestrator: Kit, monkeypatch: pyt
     from click.testing import CliRunner
 
     from orchestrator.cli import app as cli
+    from orchestrator.cli import base as cli_base
 
-    monkeypatch.setattr(cli, "_ready_store", lambda: orchestrator.orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orchestrator.orc)
     runner = CliRunner()
     for args in (["open", "nope"], ["close", "nope"], ["disable", "nope"], ["remove", "nope"], ["show", "nope"]):
         out = runner.invoke(cli.main, ["breaker", *args])
@@ -449,6 +451,7 @@ def test_a_tenant_bound_caller_is_refused_the_deployments_breakers(
 
     from orchestrator import Orchestrator
     from orchestrator.cli import app as cli
+    from orchestrator.cli import base as cli_base
 
     kit = orchestrator
     kit.orc.set_breaker("stripe", min_calls=1, min_failures=1, by="alice")
@@ -481,7 +484,7 @@ def test_a_tenant_bound_caller_is_refused_the_deployments_breakers(
     )
     # the command line: --tenant before the command (or ORCHESTRATOR_TENANT) binds it
     monkeypatch.setenv("ORCHESTRATOR_TENANT", "")
-    monkeypatch.setattr(cli, "_ready_store", lambda: bound(os.environ.get("ORCHESTRATOR_TENANT") or None))
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: bound(os.environ.get("ORCHESTRATOR_TENANT") or None))
     runner = CliRunner()
     for args in (["list"], ["list", "--json"], ["show", "stripe"], ["open", "stripe"], ["remove", "stripe"]):
         out = runner.invoke(cli.main, ["--tenant", "acme", "breaker", *args])

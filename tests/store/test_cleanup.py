@@ -107,8 +107,9 @@ def test_the_db_clean_command(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
     from click.testing import CliRunner
 
     from orchestrator.cli import app as cli
+    from orchestrator.cli import base as cli_base
 
-    monkeypatch.setattr(cli, "_ready_store", lambda: orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orc)
     runner = CliRunner()
     old = drive(orc, chain()).run_id
     age(orc, old, 40)
@@ -235,8 +236,9 @@ def test_db_clean_errors_are_one_line_and_delete_nothing(
     from click.testing import CliRunner
 
     from orchestrator.cli import app as cli
+    from orchestrator.cli import base as cli_base
 
-    monkeypatch.setattr(cli, "_ready_store", lambda: orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orc)
     runner = CliRunner()
     ids = [drive(orc, padded(i)).run_id for i in range(6)]
     for run_id in ids:
@@ -304,8 +306,9 @@ def test_db_clean_keep_keys(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch) 
     from click.testing import CliRunner
 
     from orchestrator.cli import app as cli
+    from orchestrator.cli import base as cli_base
 
-    monkeypatch.setattr(cli, "_ready_store", lambda: orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orc)
     runner = CliRunner()
     run_id = drive(orc, chain(), run_id=orc.submit(chain(), idempotency_key="k").id).run_id
     age(orc, run_id, 40)

@@ -28,6 +28,7 @@ from click.testing import CliRunner
 
 from orchestrator import DAG, Defer, EmitTimeout, EventIdConflict, Orchestrator, SensorSpec, ValidationError, WaitSpec
 from orchestrator.cli import app as cli
+from orchestrator.cli import base as cli_base
 from orchestrator.core.dag import dag_from_spec
 from orchestrator.core.waits import MAX_MATCH_BYTES, MAX_MATCH_ITEMS, WAIT_TASK, sensor_from_spec
 from orchestrator.services.triggers import TriggerError
@@ -239,7 +240,7 @@ def test_an_event_id_reused_with_another_key_payload_or_run_is_a_conflict(orc: O
 
 
 def test_cli_emit_and_signal_refuse_a_reused_event_id(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "_ready_store", lambda: orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orc)
     runner = CliRunner()
     run = orc.submit(gate())
     ok = runner.invoke(cli.main, ["emit", "go", "--payload", '{"n": 1}', "--event-id", "e1"])

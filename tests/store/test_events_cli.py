@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from orchestrator import DAG, Orchestrator
 from orchestrator.cli import app as cli
+from orchestrator.cli import base as cli_base
 from orchestrator.store import schema as s
 from tests.store.dynamic import orchestrator
 
@@ -36,7 +37,7 @@ def orc(pg_clean: str) -> Iterator[Orchestrator]:
 
 @pytest.fixture
 def use_cli(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    monkeypatch.setattr(cli, "_ready_store", lambda: orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orc)
     return CliRunner()
 
 

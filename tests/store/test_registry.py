@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from orchestrator import DAG, DagNotFound, DagVersionNotFound, Orchestrator, ValidationError
 from orchestrator.cli import app as cli
+from orchestrator.cli import base as cli_base
 from orchestrator.core.errors import UnknownTaskError
 from orchestrator.services.dag_registry import content_hash, definition, parse_ref
 from orchestrator.store import schema as s
@@ -301,7 +302,7 @@ def test_a_schedule_file_names_a_registered_dag(orc: Orchestrator, tmp_path: Pat
 
 @pytest.fixture
 def use_cli(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    monkeypatch.setattr(cli, "_ready_store", lambda: orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orc)
     return CliRunner()
 
 

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from orchestrator import Orchestrator, Settings
 from orchestrator.cli import app as cli
+from orchestrator.cli import base as cli_base
 from orchestrator.core.dag import dag_from_spec
 from orchestrator.core.publisher import RecordingPublisher
 from orchestrator.core.registry import StaticRegistry
@@ -239,7 +240,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     orc = Orchestrator(settings_, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS))
     files = Files(tmp_path_factory.mktemp("cli-files"))
     mp = pytest.MonkeyPatch()
-    mp.setattr(cli, "_orc", lambda: orc)
+    mp.setattr(cli_base, "_orc", lambda: orc)
     yield Bench(orc, files, url)
     mp.undo()
     orc.store.dispose()

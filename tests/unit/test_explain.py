@@ -272,13 +272,14 @@ def cli_explain(orc: Orchestrator, run_id: str, key: str) -> str:
     from click.testing import CliRunner
 
     from orchestrator.cli import app as cli
+    from orchestrator.cli import base as cli_base
 
-    original = cli._ready_store
-    cli._ready_store = lambda: orc  # type: ignore[assignment]
+    original = cli_base._ready_store
+    cli_base._ready_store = lambda: orc  # type: ignore[assignment]
     try:
         result = CliRunner().invoke(cli.main, ["explain", run_id, key])
     finally:
-        cli._ready_store = original  # type: ignore[assignment]
+        cli_base._ready_store = original  # type: ignore[assignment]
     assert result.exit_code == 0, result.output
     return result.output
 

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from orchestrator import DAG, ConflictError, IdempotencyConflict, Orchestrator, Priority, Settings, ValidationError
 from orchestrator.cli import app as cli
+from orchestrator.cli import base as cli_base
 from orchestrator.core.publisher import RecordingPublisher
 from orchestrator.core.registry import StaticRegistry
 from tests.conftest import empty_tables
@@ -34,7 +35,7 @@ def orc(pg_url: str, tmp_path: Path) -> Iterator[Orchestrator]:
 @pytest.fixture
 def use_cli(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     """The CLI acting on ``orc`` (the test Postgres database, its static registry)."""
-    monkeypatch.setattr(cli, "_ready_store", lambda: orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orc)
     return CliRunner()
 
 

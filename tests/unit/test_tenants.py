@@ -126,7 +126,7 @@ def test_the_cli_acts_as_the_tenant_it_is_given(acme_run: tuple[Orchestrator, st
 
 
 def test_a_dedicated_tenant_gets_its_own_queues(db: str, tmp_path: Path) -> None:
-    from orchestrator.cli.app import worker_argv
+    from orchestrator.cli.workers import worker_argv
 
     admin = _orc(db, None, tmp_path)
     admin.set_tenant_dedicated("big")

@@ -928,10 +928,11 @@ def test_graph_command_writes_each_format(
     from click.testing import CliRunner
 
     from orchestrator.cli import app as cli
+    from orchestrator.cli import base as cli_base
 
     run = pg_orc.submit(diamond())
     finish(pg_orc, fail={"b"})
-    monkeypatch.setattr(cli, "_ready_store", lambda: pg_orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: pg_orc)
     for fmt, marker in (("svg", "<svg"), ("dot", "digraph"), ("mermaid", "flowchart LR")):
         out = tmp_path / f"g.{fmt}"
         result = CliRunner().invoke(cli.main, ["graph", run.id, "--format", fmt, "-o", str(out)])
@@ -947,9 +948,10 @@ def test_submit_warns_and_status_shows_maps_and_skips(
     from click.testing import CliRunner
 
     from orchestrator.cli import app as cli
+    from orchestrator.cli import base as cli_base
     from tests.store.dynamic import drive
 
-    monkeypatch.setattr(cli, "_ready_store", lambda: pg_orc)
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: pg_orc)
     spec = tmp_path / "branch.json"
     spec.write_text(
         json.dumps(
