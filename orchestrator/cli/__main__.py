@@ -1,5 +1,5 @@
 """``python -m orchestrator.cli``."""
 
-from .app import main
+from . import main
 
 main()
