@@ -358,7 +358,7 @@ def test_dockerfile_installs_the_project() -> None:
 
 def test_serve_requires_credentials_and_publishes_on_loopback(services: dict[str, Any]) -> None:
     from orchestrator.core.errors import ConfigurationError
-    from orchestrator.web.app import Access
+    from orchestrator.web.auth import Access
 
     serve = services["serve"]
     args = argv(serve)

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from orchestrator import DAG
 from orchestrator.core import graph as drawing
 from orchestrator.core.publisher import RecordingPublisher
-from orchestrator.web.app import API_LIMIT, CHANGES_LIMIT, LEDGER_ROWS, TASK_ROWS
+from orchestrator.web.params import API_LIMIT, CHANGES_LIMIT, LEDGER_ROWS, TASK_ROWS
 from tests.store.dynamic import Fail, drive
 from tests.unit.test_web import TOKEN, WebCase, bearer
 

@@ -26,7 +26,8 @@ from orchestrator.core.errors import ConfigurationError
 from orchestrator.core.publisher import RecordingPublisher
 from orchestrator.core.registry import StaticRegistry
 from orchestrator.core.routing import default_queues
-from orchestrator.web.app import SERVER_OPTIONS, Access, is_loopback, make_app, parse_ui_auth
+from orchestrator.web.app import SERVER_OPTIONS, make_app
+from orchestrator.web.auth import Access, is_loopback, parse_ui_auth
 from tests.conftest import clean_test_database
 from tests.integration.conftest import stop_process
 
@@ -376,7 +377,7 @@ class TestLocal(WebCase):
         assert nonce.group(1) not in self.get(f"/runs/{run_id}").headers["Content-Security-Policy"]  # per response
 
     def test_oversized_requests_are_answered(self) -> None:
-        from orchestrator.web.app import MAX_HEADER_BYTES, MAX_URL_BYTES
+        from orchestrator.web.base import MAX_HEADER_BYTES, MAX_URL_BYTES
 
         long_url = self.get("/api/runs?q=" + "a" * 100_000)  # the 100 KB query string
         assert long_url.code == 414 and "URL longer" in json.loads(long_url.body)["error"]

@@ -14,7 +14,8 @@ from tornado.testing import AsyncHTTPSTestCase
 
 from orchestrator import Settings
 from orchestrator.core.errors import ConfigurationError
-from orchestrator.web.app import Access, LoginLimiter, make_app
+from orchestrator.web.app import make_app
+from orchestrator.web.auth import Access, LoginLimiter
 from tests.unit.test_web import TOKEN, WebCase, basic, bearer, make_orc
 
 PASSWORD = "correct-horse-battery"
