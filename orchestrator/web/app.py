@@ -12,7 +12,7 @@ Pages (server-rendered, no build step, nothing from a CDN):
   page (400 / 404 / 409 with the reason): a refused clear, mark or rerun writes nothing (a
   refused retry, skip, fail or cancel leaves its refusal in the ledger). A map
   is one box counting its children (``resize \u00d710,000 · 9,990 ok · 10 failed``); a click on it
-  draws its children (``/runs/RUN_ID?part=map&key=KEY``, the first :data:`MAP_CELLS`); a map
+  draws its children (``/runs/RUN_ID?part=map&key=KEY``, the first :data:`~.drawing.MAP_CELLS`); a map
   child's key (``resize[3]``) pages, searches and acts like any other (URL-encoded in paths).
 
 JSON for scripts (the pages' data, same addresses under ``/api``):

@@ -37,8 +37,8 @@ def run_document(
     edges_after: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """A run as JSON, paged: the run (with its tasks counted per state), one page of its tasks
-    (``tasks``; the first :data:`API_LIMIT` keys by default) and why the waiting ones wait, as
-    many of its edges, and ``events`` ledger rows (the newest, or those before the id
+    (``tasks``; the first :data:`~.params.API_LIMIT` keys by default) and why the waiting ones
+    wait, as many of its edges, and ``events`` ledger rows (the newest, or those before the id
     ``events_before``), oldest first. ``page`` holds the cursors of the next pages."""
     reads = orc.reads
     tq = tasks or TaskQuery(API_LIMIT)
@@ -76,7 +76,7 @@ def run_page_data(
     """The run page's document (one page of tasks, one of the ledger) and its SVG, built off
     the IO loop. The SVG is ``None`` when the run's skeleton is not kept yet and the run is
     large: laying out tens of thousands of tasks takes most of a second, so the page is served
-    without it and its script fetches the drawing (``?part=dag``, :func:`run_dag_svg`)."""
+    without it and its script fetches the drawing (``?part=dag``, :func:`~.drawing.run_dag_svg`)."""
     doc = run_document(orc, run_id, tasks=tasks, events=LEDGER_ROWS, events_before=events_before)
     doc.pop("edges")
     if sum(doc["counts"].values()) > DEFER_DRAWING_ABOVE and not SKELETON_CACHE.knows(run_id):

@@ -136,4 +136,6 @@ def run_dag_svg(orc: Orchestrator, run_id: str) -> str:
 
 
 def run_graph(orc: Orchestrator, run_id: str) -> drawing.Graph:
+    """The run's picture (``/api/runs/RUN_ID/graph``, ``orchestrator runs graph``); raises
+    :class:`RunNotFound` for a run this caller does not see."""
     return run_drawing(orc, run_id)[1]

@@ -36,8 +36,9 @@ class ApiRuns(BaseHandler):
 
 
 class ApiRun(BaseHandler):
-    """``GET /api/runs/RUN_ID``: the run, paged (see :func:`run_document`); ``next`` holds the
-    links to the following pages."""
+    """``GET /api/runs/RUN_ID``: the run, paged (see
+    :func:`~orchestrator.web.documents.run_document`); ``next`` holds the links to the following
+    pages."""
 
     api = True
 
@@ -71,7 +72,7 @@ class ApiRun(BaseHandler):
 
 class ApiChanges(BaseHandler):
     """``GET /api/runs/RUN_ID/changes?after=EVENT_ID[&limit=N]``: what changed since a ledger
-    id (see :func:`run_changes`); the run page polls it."""
+    id (see :func:`~orchestrator.web.documents.run_changes`); the run page polls it."""
 
     api = True
 

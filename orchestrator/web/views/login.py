@@ -1,4 +1,9 @@
-"""``/login`` and ``/logout``: the session cookie of a token login."""
+"""``/login`` and ``/logout``: the session cookie of a token login.
+
+``/login?token=`` logs in directly only from a typed or same-origin navigation
+(``Sec-Fetch-Site``), else it shows the form; ``POST /logout`` clears the session; cookies are
+``Secure`` over TLS or behind a TLS proxy (``ORCHESTRATOR_UI_BEHIND_TLS_PROXY``, ``serve
+--behind-tls-proxy``). Every way in is rate-limited (:class:`~orchestrator.web.auth.LoginLimiter`)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from ..base import BaseHandler, render
 class Login(BaseHandler):
     """``GET /login?token=TOKEN`` (the URL ``serve`` prints) and the form: a right token sets the
     session cookie and goes on to ``next`` (default ``/runs``); a wrong one sets nothing. Both are
-    rate-limited (:class:`LoginLimiter`).
+    rate-limited (:class:`~orchestrator.web.auth.LoginLimiter`).
 
     The URL logs in directly only when the browser says it was typed, pasted or opened from
     outside a page (``Sec-Fetch-Site: none``) or came from this app (``same-origin``): a link on
