@@ -996,8 +996,8 @@ class Bench:
         if n <= 0:
             return
         orc = self.orchestrator()
-        orc.set_tenant_weight("bench-a", 1)
-        orc.set_tenant_weight("bench-b", 1)
+        orc.tenants.set_weight("bench-a", 1)
+        orc.tenants.set_weight("bench-b", 1)
         t0 = time.perf_counter()
         alone = orc.submit(self._tenant_run("bench-b", 20, "b-alone"))
         alone.wait(self.args.timeout, poll=0.005)
@@ -1006,8 +1006,8 @@ class Bench:
         time.sleep(1.0)
         figures: dict[str, Any] = {"backlog": n, "b_alone_s": b_alone}
         for label, weights in (("equal", (1, 1)), ("3:1", (3, 1))):
-            orc.set_tenant_weight("bench-a", weights[0])
-            orc.set_tenant_weight("bench-b", weights[1])
+            orc.tenants.set_weight("bench-a", weights[0])
+            orc.tenants.set_weight("bench-b", weights[1])
             since = self._last_event_id()
             t0 = time.perf_counter()
             b = orc.submit(self._tenant_run("bench-b", 20, f"b-{label}", priority="low"))
@@ -1084,7 +1084,7 @@ class Bench:
         from orchestrator.core.dag import DAG
 
         orc = self.orchestrator()
-        orc.set_pool("bench-pool", 2)
+        orc.limits.set_pool("bench-pool", 2)
         dag = DAG("pooled")
         for i in range(50):
             dag.task(f"p{i:02d}", NOOP, pool="bench-pool")
@@ -1107,7 +1107,7 @@ class Bench:
         from orchestrator.core.dag import DAG
 
         orc = self.orchestrator()
-        orc.set_pool("bench-held", 2)
+        orc.limits.set_pool("bench-held", 2)
         first, second = make_worker("-held"), make_worker("-spare")
         first.start()
         try:
@@ -1129,7 +1129,7 @@ class Bench:
             back = self._first_claim(held.id, killed_at, f"orc-bench-celery_app-{os.getpid()}-spare") - killed_at
             orc.cancel(held.id)
             # a run holding the only slot of a pool, cancelled while another run waits for it
-            orc.set_pool("bench-one", 1)
+            orc.limits.set_pool("bench-one", 1)
             holder = DAG("holder")
             holder.task("long", "tasks.probes.sleep", kwargs={"seconds": 60.0}, pool="bench-one")
             a = orc.submit(holder)

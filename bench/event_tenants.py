@@ -74,7 +74,7 @@ class Emitter(threading.Thread):
         while not self.stop.is_set():
             self.n += 1
             began = time.monotonic()
-            self.orc.emit(self.key, {"n": self.n}, event_id=f"b-{self.n}", tenant=B)
+            self.orc.events.emit(self.key, {"n": self.n}, event_id=f"b-{self.n}", tenant=B)
             self.samples.append((began, time.monotonic() - began))
             self.stop.wait(self.every)
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"ids": list(range(args.items))}
     out["payload_bytes"] = len(json.dumps(payload))
     for i in range(args.events):
-        orc.emit(A_KEY, payload, event_id=f"a-{i}", tenant=A)
+        orc.events.emit(A_KEY, payload, event_id=f"a-{i}", tenant=A)
     b_wait = DAG("b-waits")  # a wait of B on its key that none of its emits matches
     b_wait.wait("w", event=b_key, match={"never": True})
     orc.submit(b_wait, tenant=B)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     out["a_submit_s"] = round(time.monotonic() - a_start, 3)
     emit_start = time.monotonic()
     for i in range(3):
-        orc.emit(A_KEY, payload, event_id=f"a-late-{i}", tenant=A)
+        orc.events.emit(A_KEY, payload, event_id=f"a-late-{i}", tenant=A)
     out["a_emit_s"] = round((time.monotonic() - emit_start) / 3, 3)
     a_end = time.monotonic()
 

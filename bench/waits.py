@@ -191,7 +191,7 @@ class WaitsBench:
             if i == paced:
                 burst_start = time.perf_counter()
             t = time.perf_counter()
-            done = orc.emit(event_key(i, args.distinct_keys), {"i": i}, event_id=f"e{i:05d}")
+            done = orc.events.emit(event_key(i, args.distinct_keys), {"i": i}, event_id=f"e{i:05d}")
             emit_ms.append((time.perf_counter() - t) * 1000.0)
             if done.woken != 1:
                 raise BenchError(f"emit {i} woke {done.woken} waits, expected 1")
@@ -335,7 +335,7 @@ class WaitsBench:
             runs[k] = (order, orc.submit(dag_for(k, key)).id)
 
         def emit(k: int, key: str) -> None:
-            orc.emit(key, {"k": k}, event_id=f"r{k:06d}")
+            orc.events.emit(key, {"k": k}, event_id=f"r{k:06d}")
 
         def guarded(fn: Any, *a: Any) -> None:
             try:

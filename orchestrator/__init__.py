@@ -71,7 +71,7 @@ def submit_registered(name: str, version: int | None = None, **options: Any) -> 
 
 def emit(key: str, payload: dict[str, Any] | None = None, **options: Any) -> Emitted:
     """Emit the event ``key`` with the default orchestrator; see :meth:`Orchestrator.emit`."""
-    return default().emit(key, payload, **options)
+    return default().events.emit(key, payload, **options)
 
 
 def get_run(run_id: str) -> RunHandle:

@@ -32,7 +32,7 @@ def _ready_store() -> Orchestrator:
 
 def _by() -> str:
     """Who acts through the CLI, and from where, as the ledger records it: ``user@host (cli)``."""
-    from ..engine.facade import local_by
+    from ..engine.scope import local_by
 
     return local_by("cli")
 

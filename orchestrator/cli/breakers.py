@@ -72,7 +72,7 @@ def breaker_set(
     metrics_only: bool,
 ) -> None:
     """Create the breaker of the resource NAME or change its settings (its state stays)."""
-    found = base._ready_store().set_breaker(
+    found = base._ready_store().breakers.set(
         name, window=window, min_calls=min_calls, failure_rate=failure_rate, min_failures=min_failures,
         open_for=open_for, probes=probes, probe_lease=probe_lease, ramp_max=ramp_max, failure_on=failure_on,
         mode="metrics" if metrics_only else "on", by=_by(),
@@ -86,8 +86,8 @@ def breaker_set(
 def breaker_show(name: str, as_json: bool) -> None:
     """The breaker NAME: its state, its window's counts, its probes out and its latest ledger rows."""
     orc = base._ready_store()
-    found = orc.breaker(name)
-    events = orc.breaker_events(name, limit=20)
+    found = orc.breakers.get(name)
+    events = orc.breakers.events(name, limit=20)
     if as_json:
         _dump({**found.to_dict(), "events": [e.to_dict() for e in events]})
         return
@@ -103,7 +103,7 @@ def breaker_show(name: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"breakers": [...]}.')
 def breaker_list(as_json: bool) -> None:
     """Every breaker with its state and its window's counts."""
-    found = base._ready_store().breakers()
+    found = base._ready_store().breakers.all()
     if as_json:
         _dump({"breakers": [b.to_dict() for b in found]})
         return
@@ -113,7 +113,7 @@ def breaker_list(as_json: bool) -> None:
 
 def _breaker_action(action: str, name: str, reason: str | None) -> None:
     orc = base._ready_store()
-    act = {"open": orc.open_breaker, "close": orc.close_breaker, "disable": orc.disable_breaker}[action]
+    act = {"open": orc.breakers.open, "close": orc.breakers.close, "disable": orc.breakers.disable}[action]
     click.echo(_breaker_text(act(name, by=_by(), reason=reason)))  # an unknown name: error, exit 2
 
 
@@ -147,6 +147,6 @@ def breaker_remove(name: str) -> None:
     """Remove the breaker NAME: its resource's tasks are no longer counted nor held."""
     from ..store.breakers import UnknownBreakerError
 
-    if not base._ready_store().remove_breaker(name, by=_by()):
+    if not base._ready_store().breakers.remove(name, by=_by()):
         raise UnknownBreakerError(f"no breaker named {name!r} (orchestrator breaker set {name})")
     click.echo(f"breaker {name} removed")

@@ -131,9 +131,9 @@ def dag_set(name: str, max_running: int | None, no_max_running: bool) -> None:
     if (max_running is None) == (not no_max_running):
         raise click.UsageError("give --max-running N or --no-max-running")
     orc = base._ready_store()
-    orc.set_dag_limit(name, None if no_max_running else max_running)
+    orc.limits.set_dag_limit(name, None if no_max_running else max_running)
     tenant_now = orc.tenant or "default"
-    limit_now = orc.dag_limits().get((tenant_now, name))
+    limit_now = orc.limits.dag_limits().get((tenant_now, name))
     click.echo(f"DAG {name} (tenant {tenant_now}): max running {limit_now or 'unlimited'}")
 
 
@@ -143,7 +143,7 @@ def dag_list(as_json: bool) -> None:
     """Registered DAGs (latest version, paused) and DAGs with a limit across their runs."""
     orc = base._ready_store()
     registered = {(d.tenant, d.name): d for d in orc.dags.list()}
-    limits = orc.dag_limits()
+    limits = orc.limits.dag_limits()
     if orc.tenant is not None:
         limits = {k: v for k, v in limits.items() if k[0] == orc.tenant}
     keys = sorted(set(registered) | set(limits))

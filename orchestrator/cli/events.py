@@ -30,7 +30,7 @@ def emit(key: str, payload: str | None, event_id: str | None, as_json: bool) -> 
     """Emit the event KEY for the tenant (--tenant, before the command): every task WAITING for
     KEY whose match the payload contains wakes, and every event trigger on KEY whose match it
     contains starts a run."""
-    done = base._ready_store().emit(key, _json_object(payload, "--payload"), event_id=event_id, by=_by())
+    done = base._ready_store().events.emit(key, _json_object(payload, "--payload"), event_id=event_id, by=_by())
     if as_json:
         click.echo(
             json.dumps({"id": done.id, "event_id": done.event_id, "duplicate": done.duplicate, "woken": done.woken})
@@ -50,7 +50,9 @@ def emit(key: str, payload: str | None, event_id: str | None, as_json: bool) -> 
 def signal(run_id: str, name: str, payload: str | None, event_id: str | None) -> None:
     """Send the signal NAME to the run RUN_ID: its tasks WAITING for NAME wake (a task that
     begins to wait for it later finds it). A signal never starts a run."""
-    done = base._ready_store().signal(run_id, name, _json_object(payload, "--payload"), event_id=event_id, by=_by())
+    done = base._ready_store().events.signal(
+        run_id, name, _json_object(payload, "--payload"), event_id=event_id, by=_by()
+    )
     click.echo(_emitted_line(done).replace("event", "signal", 1))
 
 

@@ -25,8 +25,8 @@ def pool() -> None:
 def pool_set(name: str, slots: int, description: str | None) -> None:
     """Create the pool NAME or change its slots."""
     orc = base._ready_store()
-    orc.set_pool(name, slots, description)
-    found = next(p for p in orc.pools() if p.name == name)
+    orc.limits.set_pool(name, slots, description)
+    found = next(p for p in orc.limits.pools() if p.name == name)
     click.echo(f"pool {name}: {found.slots} slot(s), {found.used} in use")
 
 
@@ -34,7 +34,7 @@ def pool_set(name: str, slots: int, description: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"pools": [{"name", "slots", "used", "description"}]}.')
 def pool_list(as_json: bool) -> None:
     """Every pool with its slots and how many are in use now."""
-    pools = base._ready_store().pools()
+    pools = base._ready_store().limits.pools()
     if as_json:
         _dump(
             {"pools": [{"name": p.name, "slots": p.slots, "used": p.used, "description": p.description} for p in pools]}
@@ -49,7 +49,7 @@ def pool_list(as_json: bool) -> None:
 @click.argument("name")
 def pool_remove(name: str) -> None:
     """Remove the pool NAME (tasks that name it wait until it is set again)."""
-    if not base._ready_store().remove_pool(name):
+    if not base._ready_store().limits.remove_pool(name):
         raise click.ClickException(f"no pool named {name!r}")
     click.echo(f"pool {name} removed")
 
@@ -72,7 +72,7 @@ def limit() -> None:
 )
 def limit_set(key: str, rate: str, burst: int | None) -> None:
     """Create the rate limit KEY or change it (a changed bucket starts full)."""
-    found = base._ready_store().set_rate_limit(key, rate, burst)
+    found = base._ready_store().limits.set_rate_limit(key, rate, burst)
     click.echo(f"rate limit {key}: {found.rate_text}, burst {found.burst}")
 
 
@@ -80,7 +80,7 @@ def limit_set(key: str, rate: str, burst: int | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"rate_limits": [{"key", "rate", "burst", "tokens"}]}.')
 def limit_list(as_json: bool) -> None:
     """Every rate limit with its rate, burst and the tokens in its bucket now."""
-    found = base._ready_store().rate_limits()
+    found = base._ready_store().limits.rate_limits()
     if as_json:
         rows = [{"key": r.key, "rate": r.rate, "burst": r.burst, "tokens": round(r.tokens, 3)} for r in found]
         _dump({"rate_limits": rows})
@@ -93,6 +93,6 @@ def limit_list(as_json: bool) -> None:
 @click.argument("key")
 def limit_remove(key: str) -> None:
     """Remove the rate limit KEY (tasks that name it wait until it is set again)."""
-    if not base._ready_store().remove_rate_limit(key):
+    if not base._ready_store().limits.remove_rate_limit(key):
         raise click.ClickException(f"no rate limit named {key!r}")
     click.echo(f"rate limit {key} removed")

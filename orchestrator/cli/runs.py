@@ -192,7 +192,7 @@ def graph(run_id: str, fmt: str, output: str | None) -> None:
 def events(run_id: str, as_json: bool) -> None:
     """Show the ledger of a run: every transition, accepted or rejected."""
     orc = base._ready_store()
-    rows = orc.events(run_id)
+    rows = orc.ledger(run_id)
     if as_json:
         _dump({"events": [e.to_json() for e in rows]})
         return

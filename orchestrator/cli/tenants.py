@@ -32,12 +32,12 @@ def tenant_set(
     if weight is None and max_running is None and not no_max_running and dedicated is None:
         raise click.UsageError("give --weight, --max-running, --no-max-running, --dedicated or --shared")
     if dedicated is not None:
-        orc.set_tenant_dedicated(name, dedicated)
+        orc.tenants.set_dedicated(name, dedicated)
     if weight is not None:
-        orc.set_tenant_weight(name, weight)
+        orc.tenants.set_weight(name, weight)
     if max_running is not None or no_max_running:
-        orc.set_tenant_limit(name, None if no_max_running else max_running)
-    weight_now, limit_now, dedicated_now = orc.tenant_settings().get(name, (1.0, None, False))
+        orc.tenants.set_limit(name, None if no_max_running else max_running)
+    weight_now, limit_now, dedicated_now = orc.tenants.all().get(name, (1.0, None, False))
     queues = "dedicated queues" if dedicated_now else "shared queues"
     click.echo(f"tenant {name}: weight {weight_now:g}, max running {limit_now or 'unlimited'}, {queues}")
 
@@ -45,6 +45,6 @@ def tenant_set(
 @tenant.command("list")
 def tenant_list() -> None:
     """Tenants with settings (every other tenant weighs 1 and has no limit)."""
-    for name, (weight, limit, dedicated) in sorted(base._ready_store().tenant_settings().items()):
+    for name, (weight, limit, dedicated) in sorted(base._ready_store().tenants.all().items()):
         queues = "dedicated" if dedicated else "shared"
         click.echo(f"{name}  weight {weight:g}  max running {limit or 'unlimited'}  queues {queues}")

@@ -115,7 +115,7 @@ def watch(
 
     def frame() -> tuple[Group, RunState]:
         run = orc.visible(run_id)
-        return view(run, orc.tasks(run_id), orc.events(run_id, newest=RECENT_EVENTS)), run.state
+        return view(run, orc.tasks(run_id), orc.ledger(run_id, newest=RECENT_EVENTS)), run.state
 
     shown, state = frame()
     with Live(shown, console=console, refresh_per_second=4, transient=False) as live:

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 QUEUE_PREFIX = "orchestrator"
 #: where workers park a message that keeps killing its pool process (no worker consumes it)
 PARKED_QUEUE = "orchestrator.parked"
+#: the tenant of a run, schedule, event or limit that names none
+DEFAULT_TENANT = "default"
 
 
 class Priority(enum.StrEnum):

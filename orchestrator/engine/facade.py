@@ -1,67 +1,70 @@
-"""The orchestrator facade: submit DAGs, the worker's calls, operator actions, reads.
+"""The orchestrator facade: submit DAGs, approvals, operator actions, reads, and one sub-object
+per concern.
 
 :class:`Orchestrator` is the one object applications, workers, the reconciler and the CLI
 talk to. It owns no Celery code: messages leave through a :class:`~orchestrator.core.publisher.Publisher`
 and task names are checked against a :class:`~orchestrator.core.registry.TaskRegistry`, both given
 by the caller (``app=`` wires the Celery ones; unit tests pass in-memory ones).
 
-It is the wall around the store: no other module of the package reaches ``Orchestrator.store``.
-Bound to a tenant, it reads and acts through the store's roles scoped to that tenant
-(``Reads.scoped``, ``OperatorActions.scoped``, ``ScheduleRows.scoped``), so a run or a schedule
-of another tenant is not found wherever it is asked for, by whichever caller.
+Its API has one shape: the run-level calls are methods (``submit``, ``run``, ``cancel``,
+``clear``, ``explain``...; the worker's calls come from :class:`~orchestrator.engine.worker_port.WorkerPort`),
+and every other concern is a sub-object with its own verbs: ``orc.schedules``, ``orc.triggers``,
+``orc.dags``, ``orc.limits``, ``orc.breakers``, ``orc.tenants``, ``orc.events``.
+
+It is the wall around the store for applications, with known exceptions inside the package
+that take ``Orchestrator.store`` directly: the sub-objects of this folder, the DAG registry
+(``services.dag_registry``: its rows), the reconciler service (its duty connection), the web
+app (one orchestrator per tenant over the same store), ``orchestrator db clean`` (the store's
+cleanup) and the test kit and chaos soak (their connections). Bound to a tenant, it reads and
+acts through the store's roles scoped to that tenant (``Reads.scoped``, ``OperatorActions.scoped``,
+``ScheduleRows.scoped``, ``Breakers.scoped``), so a run or a schedule of another tenant is not
+found wherever it is asked for, by whichever caller.
 """
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
-import math
-import time
-import uuid
 from collections.abc import Collection, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..core.config import Settings
-from ..core.crashpoints import crash_point
 from ..core.dag import (
     DAG,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_LOGICAL_DATE_CHARS,
     TENANT_RE,
-    check_json,
     dag_from_spec,
     text_problem,
 )
-from ..core.errors import ConfigurationError, ConflictError, OperatorError, RunTimeout, TaskNotFound, ValidationError
+from ..core.errors import ConfigurationError, ConflictError, OperatorError, TaskNotFound, ValidationError
 from ..core.explain import Explanation, explain
 from ..core.models import (
-    WORKER,
     Actor,
-    Claim,
     EventView,
     MetricsSnapshot,
     Outcome,
-    Pool,
-    RateLimit,
     RunView,
     TaskView,
     operator,
 )
-from ..core.protocol import FencingToken
 from ..core.publisher import CeleryPublisher, Publisher
 from ..core.registry import CeleryRegistry, TaskRegistry
-from ..core.routing import queue_tenant, route
+from ..core.routing import DEFAULT_TENANT, route
 from ..core.states import RunState, TaskState
-from ..core.waits import check_event_key
-from ..services.alerts import raise_alert
 from ..services.reconciler import Reconciler
 from ..store import Store
-from ..store.breakers import Breaker, BreakerEvent
 from ..store.operator import OperatorActions
 from ..store.reads import Reads
-from ..store.waits import Emitted
+from .breakers import Breakers
+from .checks import check_queues, check_time_limits, iso_problem
+from .events import Events
+from .limits import Limits
+from .runs import RunHandle
+from .scope import local_by
+from .tenants import Tenants
+from .worker_port import WorkerPort
 
 if TYPE_CHECKING:
     from ..services.dag_registry import DagRegistry, DagVersion
@@ -69,39 +72,9 @@ if TYPE_CHECKING:
     from ..services.triggers import Triggers
 
 log = logging.getLogger(__name__)
-#: the longest event id (``emit(..., event_id=...)``)
-MAX_EVENT_ID_CHARS = 200
 
 
-def _iso_problem(value: str) -> str | None:
-    """``None`` when ``value`` is an ISO-8601 date or date-time."""
-    import datetime as dt
-
-    try:
-        dt.datetime.fromisoformat(value)
-    except ValueError:
-        return f"{value!r} is not an ISO-8601 date or date-time"
-    return None
-
-
-def os_user() -> str:
-    """Who runs this process (the ``by`` of operator actions that do not name anyone)."""
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user database entry (containers): still act, unnamed
-        return "unknown"
-
-
-def local_by(via: str | None = None) -> str:
-    """Who acts from this process, and from where: ``user@host``, with ``(via)`` when given
-    (the CLI records ``alice@ops-1 (cli)``); the default ``by`` of operator actions."""
-    import socket
-
-    where = f"{os_user()}@{socket.gethostname()}"
-    return f"{where} ({via})" if via else where
-
-
-class Orchestrator:
+class Orchestrator(WorkerPort):
     """Submits DAGs to the database and publishes their tasks.
 
     ``settings`` default to ``app.orchestrator_settings`` or the environment; ``store`` to
@@ -248,7 +221,7 @@ class Orchestrator:
             if problem:
                 raise ValidationError(f"idempotency key {problem}", dag=dag.name)
         if logical_date is not None:
-            problem = text_problem(logical_date, MAX_LOGICAL_DATE_CHARS) or _iso_problem(logical_date)
+            problem = text_problem(logical_date, MAX_LOGICAL_DATE_CHARS) or iso_problem(logical_date)
             if problem:
                 raise ValidationError(f"logical_date {problem}", dag=dag.name)
         if schedule is not None:
@@ -285,78 +258,7 @@ class Orchestrator:
             )
         return RunHandle(self, run_id, warnings=warnings)
 
-    # ------------------------------------------------------------------ events, signals, approvals
-
-    def _payload(self, payload: Any, what: str) -> str:
-        """``payload`` as JSON text, checked: plain JSON, an object (or None: ``{}``), at most
-        ORCHESTRATOR_MAX_EVENT_BYTES."""
-        if payload is None:
-            payload = {}
-        if not isinstance(payload, dict):
-            raise ValidationError(f"{what} payload must be a JSON object, not {type(payload).__name__}")
-        check_json(payload, f"{what} payload")
-        body = json.dumps(payload)
-        if len(body.encode()) > self.settings.max_event_bytes:
-            raise ValidationError(
-                f"{what} payload exceeds {self.settings.max_event_bytes} bytes of JSON (ORCHESTRATOR_MAX_EVENT_BYTES)"
-            )
-        return body
-
-    @staticmethod
-    def _event_id(event_id: Any) -> str:
-        if event_id is None:
-            return uuid.uuid4().hex
-        problem = text_problem(event_id, MAX_EVENT_ID_CHARS) if isinstance(event_id, str) else "must be a string"
-        if problem:
-            raise ValidationError(f"event_id {problem}")
-        return str(event_id)
-
-    def emit(
-        self,
-        key: str,
-        payload: dict[str, Any] | None = None,
-        *,
-        event_id: str | None = None,
-        tenant: str | None = None,
-        by: str | None = None,
-    ) -> Emitted:
-        """Emit the event ``key`` with a JSON object ``payload`` for ``tenant`` (a bound
-        orchestrator: its own; else ``tenant`` or ``default``): written once per ``event_id``
-        (a second emit of the same id, key and payload is ignored: ``duplicate``), and every task
-        of the tenant WAITING for that key whose match the payload contains is woken in the
-        same transaction; what they made READY is published after it. Raises
-        :class:`ValidationError` (nothing written) for a bad key, payload or event id,
-        :class:`EventIdConflict` for an ``event_id`` the tenant used with another key or payload,
-        :class:`EmitTimeout` past ``ORCHESTRATOR_EMIT_TIMEOUT_SECONDS``."""
-        check_event_key(key)
-        owner = self._tenant_of(tenant)
-        body = self._payload(payload, "event")
-        done = self.store.waits.emit(
-            owner, key, body, self._event_id(event_id), None, by, self.settings.dispatch_window,
-            self.settings.emit_timeout_seconds,
-        )  # fmt: skip
-        self.publisher.publish(done.dispatches)
-        if not done.duplicate:  # the event triggers' runs (any beat finishes what this leaves)
-            self.triggers.finish(done.id)
-        return done
-
-    def signal(
-        self, run_id: str, name: str, payload: dict[str, Any] | None = None, *, event_id: str | None = None,
-        by: str | None = None,
-    ) -> Emitted:  # fmt: skip
-        """Send the signal ``name`` to one run: its tasks WAITING for ``name`` (a wait node's
-        ``event=``, a ``Defer(event=...)``) whose match the payload contains are woken; a task of
-        the run that begins to wait for it later finds it (the lookback). Raises
-        :class:`RunNotFound` (another tenant's run too) or :class:`ValidationError`."""
-        check_event_key(name, what="signal")
-        body = self._payload(payload, "signal")
-        view = self.visible(run_id)
-        done = self.store.waits.emit(
-            view.tenant, name, body, self._event_id(event_id), run_id, by, self.settings.dispatch_window,
-            self.settings.emit_timeout_seconds,
-        )  # fmt: skip
-        self.publisher.publish(done.dispatches)
-        return done
+    # ------------------------------------------------------------------ approvals
 
     def approve(self, run_id: str, key: str, *, by: str | None = None, comment: str | None = None) -> None:
         """Answer an approval node (``dag.approval``) yes: it SUCCEEDS with ``{"approved": true,
@@ -382,20 +284,6 @@ class Orchestrator:
             self.settings.dispatch_window, self.tenant,
         )  # fmt: skip
         self.publisher.publish(dispatches)
-
-    def _tenant_of(self, tenant: str | None) -> str:
-        """The tenant an emit acts for: a bound orchestrator's own (another is refused), else
-        ``tenant`` or ``default``."""
-        if self.tenant is not None:
-            if tenant is not None and tenant not in (self.tenant, "default"):
-                raise ValidationError(
-                    f"this orchestrator acts as tenant {self.tenant!r}; it cannot emit for {tenant!r}"
-                )
-            return self.tenant
-        owner = tenant or "default"
-        if not isinstance(owner, str) or not TENANT_RE.fullmatch(owner):
-            raise ValidationError(f"tenant {owner!r} must be 1-64 letters, digits, '_' or '-'")
-        return owner
 
     @cached_property
     def dags(self) -> DagRegistry:
@@ -434,7 +322,7 @@ class Orchestrator:
         as it would be submitted (for ``tenant``, when given); raises :class:`ValidationError`."""
         if self.tenant is not None:
             for asked in (tenant, dag.tenant):
-                if asked is not None and asked not in (self.tenant, "default"):
+                if asked is not None and asked not in (self.tenant, DEFAULT_TENANT):
                     raise ValidationError(
                         f"this orchestrator acts as tenant {self.tenant!r}; it cannot submit for tenant {asked!r}",
                         dag=dag.name if isinstance(dag.name, str) else None,
@@ -443,156 +331,10 @@ class Orchestrator:
         if tenant is not None and tenant != dag.tenant:
             dag = dag.with_tenant(tenant)
         dag.validate(self.registry.is_registered, self.settings.limits)
-        for node in dag.nodes.values():
-            owner = queue_tenant(node.queue) if node.queue else None
-            if owner is not None and owner != dag.tenant:
-                raise ValidationError(
-                    f"queue {node.queue!r} is tenant {owner!r}'s dedicated queue; a run of tenant"
-                    f" {dag.tenant!r} cannot use it",
-                    dag=dag.name,
-                    node=node.key,
-                )
-        self._check_time_limits(dag)
+        check_queues(dag)
+        check_time_limits(dag, self.settings.max_time_limit)
         self.store.limits.check_dag(dag)
         return dag
-
-    def _check_time_limits(self, dag: DAG) -> None:
-        """Every hard limit at most ORCHESTRATOR_MAX_TIME_LIMIT; a soft limit below the hard
-        limit that will apply (the node's own, or that setting)."""
-        most = self.settings.max_time_limit
-        for node in dag.nodes.values():
-            if node.time_limit is not None and node.time_limit > most:
-                raise ValidationError(
-                    f"time_limit {node.time_limit}s exceeds ORCHESTRATOR_MAX_TIME_LIMIT ({most}s)",
-                    dag=dag.name,
-                    node=node.key,
-                )
-            if node.soft_time_limit is not None and node.time_limit is None and node.soft_time_limit >= most:
-                raise ValidationError(
-                    f"soft_time_limit {node.soft_time_limit}s must be below the hard limit that applies,"
-                    f" ORCHESTRATOR_MAX_TIME_LIMIT ({most}s): set a time_limit above it or lower it",
-                    dag=dag.name,
-                    node=node.key,
-                )
-
-    # ------------------------------------------------------------------ the worker's calls
-
-    def claim(self, token: FencingToken, worker: str, task_name: str) -> Claim | None:
-        """QUEUED -> RUNNING for the token's attempt of a task named ``task_name``, with a
-        lease; ``None`` if refused."""
-        return self.store.attempts.claim(
-            token.run_id, token.key, token.attempt, worker, self.settings.lease_seconds, task_name
-        )
-
-    def heartbeat(self, token: FencingToken) -> bool:
-        """Extend the attempt's lease; ``False`` once the attempt no longer holds the task."""
-        return self.store.attempts.heartbeat(token.run_id, token.key, token.attempt, self.settings.lease_seconds)
-
-    def complete(self, token: FencingToken, result: Any, *, claim: tuple[str, str, float] | None = None) -> Outcome:
-        """Commit the attempt's result (fenced), then publish what its children made ready.
-        ``claim`` = ``(worker, task_name, elapsed seconds)``: a direct message's body that ran
-        unclaimed, claimed in the same transaction."""
-        outcome = self.store.attempts.succeed(
-            token.run_id, token.key, token.attempt, result, self.settings.dispatch_window, claim=claim
-        )
-        crash_point("after_result_commit")
-        self._after(outcome, token.run_id, token.key)
-        return outcome
-
-    def skip_attempt(self, token: FencingToken, reason: str) -> Outcome:
-        """Commit the attempt as SKIPPED (fenced; the body raised :class:`orchestrator.Skip`),
-        then publish what its children made ready."""
-        outcome = self.store.attempts.skip(
-            token.run_id, token.key, token.attempt, reason, self.settings.dispatch_window
-        )
-        self._after(outcome, token.run_id, token.key)
-        return outcome
-
-    def fail_attempt(
-        self,
-        token: FencingToken,
-        *,
-        error: str,
-        exc_types: Sequence[str] = (),
-        fingerprint: str | None = None,
-        retryable: bool = True,
-    ) -> Outcome:
-        """Commit a failed attempt (fenced): RETRYING, FAILED or DEAD_LETTER (see
-        :meth:`orchestrator.store.attempts.Attempts.fail`), then publish and alert."""
-        outcome = self.store.attempts.fail(
-            token.run_id, token.key, token.attempt,
-            error=error, window=self.settings.dispatch_window, exc_types=exc_types,
-            fingerprint=fingerprint, retryable=retryable, actor=WORKER,
-        )  # fmt: skip
-        self._after(outcome, token.run_id, token.key)
-        return outcome
-
-    def defer_attempt(self, token: FencingToken, spec: dict[str, Any]) -> bool:
-        """RUNNING -> WAITING for the token's attempt (fenced): the body raised
-        :class:`orchestrator.Defer`, or a sensor's check said "not yet" (``spec``: what
-        ``orc_defer_v1`` takes). Its slot goes to other READY work at once. Returns whether the
-        attempt still held the task (else the refusal is in the ledger)."""
-        check_json(spec, "Defer")
-        body = json.dumps(spec)
-        if len(body) > self.settings.max_event_bytes:
-            raise ValidationError(f"Defer: its state exceeds {self.settings.max_event_bytes} bytes of JSON")
-        accepted, _, dispatches = self.store.waits.defer(
-            token.run_id, token.key, token.attempt, body, self.settings.dispatch_window
-        )
-        self.publisher.publish(dispatches)
-        return accepted
-
-    def register_worker(
-        self, name: str, queues: Sequence[str], concurrency: int, tasks: Collection[str] | None = None
-    ) -> None:
-        """Record a live worker's capacity and the task names it registered (``None``: it does
-        not say, and takes every name), and fill it with READY work."""
-        self.store.workers.register(name, queues, concurrency, tasks)
-        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-
-    def touch_worker(
-        self, name: str, queues: Sequence[str], concurrency: int, tasks: Collection[str] | None = None
-    ) -> None:
-        """Refresh a live worker's capacity row (re-registering it if it was dropped)."""
-        if not self.store.workers.touch(name):
-            self.store.workers.register(name, queues, concurrency, tasks)
-
-    def drop_unregistered(self, token: FencingToken, worker: str, task_name: str) -> bool:
-        """``worker`` received the token's message without ``task_name`` registered: the task is
-        held READY until a worker of its queue that has it registers (the watchdog flags it);
-        returns whether the row still held that attempt QUEUED."""
-        return self.store.workers.drop(self.store.ledger, token.run_id, token.key, token.attempt, worker, task_name)
-
-    def unregister_worker(self, name: str) -> None:
-        """A worker is going away: its capacity no longer counts."""
-        self.store.workers.unregister(name)
-
-    def live_workers(self) -> int:
-        """How many workers are registered and alive."""
-        return int(self.store.workers.live())
-
-    def count_delivery(self, message_id: str, task_name: str) -> int:
-        """Count one more delivery of a broker message; returns how many there were."""
-        return int(self.store.deliveries.count(message_id, task_name))
-
-    def park_delivery(self, message_id: str, evidence: dict[str, Any]) -> None:
-        """Record a message parked for too many deliveries, with the evidence."""
-        self.store.deliveries.park(message_id, evidence)
-
-    def _after(self, outcome: Outcome, run_id: str, key: str) -> None:
-        """After a committed outcome: publish what it admitted, alert if it parked the task."""
-        self.publisher.publish(outcome.dispatches)
-        if outcome.accepted and outcome.state is TaskState.DEAD_LETTER:
-            task = self.store.reads.get_task(run_id, key)
-            alert = {
-                "run_id": run_id,
-                "key": key,
-                "task": task.task,
-                "attempt": task.attempt,
-                "error": task.error,
-                "fingerprint": task.fingerprint,
-            }
-            raise_alert(alert, webhook=self.settings.alert_webhook or None, actor="orchestrator")
 
     # ------------------------------------------------------------------ reconciler
 
@@ -707,51 +449,7 @@ class Orchestrator:
         self.publisher.revoke(in_flight)
         return len(in_flight)
 
-    # ------------------------------------------------------------------ reads
-
-    def set_tenant_weight(self, name: str, weight: float) -> None:
-        """A tenant's weight in the fair share of admission (default 1): within a priority class,
-        free slots go to the tenant with the fewest tasks in flight per unit of weight. Raises
-        :class:`ValidationError` for a bad name or a weight that is not a number in (0, 1000]."""
-        self._own_tenant(name)
-        if (
-            isinstance(weight, bool)
-            or not isinstance(weight, (int, float))
-            or not math.isfinite(weight)
-            or not 0 < weight <= 1000
-        ):
-            raise ValidationError(f"weight {weight!r} must be a number above 0 and at most 1000")
-        self.store.tenants.update(name, weight=float(weight))
-
-    def set_tenant_limit(self, name: str, max_running: int | None) -> None:
-        """The most tasks of tenant ``name`` QUEUED or RUNNING at once across every queue
-        (``None``: no limit), enforced at admission and counted from the task rows, so a slot
-        is free again as soon as its task ends, its lease expires or its run is cancelled.
-        Raises :class:`ValidationError` for a bad name or a limit that is not 1 to 1,000,000."""
-        self._own_tenant(name)
-        if max_running is not None and (
-            isinstance(max_running, bool) or not isinstance(max_running, int) or not 1 <= max_running <= 1_000_000
-        ):
-            raise ValidationError(f"max_running {max_running!r} must be an integer from 1 to 1000000")
-        self.store.tenants.update(name, max_running=max_running)
-        # a raised limit frees slots: fill them now
-        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-
-    def set_tenant_dedicated(self, name: str, dedicated: bool = True) -> None:
-        """Give tenant ``name`` its own queues (``orchestrator.tenant.<name>.<priority>``) from
-        its next submit on, served by workers started with ``orchestrator worker --tenant
-        <name>``; ``dedicated=False`` sends its new runs back to the shared queues. Tenants in
-        ``ORCHESTRATOR_DEDICATED_TENANTS`` are dedicated too."""
-        self._own_tenant(name)
-        self.store.tenants.update(name, dedicated=bool(dedicated))
-
-    def _own_tenant(self, name: str) -> None:
-        """Refuse (:class:`ValidationError`) a malformed tenant name, or another tenant's
-        settings from an orchestrator bound to a tenant."""
-        if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
-            raise ValidationError(f"tenant {name!r} must be 1-64 letters, digits, '_' or '-'")
-        if self.tenant is not None and name != self.tenant:
-            raise ValidationError(f"this orchestrator acts as tenant {self.tenant!r}; it cannot change tenant {name!r}")
+    # ------------------------------------------------------------------ the concerns, one sub-object each
 
     @cached_property
     def schedules(self) -> Schedules:
@@ -769,141 +467,27 @@ class Orchestrator:
 
         return Triggers(self, self.store.triggers.scoped(self.tenant))
 
-    # ------------------------------------------------------------------ pools and limits
+    @cached_property
+    def limits(self) -> Limits:
+        """Pools, rate limits and per-DAG limits (:mod:`orchestrator.engine.limits`)."""
+        return Limits(self)
 
-    def set_pool(self, name: str, slots: int, description: str | None = None) -> None:
-        """Define or resize the named pool (like an Airflow pool): tasks that name it
-        (``pool=``) hold ``pool_slots`` of its slots each while QUEUED or RUNNING, counted from
-        the task rows at admission. Deployment-wide: an orchestrator bound to a tenant cannot
-        change it. Raises :class:`ValidationError` for a bad name or slot count."""
-        self._deployment_wide("pools")
-        self.store.limits.set_pool(name, slots, description)
-        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
+    @cached_property
+    def breakers(self) -> Breakers:
+        """Circuit breakers per resource (:mod:`orchestrator.engine.breakers`)."""
+        return Breakers(self)
 
-    def remove_pool(self, name: str) -> bool:
-        """Remove a pool; tasks that still name it wait (``explain`` says so) until it is set again."""
-        self._deployment_wide("pools")
-        return self.store.limits.remove_pool(name)
+    @cached_property
+    def tenants(self) -> Tenants:
+        """Tenants' weights, limits and dedicated queues (:mod:`orchestrator.engine.tenants`)."""
+        return Tenants(self)
 
-    def pools(self) -> list[Pool]:
-        return self.store.limits.pools()
+    @cached_property
+    def events(self) -> Events:
+        """Events from outside and signals to a run (:mod:`orchestrator.engine.events`)."""
+        return Events(self)
 
-    def set_rate_limit(self, key: str, rate: str | float, burst: int | None = None) -> RateLimit:
-        """Define or change a deployment-wide token bucket: ``rate`` like ``"10/s"``, ``"600/m"``
-        (or tokens per second), ``burst`` its size (default one second's worth, at least 1).
-        Tasks that name it (``rate_limit=``) take one token each when admitted, on every
-        worker together (Celery's own ``rate_limit`` is per worker process)."""
-        self._deployment_wide("rate limits")
-        limit = self.store.limits.set_rate_limit(key, rate, burst)
-        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-        return limit
-
-    def remove_rate_limit(self, key: str) -> bool:
-        """Remove a rate limit; tasks that still name it wait until it is set again."""
-        self._deployment_wide("rate limits")
-        return self.store.limits.remove_rate_limit(key)
-
-    def rate_limits(self) -> list[RateLimit]:
-        return self.store.limits.rate_limits()
-
-    # circuit breakers per resource (store/breakers.py)
-    def set_breaker(
-        self,
-        name: str,
-        *,
-        window: str | float = 60.0,
-        min_calls: int = 20,
-        failure_rate: float = 0.5,
-        min_failures: int = 5,
-        open_for: str | float = "30s..10m",
-        probes: int = 1,
-        probe_lease: str | float | None = None,
-        ramp_max: int = 64,
-        failure_on: Sequence[str] = (),
-        mode: str = "on",
-        by: str | None = None,
-    ) -> Breaker:
-        """Create or change the circuit breaker of the resource ``name`` (tasks declare
-        ``resources=[...]``): it trips when its last ``window`` (``"60s"``) holds at least
-        ``min_calls`` calls, ``min_failures`` failures (time-outs, connection errors, the
-        exception classes named in ``failure_on``) and a ``failure_rate`` share of failures; open,
-        admission holds the resource's READY tasks for ``open_for`` (``"30s..10m"``: doubled per
-        consecutive re-open); half-open, ``probes`` leased probes decide; closed again, admission
-        ramps up in waves of 1, 2, 4 ... up to ``ramp_max``. ``mode``: on, metrics (counts, never
-        holds) or disabled. Deployment-wide."""
-        self._deployment_wide("breakers")
-        found = self.store.breakers.set(
-            name, window=window, min_calls=min_calls, failure_rate=failure_rate, min_failures=min_failures,
-            open_for=open_for, probes=probes, probe_lease=probe_lease, ramp_max=ramp_max, failure_on=failure_on,
-            mode=mode, by=by or local_by(),
-        )  # fmt: skip
-        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-        return found
-
-    def breaker(self, name: str) -> Breaker:
-        """The breaker ``name`` now: settings, state, its window's calls and failures, probes out.
-        Deployment-wide: a tenant-bound orchestrator is refused (:class:`ValidationError`)."""
-        return self.store.breakers.scoped(self.tenant).get(name)
-
-    def breakers(self) -> list[Breaker]:
-        return self.store.breakers.scoped(self.tenant).find()
-
-    def breaker_events(self, name: str | None = None, *, limit: int = 100) -> list[BreakerEvent]:
-        """The breakers' ledger (every state change and operator action, with who), oldest first."""
-        return self.store.breakers.scoped(self.tenant).events(name, limit=limit)
-
-    def open_breaker(self, name: str, *, by: str | None = None, reason: str | None = None) -> Breaker:
-        """Force the breaker open (its resource's READY tasks are held) until :meth:`close_breaker`."""
-        self._deployment_wide("breakers")
-        return self.store.breakers.open(name, by=by or local_by(), reason=reason)
-
-    def close_breaker(self, name: str, *, by: str | None = None, reason: str | None = None) -> Breaker:
-        """Close the breaker now (no ramp) and turn it back on; its held tasks are admitted."""
-        self._deployment_wide("breakers")
-        found = self.store.breakers.close(name, by=by or local_by(), reason=reason)
-        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-        return found
-
-    def disable_breaker(self, name: str, *, by: str | None = None, reason: str | None = None) -> Breaker:
-        """The breaker never trips and counts nothing (until set or closed again)."""
-        self._deployment_wide("breakers")
-        found = self.store.breakers.disable(name, by=by or local_by(), reason=reason)
-        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-        return found
-
-    def remove_breaker(self, name: str, *, by: str | None = None) -> bool:
-        """Remove the breaker: its resource's tasks are no longer counted nor held."""
-        self._deployment_wide("breakers")
-        gone = self.store.breakers.remove(name, by=by or local_by())
-        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-        return gone
-
-    def set_dag_limit(self, dag_name: str, max_running: int | None, *, tenant: str | None = None) -> None:
-        """The most tasks QUEUED or RUNNING at once across every run of one tenant's DAG
-        (``None``: no limit); ``tenant`` defaults to the bound tenant, else ``default``. (A
-        single run's limit is the DAG's ``max_active_tasks``.)"""
-        name = tenant or self.tenant or "default"
-        self._own_tenant(name)
-        self.store.limits.set_dag_limit(name, dag_name, max_running)
-        self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-
-    def dag_limits(self) -> dict[tuple[str, str], int]:
-        """``{(tenant, DAG name): max_running}`` (the bound tenant's only, when bound)."""
-        return self.store.limits.dag_limits(self.tenant)
-
-    def _deployment_wide(self, what: str) -> None:
-        if self.tenant is not None:
-            raise ValidationError(
-                f"{what} are deployment-wide: this orchestrator acts as tenant {self.tenant!r} and cannot change them"
-            )
-
-    def tenant_settings(self) -> dict[str, tuple[float, int | None, bool]]:
-        """``{tenant: (weight, max_running, dedicated)}`` of the tenants configured so far (a
-        tenant-bound orchestrator sees its own entry only)."""
-        found = self.store.tenants.settings()
-        if self.tenant is not None:
-            return {name: v for name, v in found.items() if name == self.tenant}
-        return found
+    # ------------------------------------------------------------------ reads
 
     def explain(self, run_id: str, key: str | None = None, *, keys: Collection[str] | None = None) -> list[Explanation]:
         """Why each task of the run (or only ``key``, or only ``keys``) is where it is: see
@@ -932,7 +516,7 @@ class Orchestrator:
         """One task of the run; raises :class:`RunNotFound` or :class:`TaskNotFound`."""
         return self.reads.get_task(run_id, key)
 
-    def events(self, run_id: str, *, newest: int | None = None) -> list[EventView]:
+    def ledger(self, run_id: str, *, newest: int | None = None) -> list[EventView]:
         """The run's ledger, oldest first (only the ``newest`` rows when given); raises
         :class:`RunNotFound`."""
         return self.reads.events(run_id, newest=newest)
@@ -999,100 +583,21 @@ class Orchestrator:
             raise ValidationError("a version filter needs the DAG's name (dag=)")
         return self.reads.list_runs(limit, tenant=tenant, dag=dag, state=state, offset=offset, dag_version=dag_version)
 
+    # transitional: removed once orchestrator/testing calls the sub-objects
+    def set_breaker(self, name: str, **kwargs: Any) -> Any:
+        return self.breakers.set(name, **kwargs)
 
-class RunHandle:
-    """A submitted run: ``id``, ``status()``, ``tasks()``, ``wait()``, ``results()``;
-    ``warnings``: what :meth:`DAG.lint` found when it was submitted (likely mistakes that are
-    still valid, such as a join below a branch that keeps ``all_success``)."""
+    def open_breaker(self, name: str, **kwargs: Any) -> Any:
+        return self.breakers.open(name, **kwargs)
 
-    def __init__(self, orchestrator: Orchestrator, run_id: str, *, warnings: list[str] | None = None) -> None:
-        self.orchestrator = orchestrator
-        self.id = run_id
-        self.warnings: list[str] = list(warnings or [])
+    def close_breaker(self, name: str, **kwargs: Any) -> Any:
+        return self.breakers.close(name, **kwargs)
 
-    def __repr__(self) -> str:
-        return f"<RunHandle {self.id}>"
+    def emit(self, key: str, payload: Any = None, **kwargs: Any) -> Any:
+        return self.events.emit(key, payload, **kwargs)
 
-    def status(self) -> RunView:
-        return self.orchestrator.visible(self.id)
-
-    @property
-    def state(self) -> RunState:
-        return self.orchestrator.run_state(self.id)
-
-    def tasks(self) -> list[TaskView]:
-        return self.orchestrator.tasks(self.id)
-
-    def task(self, key: str) -> TaskView:
-        return self.orchestrator.task(self.id, key)
-
-    def events(self) -> list[EventView]:
-        return self.orchestrator.events(self.id)
-
-    def cancel(self, *, by: str | None = None) -> int:
-        return self.orchestrator.cancel(self.id, by=by)
-
-    def retry(self, key: str, *, by: str | None = None) -> None:
-        self.orchestrator.retry_task(self.id, key, by=by)
-
-    def skip(self, key: str, *, by: str | None = None) -> None:
-        self.orchestrator.skip_task(self.id, key, by=by)
-
-    def clear(
-        self,
-        *keys: str,
-        downstream: bool = False,
-        upstream: bool = False,
-        only_failed: bool = False,
-        by: str | None = None,
-    ) -> list[str]:
-        """:meth:`Orchestrator.clear` on this run."""
-        return self.orchestrator.clear(
-            self.id, *keys, downstream=downstream, upstream=upstream, only_failed=only_failed, by=by
-        )
-
-    def mark(self, key: str, state: TaskState | str, *, by: str | None = None) -> TaskState:
-        """:meth:`Orchestrator.mark` on this run."""
-        return self.orchestrator.mark(self.id, key, state, by=by)
-
-    def rerun(self) -> RunHandle:
-        """:meth:`Orchestrator.rerun` of this run."""
-        return self.orchestrator.rerun(self.id)
-
-    def fail(self, key: str, *, by: str | None = None) -> None:
-        self.orchestrator.fail_task(self.id, key, by=by)
-
-    def signal(self, name: str, payload: dict[str, Any] | None = None, *, event_id: str | None = None) -> Emitted:
-        """Send the signal ``name`` to this run (see :meth:`Orchestrator.signal`)."""
-        return self.orchestrator.signal(self.id, name, payload, event_id=event_id)
-
-    def approve(self, key: str, *, by: str | None = None, comment: str | None = None) -> None:
-        """Approve this run's approval node ``key`` (see :meth:`Orchestrator.approve`)."""
-        self.orchestrator.approve(self.id, key, by=by, comment=comment)
-
-    def reject(self, key: str, *, by: str | None = None, comment: str | None = None) -> None:
-        """Reject this run's approval node ``key`` (see :meth:`Orchestrator.reject`)."""
-        self.orchestrator.reject(self.id, key, by=by, comment=comment)
-
-    def results(self) -> dict[str, Any]:
-        """The stored JSON result of every task that succeeded, by node key."""
-        return {t.key: t.result for t in self.tasks() if t.state.value == "SUCCEEDED"}
-
-    def wait(self, timeout: float | None = None, *, poll: float = 0.1) -> RunView:
-        """Block until the run is final; raise :class:`RunTimeout` after ``timeout`` seconds.
-        A database outage (a lost or refused connection) is waited out, logged, until then."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                if self.state.terminal:  # one row by primary key per poll; the counts once, at the end
-                    return self.status()
-            except Exception as exc:
-                if not self.orchestrator.is_transient(exc):
-                    raise
-                log.warning("waiting for run %s: the database is unreachable (%s); still waiting", self.id, exc)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise RunTimeout(f"run {self.id} still running after {timeout}s")
-            time.sleep(poll)
+    def signal(self, run_id: str, name: str, payload: Any = None, **kwargs: Any) -> Any:
+        return self.events.signal(run_id, name, payload, **kwargs)
 
 
-__all__ = ["Actor", "Orchestrator", "RunHandle", "local_by", "os_user"]
+__all__ = ["Actor", "Orchestrator", "RunHandle", "local_by"]

@@ -18,7 +18,7 @@ def test_a_killed_probe_does_not_leave_the_breaker_half_open(cluster: Cluster) -
     name = "fakeapi"
     down, slow = f"orchestrator:fake:{name}:down", f"orchestrator:fake:{name}:slow"
     orc = cluster.orc
-    orc.set_breaker(name, min_calls=1, min_failures=1, open_for="1s..2s", probes=1, probe_lease="3s", ramp_max=1)
+    orc.breakers.set(name, min_calls=1, min_failures=1, open_for="1s..2s", probes=1, probe_lease="3s", ramp_max=1)
     w1 = cluster.worker("w1")
     cluster.reconciler()
     cluster.redis.set(down, 1)
@@ -29,7 +29,7 @@ def test_a_killed_probe_does_not_leave_the_breaker_half_open(cluster: Cluster) -
             backoff={"base": 0.1, "cap": 0.2, "jitter": "none"},
         )  # fmt: skip
     run = orc.submit(dag)
-    cluster.wait_for(lambda: orc.breaker(name).state != "closed", 30, "the breaker to trip", run_id=run.id)
+    cluster.wait_for(lambda: orc.breakers.get(name).state != "closed", 30, "the breaker to trip", run_id=run.id)
     # the breaker gates dispatch, not messages already sent: wait until every message sent before
     # it tripped has run (and failed against the down resource), so that no ordinary call, only
     # the probe, can start its body after the resource comes back (a loaded machine claims them late)
@@ -55,13 +55,13 @@ def test_a_killed_probe_does_not_leave_the_breaker_half_open(cluster: Cluster) -
     cluster.redis.delete(slow)
 
     def lease_counted() -> bool:
-        return any("outlived its lease" in (e.reason or "") for e in orc.breaker_events(name))
+        return any("outlived its lease" in (e.reason or "") for e in orc.breakers.events(name))
 
     cluster.wait_for(lease_counted, 30, "the probe's lease counted as a failure", run_id=run.id)
     took = time.monotonic() - killed_at
-    event = next(e for e in orc.breaker_events(name) if "outlived its lease" in (e.reason or ""))
+    event = next(e for e in orc.breakers.events(name) if "outlived its lease" in (e.reason or ""))
     assert (event.from_state, event.to_state, event.actor) == ("half_open", "open", "reconciler")
     cluster.worker("w2")
     assert cluster.wait_run(run.id, 60) is RunState.SUCCEEDED
-    assert orc.breaker(name).state == "closed"
+    assert orc.breakers.get(name).state == "closed"
     print(f"\nkilled probe counted as a failure {took:.1f}s after the kill (lease 3s)")

@@ -44,7 +44,7 @@ def test_a_pool_never_holds_more_than_its_slots(cluster: Cluster, broker: str) -
     """A pool of 2 slots under 50 tasks on two workers with 4 slots between them: never more
     than 2 of its tasks QUEUED or RUNNING at once, and 2 running at once most of the time."""
     cluster.configure(ORCHESTRATOR_BROKER_URL=broker)
-    cluster.orc.set_pool("pair", 2)
+    cluster.orc.limits.set_pool("pair", 2)
     a, b = cluster.start_worker("w1", concurrency=2), cluster.start_worker("w2", concurrency=2)
     cluster.wait_ready(a, b)
     dag = DAG("pooled")
@@ -65,7 +65,7 @@ def test_a_rate_limit_holds_across_two_workers(cluster: Cluster, broker: str) ->
     2 + 10 d admissions (one more for the ledger's clock: an event is stamped with its
     transaction's start), and the tasks ran on both workers."""
     cluster.configure(ORCHESTRATOR_BROKER_URL=broker)
-    cluster.orc.set_rate_limit("api", "10/s", burst=2)
+    cluster.orc.limits.set_rate_limit("api", "10/s", burst=2)
     a, b = cluster.start_worker("w1", concurrency=2), cluster.start_worker("w2", concurrency=2)
     cluster.wait_ready(a, b)
     dag = DAG("calls")
@@ -88,7 +88,7 @@ def test_a_rate_limit_holds_across_two_workers(cluster: Cluster, broker: str) ->
 
 def test_run_and_dag_limits_hold_with_real_workers(cluster: Cluster) -> None:
     """max_active_tasks=2 on a run, a limit of 3 on its DAG across two runs, 8 worker slots."""
-    cluster.orc.set_dag_limit("capped", 3)
+    cluster.orc.limits.set_dag_limit("capped", 3)
     w = cluster.worker("w1", concurrency=4)
     runs = []
     for _ in range(2):
@@ -141,7 +141,7 @@ def test_pool_slots_of_a_killed_worker_come_back_with_the_lease(cluster: Cluster
     """A worker holding every slot of a pool is killed with -9: its attempts' leases lapse, the
     reconciler retries them, and another worker runs them: the slots are back within the
     lease (2 s here) and a tick (0.3 s), plus the hand-off."""
-    cluster.orc.set_pool("solo", 2)
+    cluster.orc.limits.set_pool("solo", 2)
     w1 = cluster.worker("w1", concurrency=2)
     dag = DAG("held")
     # (a first attempt sleeps 30 s, a retry returns at once: the two held when w1 dies still run
@@ -177,7 +177,7 @@ def test_a_cancelled_run_frees_its_pool_slots_at_once(cluster: Cluster) -> None:
     # (no reconciler anywhere, the worker's off too: only the cancel's own admission can hand
     # the slot on, so that it did is read from the ledger, not from how soon on this machine)
     cluster.configure(ORCHESTRATOR_WORKER_RECONCILER="0")
-    cluster.orc.set_pool("one", 1)
+    cluster.orc.limits.set_pool("one", 1)
     cluster.worker("w1", concurrency=2)
     holder = DAG("holder")
     holder.task("long", P + "sleep", kwargs={"seconds": 30.0}, pool="one")

@@ -108,7 +108,7 @@ def test_pool_process_killed_right_after_the_defer_commit(cluster: Cluster, tmp_
     # then the whole worker dies, and the event comes while no worker lives
     w1.signal_group(signal.SIGKILL)
     w1.popen.wait(10)
-    assert cluster.orc.emit("export.done", {"id": 7, "url": "s3://x"}).woken == 1
+    assert cluster.orc.events.emit("export.done", {"id": 7, "url": "s3://x"}).woken == 1
     redelivered = cluster.restore_unacked()  # what kombu does once the visibility timeout passed
     cluster.worker("w2", concurrency=2)
     cluster.reconciler()
@@ -144,7 +144,7 @@ def test_worker_killed_while_its_body_is_about_to_defer(cluster: Cluster) -> Non
     # Then the lost attempt is retried after its lease; attempt 2 defers; the event resumes it
     job = cluster.wait_task(run.id, "job", lambda t: t.state is T.WAITING, 30, "job deferred by attempt 2")
     assert job.attempt == 2
-    assert cluster.orc.emit("export.done", {"id": 7, "url": "s3://x"}).woken == 1
+    assert cluster.orc.events.emit("export.done", {"id": 7, "url": "s3://x"}).woken == 1
     assert cluster.wait_run(run.id, 60) is RunState.SUCCEEDED
     resumed_once(cluster, run.id, 3)
     by_attempt = outcomes_by_attempt(cluster, run.id, "job")
@@ -181,7 +181,7 @@ def emit_retrying(cluster: Cluster, key: str, payload: dict[str, Any], event_id:
     """An emit that rides out a dropped connection (its event id makes a repeat a duplicate)."""
     for _ in range(20):
         try:
-            return cluster.orc.emit(key, payload, event_id=event_id).woken
+            return cluster.orc.events.emit(key, payload, event_id=event_id).woken
         except sa.exc.OperationalError:
             time.sleep(0.5)
     pytest.fail(f"emit {key} {payload} never went through")

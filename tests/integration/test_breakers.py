@@ -48,7 +48,7 @@ def test_an_open_breaker_holds_its_resource_and_drains_in_waves(
 ) -> None:
     name = f"fakeapi-{uuid.uuid4().hex[:8]}"
     down, calls = f"orchestrator:fake:{name}:down", f"orchestrator:fake:{name}:calls"
-    orc.set_breaker(
+    orc.breakers.set(
         name, window="60s", min_calls=3, min_failures=3, failure_rate=0.5, open_for="1s..2s", probes=1,
         probe_lease="30s", ramp_max=8,
     )  # fmt: skip
@@ -62,12 +62,12 @@ def test_an_open_breaker_holds_its_resource_and_drains_in_waves(
             max_attempts=30, backoff={"base": 0.1, "cap": 0.3, "jitter": "none"},
         )  # fmt: skip
     run = orc.submit(dag)
-    until("the breaker to open", lambda: orc.breaker(name).state != "closed", 60)
+    until("the breaker to open", lambda: orc.breakers.get(name).state != "closed", 60)
     during = other_work(orc, 60)  # while the resource is held
     # at least two probes fail (open 1 s, then 2 s)
     until(
         "two half-open probes",
-        lambda: sum(1 for e in orc.breaker_events(name) if e.to_state == "half_open") >= 2,
+        lambda: sum(1 for e in orc.breakers.events(name) if e.to_state == "half_open") >= 2,
         60,
     )
     assert run.status().state is RunState.RUNNING
@@ -75,14 +75,14 @@ def test_an_open_breaker_holds_its_resource_and_drains_in_waves(
     waves: list[int] = []
 
     def drained() -> bool:
-        b = orc.breaker(name)
+        b = orc.breakers.get(name)
         if b.wave is not None and (not waves or waves[-1] != b.wave):
             waves.append(b.wave)
         return run.status().state is RunState.SUCCEEDED
 
     until("the backlog to drain", drained, 120, 0.01)
 
-    events = orc.breaker_events(name)
+    events = orc.breakers.events(name)
     trip = next(e for e in events if e.to_state == "open")
     closed = next(e for e in events if e.to_state == "closed" and e.from_state == "half_open")
     half_opens = [e for e in events if e.to_state == "half_open" and e.at < closed.at]
@@ -103,6 +103,6 @@ def test_an_open_breaker_holds_its_resource_and_drains_in_waves(
     assert len(down_calls) <= 3 + window + len(half_opens)
     assert len(reopens) >= 1 and len(half_opens) >= 2
     assert waves[:3] == [1, 2, 4] and waves == sorted(waves)
-    assert orc.breaker(name).wave is None and orc.breaker(name).state == "closed"
+    assert orc.breakers.get(name).wave is None and orc.breakers.get(name).state == "closed"
     assert during > 0.3 * alone
     assert orc.verify([run.id]) == []

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState, TaskState, TriggerRule
 from orchestrator.core.protocol import HEADER_ATTEMPT, HEADER_KEY, HEADER_RUN, HEADER_SIGNATURE, FencingToken, sign
-from orchestrator.engine.facade import local_by
+from orchestrator.engine.scope import local_by
 from orchestrator.store import schema as s
 from tests.integration.conftest import ROOT, WorkerProcess, start_worker, stop_process
 

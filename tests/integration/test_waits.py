@@ -60,17 +60,17 @@ def test_an_emitted_event_wakes_a_waiting_run(orc: Orchestrator, worker: WorkerP
     run = orc.submit(dag)
     waiting = until_state(run, "paid", T.WAITING)
     assert waiting.worker is None and run.task("b").state is T.PENDING
-    assert orc.emit(key, {"order_id": 41}).woken == 0  # no match: still waiting
+    assert orc.events.emit(key, {"order_id": 41}).woken == 0  # no match: still waiting
     time.sleep(0.5)
     assert run.task("paid").state is T.WAITING and run.state is RunState.RUNNING
 
-    done = orc.emit(key, {"order_id": 42, "amount": 9.5}, event_id=f"{key}-1")
+    done = orc.events.emit(key, {"order_id": 42, "amount": 9.5}, event_id=f"{key}-1")
     assert done.woken == 1
     assert run.wait(timeout=30).state is RunState.SUCCEEDED
     assert run.task("paid").result == {"order_id": 42, "amount": 9.5}
     assert run.task("b").result == {"kwargs": {}, "upstream": {"paid": {"order_id": 42, "amount": 9.5}}}
     # the same event again is de-duplicated and wakes nothing (another payload: EventIdConflict)
-    assert orc.emit(key, {"order_id": 42, "amount": 9.5}, event_id=f"{key}-1").duplicate
+    assert orc.events.emit(key, {"order_id": 42, "amount": 9.5}, event_id=f"{key}-1").duplicate
     assert ledger(run, "paid") == [("PENDING", "WAITING", 1, True), ("WAITING", "SUCCEEDED", 1, True)]
     assert_verified(orc, run.id)
 
@@ -142,8 +142,8 @@ def test_a_deferred_task_is_resumed_with_its_event_and_state(orc: Orchestrator, 
     run = orc.submit(dag)
     waiting = until_state(run, "job", T.WAITING)
     assert (waiting.attempt, waiting.worker) == (1, None)
-    assert orc.emit(key, {"id": 8}).woken == 0
-    assert orc.emit(key, {"id": 7, "url": "s3://x"}).woken == 1
+    assert orc.events.emit(key, {"id": 8}).woken == 0
+    assert orc.events.emit(key, {"id": 7, "url": "s3://x"}).woken == 1
     assert run.wait(timeout=30).state is RunState.SUCCEEDED
 
     job = run.task("job")
@@ -188,7 +188,7 @@ def test_an_approval_answered_while_the_worker_runs(orc: Orchestrator, worker: W
 
 def test_a_body_deferring_after_its_event_came_is_resumed_at_once(orc: Orchestrator, worker: WorkerProcess) -> None:
     key = unique("export.early")
-    assert orc.emit(key, {"id": 7, "early": True}).woken == 0  # nothing waits yet
+    assert orc.events.emit(key, {"id": 7, "early": True}).woken == 0  # nothing waits yet
     dag = DAG("it-defer-early")
     dag.task("job", P + "deferring", kwargs={"event": key, "match": {"id": 7}, "state": {"cursor": 1}})
     run = orc.submit(dag)

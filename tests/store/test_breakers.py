@@ -80,7 +80,7 @@ def queued(kit: Kit, run_id: str) -> list[str]:
 
 
 def breaker_events(kit: Kit, name: str = "stripe") -> list[tuple[str | None, str, str]]:
-    return [(e.from_state, e.to_state, e.actor) for e in kit.orc.breaker_events(name)]
+    return [(e.from_state, e.to_state, e.actor) for e in kit.orc.breakers.events(name)]
 
 
 def probe_rows(kit: Kit) -> list[Any]:
@@ -91,7 +91,7 @@ def probe_rows(kit: Kit) -> list[Any]:
 def trip(kit: Kit, run_id: str, n: int = 3) -> None:
     for key in queued(kit, run_id)[:n]:
         finish(kit, run_id, key, exc="TimeoutError")
-    assert kit.orc.breaker("stripe").state == "open"
+    assert kit.orc.breakers.get("stripe").state == "open"
 
 
 def test_resources_are_validated_and_expanded_per_tenant(orchestrator: Kit) -> None:
@@ -114,34 +114,34 @@ def test_resources_are_validated_and_expanded_per_tenant(orchestrator: Kit) -> N
         assert conn.execute(sa.select(s.tasks.c.resources).where(s.tasks.c.run_id == plain.id)).scalar_one() is None
     assert parse_open_for("30s..10m") == (30.0, 600.0) and parse_open_for("45s") == (45.0, 45.0)
     with pytest.raises(ValidationError):
-        kit.orc.set_breaker("stripe", open_for="10m..30s")
+        kit.orc.breakers.set("stripe", open_for="10m..30s")
     with pytest.raises(UnknownBreakerError):
-        kit.orc.open_breaker("nothing")
+        kit.orc.breakers.open("nothing")
 
 
 def test_trips_on_the_thresholds_and_holds_the_resources_ready_tasks(orchestrator: Kit) -> None:
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("stripe", window="60s", min_calls=4, min_failures=3, failure_rate=0.5, open_for="30s..2m")
+    orc.breakers.set("stripe", window="60s", min_calls=4, min_failures=3, failure_rate=0.5, open_for="30s..2m")
     run = kit.submit(flat("pay", 12, ["stripe"], max_attempts=3))  # the submit admits its tasks
     admit(kit)
     assert len(queued(kit, run.id)) == 12
     keys = queued(kit, run.id)
     # a failure that is not the resource's (a bug in the body) does not count
     finish(kit, run.id, keys[0], exc="ValueError")
-    assert orc.breaker("stripe").calls == 0
+    assert orc.breakers.get("stripe").calls == 0
     finish(kit, run.id, keys[1], exc="TimeoutError")
     finish(kit, run.id, keys[2], exc="ConnectionError")
     finish(kit, run.id, keys[3])
-    b = orc.breaker("stripe")
+    b = orc.breakers.get("stripe")
     assert (b.state, b.calls, b.failures) == ("closed", 3, 2)  # below min_calls and min_failures
     finish(kit, run.id, keys[4])  # 4 calls, 2 failures: min_failures not reached
-    assert orc.breaker("stripe").state == "closed"
+    assert orc.breakers.get("stripe").state == "closed"
     finish(kit, run.id, keys[5], exc="TimeoutError")  # 5 calls, 3 failures, 60%
-    b = orc.breaker("stripe")
+    b = orc.breakers.get("stripe")
     assert (b.state, b.calls, b.failures, b.open_for) == ("open", 5, 3, 30.0)
     assert b.open_until is not None and b.holds
     assert breaker_events(kit)[-1] == ("closed", "open", "worker")
-    assert "3 of 5 calls failed" in (orc.breaker_events("stripe")[-1].reason or "")
+    assert "3 of 5 calls failed" in (orc.breakers.events("stripe")[-1].reason or "")
     # open: a new run's stripe tasks stay READY, other work is admitted and runs
     held = kit.submit(flat("pay2", 5, ["stripe"]))
     other = kit.submit(flat("other", 5, ["erp"]))
@@ -169,42 +169,42 @@ def test_trips_on_the_thresholds_and_holds_the_resources_ready_tasks(orchestrato
 
 def test_min_failures_is_an_absolute_count_and_the_window_slides(orchestrator: Kit) -> None:
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("stripe", window="30s", min_calls=1, min_failures=3, failure_rate=0.5)
+    orc.breakers.set("stripe", window="30s", min_calls=1, min_failures=3, failure_rate=0.5)
     run = kit.submit(flat("pay", 6, ["stripe"]))
     admit(kit)
     keys = queued(kit, run.id)
     finish(kit, run.id, keys[0], exc="TimeoutError")
     finish(kit, run.id, keys[1], exc="TimeoutError")
-    assert orc.breaker("stripe").state == "closed"  # 100% failed, but 2 < min_failures
+    assert orc.breakers.get("stripe").state == "closed"  # 100% failed, but 2 < min_failures
     kit.clock.advance(seconds=31)  # both slide out of the window
     finish(kit, run.id, keys[2], exc="TimeoutError")
-    b = orc.breaker("stripe")
+    b = orc.breakers.get("stripe")
     assert (b.state, b.calls, b.failures) == ("closed", 1, 1)
     finish(kit, run.id, keys[3], exc="TimeoutError")
     finish(kit, run.id, keys[4], exc="TimeoutError")
-    assert orc.breaker("stripe").state == "open"
+    assert orc.breakers.get("stripe").state == "open"
 
 
 def test_half_open_hands_out_leased_probes_and_a_probe_success_closes(orchestrator: Kit) -> None:
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("stripe", min_calls=1, min_failures=1, open_for="30s..2m", probes=2, ramp_max=1)
+    orc.breakers.set("stripe", min_calls=1, min_failures=1, open_for="30s..2m", probes=2, ramp_max=1)
     first = kit.submit(flat("pay", 1, ["stripe"]))
     admit(kit)
     trip(kit, first.id, 1)
     run = kit.submit(flat("pay2", 10, ["stripe"]))
     assert admit(kit) == []
     kit.clock.advance(seconds=29)
-    assert admit(kit) == [] and orc.breaker("stripe").state == "open"
+    assert admit(kit) == [] and orc.breakers.get("stripe").state == "open"
     kit.clock.advance(seconds=2)
     probes = admit(kit)  # open_until passed: half-open, two probe permits
-    b = orc.breaker("stripe")
+    b = orc.breakers.get("stripe")
     assert len(probes) == 2 and (b.state, b.probes_left) == ("half_open", 0)
     assert breaker_events(kit)[-1] == ("open", "half_open", "dispatcher")
     assert sorted((p.run_id, p.key) for p in probe_rows(kit)) == sorted((run.id, k) for k in probes)
     assert admit(kit) == []  # no permit left
     assert "half-open" in why(kit, run.id, queued_not(kit, run.id, probes)[0])
     finish(kit, run.id, probes[0])
-    b = orc.breaker("stripe")
+    b = orc.breakers.get("stripe")
     assert (b.state, b.wave, b.reopens, b.open_for) == ("closed", None, 0, None)
     assert breaker_events(kit)[-1] == ("half_open", "closed", "worker")
     assert probe_rows(kit) == []
@@ -217,51 +217,51 @@ def queued_not(kit: Kit, run_id: str, keys: list[str]) -> list[str]:
 
 def test_a_probe_failure_reopens_for_twice_as_long_up_to_the_most(orchestrator: Kit) -> None:
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("stripe", min_calls=1, min_failures=1, open_for="30s..50s", probes=1)
+    orc.breakers.set("stripe", min_calls=1, min_failures=1, open_for="30s..50s", probes=1)
     run = kit.submit(flat("pay", 1, ["stripe"]))
     admit(kit)
     trip(kit, run.id, 1)
     late = kit.submit(flat("pay2", 4, ["stripe"]))
     for expected in (60.0, 50.0):  # doubled, then capped at open_max
-        kit.clock.advance(seconds=orc.breaker("stripe").open_for + 1)
+        kit.clock.advance(seconds=orc.breakers.get("stripe").open_for + 1)
         probe = admit(kit)
         assert len(probe) == 1
         finish(kit, late.id, probe[0], exc="ConnectionError")
-        b = orc.breaker("stripe")
+        b = orc.breakers.get("stripe")
         assert (b.state, b.open_for) == ("open", min(expected, 50.0))
         assert breaker_events(kit)[-1] == ("half_open", "open", "worker")
-    assert orc.breaker("stripe").reopens == 2
+    assert orc.breakers.get("stripe").reopens == 2
 
 
 def test_a_probe_that_outlives_its_lease_counts_as_a_failure(orchestrator: Kit) -> None:
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("stripe", min_calls=1, min_failures=1, open_for="30s..10m", probes=1, probe_lease="20s")
+    orc.breakers.set("stripe", min_calls=1, min_failures=1, open_for="30s..10m", probes=1, probe_lease="20s")
     run = kit.submit(flat("pay", 1, ["stripe"]))
     admit(kit)
     trip(kit, run.id, 1)
     late = kit.submit(flat("pay2", 3, ["stripe"]))
     kit.clock.advance(seconds=31)
     kit.reconcile()  # the reconciler's pass: half-open, and its admission hands out the probe
-    assert orc.breaker("stripe").state == "half_open" and len(probe_rows(kit)) == 1
+    assert orc.breakers.get("stripe").state == "half_open" and len(probe_rows(kit)) == 1
     (probe,) = queued(kit, late.id)
     st = orc.store
     assert st.attempts.claim(late.id, probe, 1, WORKER, 600.0, "brk.call") is not None  # it hangs
     kit.clock.advance(seconds=21)
     report = kit.reconcile()
-    b = orc.breaker("stripe")
+    b = orc.breakers.get("stripe")
     assert (b.state, b.open_for) == ("open", 60.0) and report["breaker_changes"] >= 1
-    events = orc.breaker_events("stripe")
+    events = orc.breakers.events("stripe")
     assert (events[-1].to_state, events[-1].actor) == ("open", "reconciler")
     assert "outlived its lease" in (events[-1].reason or "")
     assert probe_rows(kit) == []
     # the hung probe's late success is a call, not a probe: it does not close the breaker
     assert st.attempts.succeed(late.id, probe, 1, 1, 1000).accepted
-    assert orc.breaker("stripe").state == "open"
+    assert orc.breakers.get("stripe").state == "open"
 
 
 def test_after_closing_admission_ramps_up_in_waves(orchestrator: Kit) -> None:
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("stripe", min_calls=1, min_failures=1, open_for="30s", probes=1, ramp_max=4)
+    orc.breakers.set("stripe", min_calls=1, min_failures=1, open_for="30s", probes=1, ramp_max=4)
     run = kit.submit(flat("pay", 1, ["stripe"]))
     admit(kit)
     trip(kit, run.id, 1)
@@ -277,13 +277,13 @@ def test_after_closing_admission_ramps_up_in_waves(orchestrator: Kit) -> None:
         for key in got:
             finish(kit, backlog.id, key)
     assert waves == [1, 2, 4, 22]  # past ramp_max the rest goes at once
-    assert orc.breaker("stripe").wave is None
+    assert orc.breakers.get("stripe").wave is None
 
 
 def test_a_failure_in_the_ramp_starts_it_again(orchestrator: Kit) -> None:
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("stripe", min_calls=50, min_failures=50, open_for="30s", ramp_max=8)
-    orc.open_breaker("stripe")
+    orc.breakers.set("stripe", min_calls=50, min_failures=50, open_for="30s", ramp_max=8)
+    orc.breakers.open("stripe")
     run = kit.submit(flat("pay", 20, ["stripe"], max_attempts=3))
     # an operator's close releases at once (no ramp); a probe's success ramps: set it up by hand
     with orc.store.engine.begin() as conn:
@@ -291,25 +291,25 @@ def test_a_failure_in_the_ramp_starts_it_again(orchestrator: Kit) -> None:
     got = admit(kit)
     assert len(got) == 2
     finish(kit, run.id, got[0], exc="TimeoutError")
-    assert orc.breaker("stripe").wave == 1
+    assert orc.breakers.get("stripe").wave == 1
 
 
 def test_an_operator_forces_open_closes_and_disables_with_identity(orchestrator: Kit) -> None:
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("stripe", min_calls=1, min_failures=1, by="alice")
-    b = orc.open_breaker("stripe", by="alice", reason="stripe status page: outage")
+    orc.breakers.set("stripe", min_calls=1, min_failures=1, by="alice")
+    b = orc.breakers.open("stripe", by="alice", reason="stripe status page: outage")
     assert (b.state, b.forced, b.open_until) == ("open", True, None)
     run = kit.submit(flat("pay", 3, ["stripe"]))
     kit.clock.advance(hours=2)  # forced: no open_until, no half-open
-    assert admit(kit) == [] and orc.breaker("stripe").state == "open"
+    assert admit(kit) == [] and orc.breakers.get("stripe").state == "open"
     assert "open until an operator closes it" in why(kit, run.id, "t000")
-    orc.close_breaker("stripe", by="bob")  # admits the held tasks at once
+    orc.breakers.close("stripe", by="bob")  # admits the held tasks at once
     assert len(queued(kit, run.id)) == 3
     for key in queued(kit, run.id)[:2]:
         finish(kit, run.id, key, exc="TimeoutError")
-    orc.disable_breaker("stripe", by="carol")
-    assert orc.breaker("stripe").state == "closed"
-    events = orc.breaker_events("stripe")
+    orc.breakers.disable("stripe", by="carol")
+    assert orc.breakers.get("stripe").state == "closed"
+    events = orc.breakers.events("stripe")
     assert [(e.from_state, e.to_state, e.actor, e.by) for e in events] == [
         (None, "closed", "operator", "alice"),
         ("closed", "open", "operator", "alice"),
@@ -322,18 +322,18 @@ def test_an_operator_forces_open_closes_and_disables_with_identity(orchestrator:
     assert len(queued(kit, more.id)) == 3
     for key in queued(kit, more.id):
         finish(kit, more.id, key, exc="TimeoutError")
-    b = orc.breaker("stripe")
+    b = orc.breakers.get("stripe")
     assert (b.mode, b.state, b.calls) == ("disabled", "closed", 0)
 
 
 def test_metrics_only_counts_and_never_holds(orchestrator: Kit) -> None:
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("stripe", min_calls=1, min_failures=1, mode="metrics")
+    orc.breakers.set("stripe", min_calls=1, min_failures=1, mode="metrics")
     run = kit.submit(flat("pay", 6, ["stripe"], max_attempts=1))
     admit(kit)
     for key in queued(kit, run.id)[:3]:
         finish(kit, run.id, key, exc="TimeoutError")
-    b = orc.breaker("stripe")
+    b = orc.breakers.get("stripe")
     assert (b.state, b.calls, b.failures, b.holds) == ("closed", 3, 3, False)
     more = kit.submit(flat("pay2", 2, ["stripe"]))
     assert count(kit, more.id, "QUEUED") == 2
@@ -350,7 +350,7 @@ def test_state_changes_are_alerted_once_by_the_reconciler(orchestrator: Kit) -> 
 
     alerts.breaker_changed.connect(receive)
     try:
-        orc.set_breaker("stripe", min_calls=1, min_failures=1)
+        orc.breakers.set("stripe", min_calls=1, min_failures=1)
         run = kit.submit(flat("pay", 1, ["stripe"]))
         admit(kit)
         trip(kit, run.id, 1)
@@ -364,8 +364,8 @@ def test_state_changes_are_alerted_once_by_the_reconciler(orchestrator: Kit) -> 
 
 def test_a_maps_children_use_its_resources(orchestrator: Kit) -> None:
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("erp:acme", min_calls=1, min_failures=1)
-    orc.open_breaker("erp:acme")
+    orc.breakers.set("erp:acme", min_calls=1, min_failures=1)
+    orc.breakers.open("erp:acme")
     dag = DAG("mapped", tenant="acme")
     dag.map("m", "brk.call", over=[1, 2, 3], kwarg="i", resources=["erp:{tenant}"])
     run = kit.submit(dag)
@@ -377,7 +377,7 @@ def test_a_maps_children_use_its_resources(orchestrator: Kit) -> None:
             sa.select(s.tasks.c.resources).where(s.tasks.c.run_id == run.id, s.tasks.c.map_parent == "m")
         ).scalars()
         assert list(got) == [["erp:acme"]] * 3
-    orc.close_breaker("erp:acme")
+    orc.breakers.close("erp:acme")
     assert sorted(v for k, v in states(kit, run.id).items() if k.startswith("m[")) == ["QUEUED"] * 3
 
 
@@ -415,11 +415,11 @@ def test_the_cli_sets_shows_and_acts_with_identity(orchestrator: Kit, monkeypatc
     listed = json.loads(runner.invoke(cli.main, ["breaker", "list", "--json"]).output)["breakers"]
     assert [(b["name"], b["mode"], b["state"]) for b in listed] == [("stripe", "disabled", "closed")]
     assert runner.invoke(cli.main, ["breaker", "set", "stripe", "--metrics-only"]).exit_code == 0
-    assert kit.orc.breaker("stripe").mode == "metrics"
+    assert kit.orc.breakers.get("stripe").mode == "metrics"
     missing = runner.invoke(cli.main, ["breaker", "open", "nope"])
     assert missing.exit_code != 0 and "no breaker named 'nope'" in missing.output
     assert runner.invoke(cli.main, ["breaker", "remove", "stripe"]).exit_code == 0
-    assert kit.orc.breakers() == []
+    assert kit.orc.breakers.all() == []
 
 
 def test_breaker_errors_exit_2_as_documented(orchestrator: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -454,8 +454,8 @@ def test_a_tenant_bound_caller_is_refused_the_deployments_breakers(
     from orchestrator.cli import base as cli_base
 
     kit = orchestrator
-    kit.orc.set_breaker("stripe", min_calls=1, min_failures=1, by="alice")
-    kit.orc.open_breaker("stripe", by="alice", reason="outage")
+    kit.orc.breakers.set("stripe", min_calls=1, min_failures=1, by="alice")
+    kit.orc.breakers.open("stripe", by="alice", reason="outage")
     run = kit.submit(flat("pay", 1, ["stripe"], tenant="acme"))
     before = breaker_events(kit)
 
@@ -467,14 +467,14 @@ def test_a_tenant_bound_caller_is_refused_the_deployments_breakers(
     refused = "breakers are deployment-wide: this orchestrator acts as tenant 'acme'"
     for name, call in {
         "list": acme.breakers,
-        "show": lambda: acme.breaker("stripe"),
-        "events": lambda: acme.breaker_events("stripe"),
+        "show": lambda: acme.breakers.get("stripe"),
+        "events": lambda: acme.breakers.events("stripe"),
         "all events": acme.breaker_events,
-        "set": lambda: acme.set_breaker("stripe"),
-        "open": lambda: acme.open_breaker("stripe"),
-        "close": lambda: acme.close_breaker("stripe"),
-        "disable": lambda: acme.disable_breaker("stripe"),
-        "remove": lambda: acme.remove_breaker("stripe"),
+        "set": lambda: acme.breakers.set("stripe"),
+        "open": lambda: acme.breakers.open("stripe"),
+        "close": lambda: acme.breakers.close("stripe"),
+        "disable": lambda: acme.breakers.disable("stripe"),
+        "remove": lambda: acme.breakers.remove("stripe"),
     }.items():
         with pytest.raises(ValidationError, match=refused):
             call()
@@ -501,7 +501,7 @@ def test_the_metrics_show_each_breakers_state_and_changes(orchestrator: Kit) -> 
     from orchestrator.web.metrics import families
 
     kit, orc = orchestrator, orchestrator.orc
-    orc.set_breaker("stripe", min_calls=1, min_failures=1)
+    orc.breakers.set("stripe", min_calls=1, min_failures=1)
     run = kit.submit(flat("pay", 2, ["stripe"]))
     admit(kit)
     trip(kit, run.id, 1)

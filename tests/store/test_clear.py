@@ -59,7 +59,7 @@ def test_fail_then_clear_downstream_runs_the_rest_to_success(orc: Orchestrator) 
     assert orc.task(d.run_id, "transform").attempt == 2 and orc.task(d.run_id, "report").attempt == 2
     d = drive(orc, pipeline(), body, run_id=d.run_id)
     assert set(d.states().values()) == {"SUCCEEDED"} and d.run_state() == "SUCCEEDED"
-    clears = [e for e in orc.events(d.run_id) if e.to_state == "PENDING" and e.actor == "operator"]
+    clears = [e for e in orc.ledger(d.run_id) if e.to_state == "PENDING" and e.actor == "operator"]
     assert {e.key for e in clears} == {"transform", "load", "report"} and {e.by for e in clears} == {"alice"}
     assert check_runs(orc.store, [d.run_id]) == []  # report succeeded twice: once per clear
 
@@ -76,11 +76,11 @@ def test_clear_without_downstream_leaves_decided_children_alone(orc: Orchestrato
 
 def test_dry_run_lists_and_writes_nothing_and_only_failed_filters(orc: Orchestrator) -> None:
     d = drive(orc, pipeline(), failing("transform"))
-    before = len(orc.events(d.run_id))
+    before = len(orc.ledger(d.run_id))
     assert orc.clear(d.run_id, "extract", downstream=True, dry_run=True) == ["extract", "load", "report", "transform"]
     assert orc.clear(d.run_id, "extract", downstream=True, only_failed=True, dry_run=True) == ["load", "transform"]
     assert orc.clear(d.run_id, "load", upstream=True, dry_run=True) == ["extract", "load", "transform"]
-    assert len(orc.events(d.run_id)) == before and d.run_state() == "FAILED"
+    assert len(orc.ledger(d.run_id)) == before and d.run_state() == "FAILED"
 
 
 def test_clearing_a_running_task_fences_its_attempt(orc: Orchestrator) -> None:
@@ -93,7 +93,7 @@ def test_clearing_a_running_task_fences_its_attempt(orc: Orchestrator) -> None:
     assert orc.clear(run_id, "slow", by="bob") == ["slow"]
     late = store.attempts.succeed(run_id, "slow", 1, "late", 10)
     assert not late.accepted  # the old attempt's result is refused ...
-    rejected = [e for e in orc.events(run_id) if e.key == "slow" and not e.accepted]
+    rejected = [e for e in orc.ledger(run_id) if e.key == "slow" and not e.accepted]
     assert rejected and rejected[-1].to_state == "SUCCEEDED"  # ... and recorded
     assert not store.attempts.heartbeat(run_id, "slow", 1, 60.0)
     d = drive(orc, dag, lambda k, kw, up: "fresh", run_id=run_id)
@@ -134,7 +134,7 @@ def test_mark_failed_and_skipped(orc: Orchestrator) -> None:
 
 def test_bad_input_is_refused_with_a_named_error_and_nothing_written(orc: Orchestrator) -> None:
     d = drive(orc, pipeline(), failing("transform"))
-    before = len(orc.events(d.run_id))
+    before = len(orc.ledger(d.run_id))
     with pytest.raises(TaskNotFound, match="nope"):
         orc.clear(d.run_id, "transform", "nope")
     with pytest.raises(RunNotFound):
@@ -148,7 +148,7 @@ def test_bad_input_is_refused_with_a_named_error_and_nothing_written(orc: Orches
     other = orchestrator(orc.settings.database_url, tenant="other")
     with pytest.raises(RunNotFound):
         other.clear(d.run_id, "transform")
-    assert len(orc.events(d.run_id)) == before
+    assert len(orc.ledger(d.run_id)) == before
     cancelled = orc.submit(pipeline())
     orc.cancel(cancelled.id)
     with pytest.raises(OperatorError, match="CANCELLED"):
@@ -209,7 +209,7 @@ def test_clearing_a_maps_source_expands_it_again_and_removes_the_old_children(or
     d = drive(orc, mapped_run(), items(listing, set()), run_id=d.run_id)
     assert d.run_state() == "SUCCEEDED" and d.ran[-1] == ("join", {}, {"m": [50, 60]})
     assert sorted(k for k in d.states() if k.startswith("m[")) == ["m[0]", "m[1]"]
-    removed = [e for e in orc.events(d.run_id) if e.kind == "removed"]
+    removed = [e for e in orc.ledger(d.run_id) if e.kind == "removed"]
     assert sorted(e.key for e in removed) == ["m[0]", "m[1]", "m[2]"]  # kept in the ledger, never counted
     assert orc.run(d.run_id).status().task_count == 3 + 2
     assert check_runs(orc.store, [d.run_id]) == []
@@ -271,9 +271,9 @@ def test_clearing_below_a_falsy_short_circuit_keeps_its_choice(orc: Orchestrator
         assert d.run_state() == "SUCCEEDED"  # reopened by the clear, closed again at once
     d = drive(orc, short_circuited(), lambda k, kw, up: False if k == "gate" else k, run_id=d.run_id)
     assert d.ran == []
-    skips = sorted(e.key for e in orc.events(d.run_id) if e.to_state == "SKIPPED" and e.actor == "operator")
+    skips = sorted(e.key for e in orc.ledger(d.run_id) if e.to_state == "SKIPPED" and e.actor == "operator")
     assert skips == ["a", "b", "b", "c"]
-    again = [e for e in orc.events(d.run_id) if e.key == "a" and e.to_state == "SKIPPED" and e.actor == "operator"]
+    again = [e for e in orc.ledger(d.run_id) if e.key == "a" and e.to_state == "SKIPPED" and e.actor == "operator"]
     assert [(e.by, e.reason) for e in again] == [
         ("alice", "short_circuit: its short circuit keeps its choice (cleared (with its downstream))")
     ]
@@ -335,7 +335,7 @@ def test_clearing_a_map_runs_the_map_chained_on_it_item_by_item_again(orc: Orche
     d = drive(orc, chained_run(), items([1, 2], set()), run_id=d.run_id)
     assert d.run_state() == "SUCCEEDED", d.states()
     assert {k: orc.task(d.run_id, k).attempt for k in ("m[0]", "m2[0]", "m2[1]")} == {"m[0]": 2, "m2[0]": 2, "m2[1]": 2}
-    assert not [e for e in orc.events(d.run_id) if e.kind == "removed"]
+    assert not [e for e in orc.ledger(d.run_id) if e.kind == "removed"]
     assert check_runs(orc.store, [d.run_id]) == []
 
 

@@ -67,7 +67,7 @@ def dispatched(orc: Orchestrator, run_id: str, after: int = 0) -> dict[str, int]
     QUEUED) from the ledger's row number ``after`` on, with that row's number."""
     return {
         task_id(run_id, e.key, e.attempt): i
-        for i, e in enumerate(orc.events(run_id))
+        for i, e in enumerate(orc.ledger(run_id))
         if i >= after and e.key is not None and e.kind is None and e.to_state == "QUEUED" and e.accepted
     }
 
@@ -97,7 +97,7 @@ def test_a_map_expanded_again_never_reuses_a_revoked_task_id_and_old_messages_ar
     assert live[running] == "RUNNING" and "QUEUED" in {live[k] for k in first if k != running}
     # every task id any message of this run carried so far (the generation about to be removed)
     earlier = dispatched(orc, run_id)
-    mark = len(orc.events(run_id))
+    mark = len(orc.ledger(run_id))
 
     # When: the source is cleared with its downstream (its data changed)
     listing[:] = [5, 6, 7, 8]

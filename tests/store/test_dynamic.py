@@ -264,7 +264,7 @@ def test_one_success_over_a_map_runs_after_the_first_child(orc: Orchestrator) ->
         return [1, 2, 3] if key == "ls" else 1
 
     d = drive(orc, dag, body, until=lambda dr: "early" in order)
-    events = [e for e in orc.events(d.run_id) if e.key == "early" and e.to_state == "READY"]
+    events = [e for e in orc.ledger(d.run_id) if e.key == "early" and e.to_state == "READY"]
     assert events and "early verdict (1 of 3 upstream done)" in (events[0].reason or "")
 
 
@@ -367,7 +367,7 @@ def test_a_task_raising_skip_is_skipped_and_its_children_follow_their_rules(orc:
     d = drive(orc, dag, body)
     assert d.states() == {"a": "SKIPPED", "b": "SKIPPED", "c": "SKIPPED", "d": "SUCCEEDED"}
     assert [k for k, _, _ in d.ran].count("a") == 1  # never retried
-    event = next(e for e in orc.events(d.run_id) if e.key == "a" and e.to_state == "SKIPPED")
+    event = next(e for e in orc.ledger(d.run_id) if e.key == "a" and e.to_state == "SKIPPED")
     assert event.reason == "user: no new files"
     assert orc.task(d.run_id, "a").skip_reason == "user" and d.run_state() == "SUCCEEDED"
 

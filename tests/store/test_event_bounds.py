@@ -114,14 +114,14 @@ def test_another_tenants_emit_does_not_wait_on_a_tenants_event_locks(orc: Orches
     mine, theirs = orc.submit(gate(), tenant="acme"), orc.submit(gate(), tenant="bravo")
     holder = Holder(orc, "acme", [*MANY_KEYS, "go"])
     try:
-        thread, out = in_thread(lambda: orc.emit("go", {"n": 1}, tenant="bravo"))
+        thread, out = in_thread(lambda: orc.events.emit("go", {"n": 1}, tenant="bravo"))
         thread.join(10)
         assert not thread.is_alive(), "bravo's emit waited on acme's event locks"
         assert "error" not in out, out
         assert out["value"].woken == 1 and out["seconds"] < 2.0, out
         # acme's own emit of a key whose lock it holds waits for it (the lock still serialises
         # an emit and a wait of one tenant)
-        waiter, got = in_thread(lambda: orc.emit("go", {"n": 1}, tenant="acme"))
+        waiter, got = in_thread(lambda: orc.events.emit("go", {"n": 1}, tenant="acme"))
         assert waiting_on_a_lock(orc)
         assert waiter.is_alive()
     finally:
@@ -140,11 +140,11 @@ def test_an_emit_past_its_statement_bound_is_rolled_back(pg_clean: str) -> None:
         holder = Holder(orc, "acme", ["go"])
         try:
             with pytest.raises(EmitTimeout, match="ORCHESTRATOR_EMIT_TIMEOUT_SECONDS"):
-                orc.emit("go", {"n": 1}, tenant="acme", event_id="e1")
+                orc.events.emit("go", {"n": 1}, tenant="acme", event_id="e1")
         finally:
             holder.release()
         assert count(orc, s.emitted) == events and orc.task(run.id, "go").state.value == "WAITING"
-        assert orc.emit("go", {"n": 1}, tenant="acme", event_id="e1").woken == 1  # once the lock is free
+        assert orc.events.emit("go", {"n": 1}, tenant="acme", event_id="e1").woken == 1  # once the lock is free
     finally:
         orc.store.attempts.hot.close()
         orc.store.dispose()
@@ -175,7 +175,7 @@ def test_a_match_beyond_its_bounds_is_refused_and_nothing_is_written(orc: Orches
     # within the bounds: accepted
     edge = {"ids": list(range(MAX_MATCH_ITEMS))}
     run = orc.submit(gate(match=edge))
-    assert orc.emit("go", {"ids": list(range(100))}).woken == 1
+    assert orc.events.emit("go", {"ids": list(range(100))}).woken == 1
     assert orc.task(run.id, "go").state.value == "SUCCEEDED"
 
 
@@ -221,21 +221,21 @@ def test_hand_built_wait_and_sensor_specs_are_checked_at_submit(orc: Orchestrato
 
 def test_an_event_id_reused_with_another_key_payload_or_run_is_a_conflict(orc: Orchestrator) -> None:
     run = orc.submit(gate())
-    first = orc.emit("go", {"n": 1, "m": [1, 2]}, event_id="e1")
+    first = orc.events.emit("go", {"n": 1, "m": [1, 2]}, event_id="e1")
     assert first.woken == 1 and not first.duplicate
-    same = orc.emit("go", {"m": [1, 2], "n": 1}, event_id="e1")  # the same JSON: a duplicate
+    same = orc.events.emit("go", {"m": [1, 2], "n": 1}, event_id="e1")  # the same JSON: a duplicate
     assert same.duplicate and same.id == first.id and same.woken == 0
     other = orc.submit(gate("other", match={"n": 1, "m": [1, 2], "x": 1}))  # not woken by e1's lookback
     events = count(orc, s.emitted)
     for key, payload, said in (("go", {"n": 2}, "another payload"), ("stop", {"n": 1, "m": [1, 2]}, "key 'go'")):
         with pytest.raises(EventIdConflict, match="event id 'e1' of tenant 'default' was emitted before") as refused:
-            orc.emit(key, payload, event_id="e1")
+            orc.events.emit(key, payload, event_id="e1")
         assert said in str(refused.value) and refused.value.id == first.id
     with pytest.raises(EventIdConflict, match=r"as an event \(to no run\), not a signal to run"):
-        orc.signal(other.id, "go", {"n": 1, "m": [1, 2], "x": 1}, event_id="e1")
+        orc.events.signal(other.id, "go", {"n": 1, "m": [1, 2], "x": 1}, event_id="e1")
     assert count(orc, s.emitted) == events and orc.task(other.id, "go").state.value == "WAITING"
     # another tenant's id space is its own
-    assert not orc.emit("go", {"n": 9}, event_id="e1", tenant="bravo").duplicate
+    assert not orc.events.emit("go", {"n": 9}, event_id="e1", tenant="bravo").duplicate
     assert orc.task(run.id, "go").state.value == "SUCCEEDED"
 
 

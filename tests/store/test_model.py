@@ -334,7 +334,7 @@ class StoreModel(RuleBasedStateMachine):
         if data.draw(st.booleans(), label="as signal"):
             self.orc.signal(self._run(data), EVENT, {"n": 1})
         else:
-            self.orc.emit(EVENT, {"n": 1})
+            self.orc.events.emit(EVENT, {"n": 1})
 
     @precondition(lambda self: self.dags)
     @rule(data=st.data(), yes=st.booleans())

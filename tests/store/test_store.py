@@ -593,9 +593,9 @@ def test_tenant_weights_are_validated(tmp_path: Path, pg_clean: str) -> None:
     )
     for name, weight in (("a", 0), ("a", -1), ("a", float("nan")), ("a", 1e9), ("a", True), ("bad name", 1)):
         with pytest.raises(ValidationError):
-            orc.set_tenant_weight(name, weight)  # type: ignore[arg-type]
-    orc.set_tenant_weight("a", 2.5)
-    assert orc.tenant_settings() == {"a": (2.5, None, False)}
+            orc.tenants.set_weight(name, weight)  # type: ignore[arg-type]
+    orc.tenants.set_weight("a", 2.5)
+    assert orc.tenants.all() == {"a": (2.5, None, False)}
     orc.store.dispose()
 
 

@@ -83,7 +83,7 @@ def test_an_event_starts_one_run_per_trigger_with_the_payload_over_the_params(or
     orc.triggers.add("second", event="orders.new", spec=etl("other"))
     orc.triggers.add("elsewhere", event="orders.old", spec=etl())
     orc.triggers.add("picky", event="orders.new", spec=etl(), match={"region": "us"})
-    done = orc.emit("orders.new", {"region": "ap", "order": 7}, event_id="e1")
+    done = orc.events.emit("orders.new", {"region": "ap", "order": 7}, event_id="e1")
     assert not done.duplicate
     runs = {r.trigger: r for r in trigger_runs(orc)}
     assert set(runs) == {"first", "second"}
@@ -93,14 +93,16 @@ def test_an_event_starts_one_run_per_trigger_with_the_payload_over_the_params(or
     assert firing_states(orc, "first") == ["fired"] and orc.triggers.firings("picky") == []
     assert orc.triggers.get("first").last_run_id == runs["first"].id
     # the match: a payload that contains it
-    orc.emit("orders.new", {"region": "us"}, event_id="e2")
+    orc.events.emit("orders.new", {"region": "us"}, event_id="e2")
     assert len(trigger_runs(orc, "picky")) == 1 and len(trigger_runs(orc)) == 5
 
 
 def test_a_duplicate_event_id_starts_nothing(orc: Orchestrator) -> None:
     orc.triggers.add("first", event="orders.new", spec=etl())
-    orc.emit("orders.new", {"a": 1}, event_id="same")
-    again = orc.emit("orders.new", {"a": 1}, event_id="same")  # the same event again (another payload: a conflict)
+    orc.events.emit("orders.new", {"a": 1}, event_id="same")
+    again = orc.events.emit(
+        "orders.new", {"a": 1}, event_id="same"
+    )  # the same event again (another payload: a conflict)
     assert again.duplicate
     assert len(trigger_runs(orc)) == 1 and len(orc.triggers.firings("first")) == 1
     assert orc.triggers.tick() == []
@@ -139,9 +141,9 @@ def test_a_pending_firing_is_finished_by_the_next_pass(orc: Orchestrator) -> Non
 
 def test_max_active_runs_makes_later_firings_wait_then_fire_in_order(orc: Orchestrator) -> None:
     orc.triggers.add("one", event="orders.new", spec=etl(), max_active_runs=1)
-    orc.emit("orders.new", {"n": 1}, event_id="e1")
-    orc.emit("orders.new", {"n": 2}, event_id="e2")
-    orc.emit("orders.new", {"n": 3}, event_id="e3")
+    orc.events.emit("orders.new", {"n": 1}, event_id="e1")
+    orc.events.emit("orders.new", {"n": 2}, event_id="e2")
+    orc.events.emit("orders.new", {"n": 3}, event_id="e3")
     assert firing_states(orc, "one") == ["fired", "waiting", "waiting"]
     assert orc.triggers.tick() and firing_states(orc, "one") == ["fired", "waiting", "waiting"]
     first = trigger_runs(orc)[0]
@@ -158,21 +160,21 @@ def test_max_active_runs_makes_later_firings_wait_then_fire_in_order(orc: Orches
 def test_a_paused_trigger_ignores_events(orc: Orchestrator) -> None:
     orc.triggers.add("first", event="orders.new", spec=etl())
     assert orc.triggers.pause("first").paused
-    orc.emit("orders.new", {}, event_id="e1")
+    orc.events.emit("orders.new", {}, event_id="e1")
     assert trigger_runs(orc) == [] and orc.triggers.firings("first") == []
     assert orc.triggers.add("first", event="orders.new", spec=etl()).paused  # a replaced trigger keeps its flag
     assert not orc.triggers.resume("first").paused
-    orc.emit("orders.new", {}, event_id="e2")
+    orc.events.emit("orders.new", {}, event_id="e2")
     assert len(trigger_runs(orc)) == 1
     assert orc.triggers.tick() == []  # e1 is not replayed
 
 
 def test_another_tenants_event_or_a_signal_does_not_fire_it(orc: Orchestrator) -> None:
     orc.triggers.add("first", event="orders.new", spec=etl())
-    orc.emit("orders.new", {}, event_id="e1", tenant="acme")
+    orc.events.emit("orders.new", {}, event_id="e1", tenant="acme")
     assert trigger_runs(orc) == [] and rows(orc, s.trigger_firings) == []
     run = orc.submit(etl("plain"))
-    orc.signal(run.id, "orders.new", {})
+    orc.events.signal(run.id, "orders.new", {})
     assert trigger_runs(orc) == [] and rows(orc, s.trigger_firings) == []
 
 
@@ -182,14 +184,14 @@ def test_a_firing_that_cannot_build_fails_and_is_recorded(orc: Orchestrator) -> 
         spec = etl().to_spec()
         spec["nodes"][0]["task"] = "gone"
         conn.execute(s.triggers.update().values(spec=spec))
-    orc.emit("orders.new", {}, event_id="e1")
+    orc.events.emit("orders.new", {}, event_id="e1")
     assert firing_states(orc, "first") == ["failed"] and trigger_runs(orc) == []
     assert "gone" in (orc.triggers.get("first").last_error or "")
 
 
 def test_remove_deletes_the_trigger_and_its_firings(orc: Orchestrator) -> None:
     orc.triggers.add("first", event="orders.new", spec=etl())
-    orc.emit("orders.new", {}, event_id="e1")
+    orc.events.emit("orders.new", {}, event_id="e1")
     orc.triggers.remove("first")
     assert rows(orc, s.triggers) == [] and rows(orc, s.trigger_firings) == []
     assert len(trigger_runs(orc)) == 1  # its runs stay

@@ -47,7 +47,7 @@ def row(orc: Orchestrator, run_id: str, key: str) -> Any:
 
 
 def ledger(orc: Orchestrator, run_id: str, key: str) -> list[tuple[str | None, str, bool]]:
-    return [(e.from_state, e.to_state, e.accepted) for e in orc.events(run_id) if e.key == key]
+    return [(e.from_state, e.to_state, e.accepted) for e in orc.ledger(run_id) if e.key == key]
 
 
 def clean(orc: Orchestrator, *run_ids: str) -> None:
@@ -67,12 +67,12 @@ def test_an_event_wakes_its_wait_and_its_payload_is_the_result(orc: Orchestrator
     assert states(orc, d.run_id) == {"a": "SUCCEEDED", "paid": "WAITING", "b": "PENDING"}
     waiting = row(orc, d.run_id, "paid")
     assert waiting.wait_event == "order.paid" and waiting.wake_at is None and waiting.waiting["kind"] == "event"
-    assert orc.emit("order.paid", {"order_id": 41}).woken == 0  # no match
-    assert orc.emit("order.other", {"order_id": 42}).woken == 0  # another key
-    done = orc.emit("order.paid", {"order_id": 42, "amount": 9.5}, event_id="evt-1")
+    assert orc.events.emit("order.paid", {"order_id": 41}).woken == 0  # no match
+    assert orc.events.emit("order.other", {"order_id": 42}).woken == 0  # another key
+    done = orc.events.emit("order.paid", {"order_id": 42, "amount": 9.5}, event_id="evt-1")
     assert (done.woken, done.duplicate) == (1, False)
     assert orc.task(d.run_id, "paid").result == {"order_id": 42, "amount": 9.5}
-    again = orc.emit("order.paid", {"amount": 9.5, "order_id": 42}, event_id="evt-1")  # the same event again
+    again = orc.events.emit("order.paid", {"amount": 9.5, "order_id": 42}, event_id="evt-1")  # the same event again
     assert again.duplicate and again.woken == 0 and again.id == done.id
     d = drive(orc, order_flow(), run_id=d.run_id)
     assert d.ran[-1][0] == "b" and d.ran[-1][2] == {"paid": {"order_id": 42, "amount": 9.5}}
@@ -82,7 +82,7 @@ def test_an_event_wakes_its_wait_and_its_payload_is_the_result(orc: Orchestrator
 
 
 def test_a_wait_finds_an_event_that_came_before_it_within_its_lookback(orc: Orchestrator) -> None:
-    orc.emit("order.paid", {"order_id": 42})
+    orc.events.emit("order.paid", {"order_id": 42})
     d = drive(orc, order_flow())
     assert states(orc, d.run_id) == {"a": "SUCCEEDED", "paid": "SUCCEEDED", "b": "SUCCEEDED"}
     short = drive(orc, order_flow(lookback=0))  # only events after the wait began
@@ -99,9 +99,9 @@ def test_events_and_waits_belong_to_their_tenant(orc: Orchestrator) -> None:
     dag = order_flow()
     acme = dag.with_tenant("acme")
     d = drive(orc, acme)
-    assert orc.emit("order.paid", {"order_id": 42}).woken == 0  # the default tenant's event
-    assert orc.emit("order.paid", {"order_id": 42}, tenant="other").woken == 0
-    assert orc.emit("order.paid", {"order_id": 42}, tenant="acme").woken == 1
+    assert orc.events.emit("order.paid", {"order_id": 42}).woken == 0  # the default tenant's event
+    assert orc.events.emit("order.paid", {"order_id": 42}, tenant="other").woken == 0
+    assert orc.events.emit("order.paid", {"order_id": 42}, tenant="acme").woken == 1
     assert states(orc, d.run_id)["paid"] == "SUCCEEDED"
 
 
@@ -110,7 +110,7 @@ def test_bad_events_are_refused_and_nothing_is_written(orc: Orchestrator) -> Non
                    {"key": "k", "payload": {"big": "x" * 70_000}}, {"key": "k", "event_id": ""},
                    {"key": "k", "tenant": "no such/tenant"}):  # fmt: skip
         with pytest.raises(ValidationError):
-            orc.emit(**kwargs)
+            orc.events.emit(**kwargs)
     with orc.store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(s.emitted)).scalar_one() == 0
 
@@ -137,7 +137,7 @@ def test_a_cancel_while_waiting_ends_the_wait(orc: Orchestrator) -> None:
     d = drive(orc, order_flow())
     orc.cancel(d.run_id, by="bob")
     assert states(orc, d.run_id)["paid"] == "CANCELLED"
-    assert orc.emit("order.paid", {"order_id": 42}).woken == 0
+    assert orc.events.emit("order.paid", {"order_id": 42}).woken == 0
     clean(orc, d.run_id)
 
 
@@ -151,7 +151,7 @@ def test_a_signal_reaches_one_run_only(orc: Orchestrator) -> None:
     other = orchestrator(orc.settings.database_url)
     bound = Orchestrator(other.settings, store=orc.store, publisher=orc.publisher, registry=orc.registry, tenant="x")
     with pytest.raises(Exception, match="no run"):
-        bound.signal(second.id, "go")
+        bound.events.signal(second.id, "go")
     other.store.dispose()
 
 
@@ -164,10 +164,10 @@ def test_an_approval_is_answered_by_a_person(orc: Orchestrator) -> None:
     assert states(orc, d.run_id)["ok"] == "WAITING"
     with pytest.raises(OperatorError, match="not waiting for an approval"):
         orc.approve(d.run_id, "build")
-    assert orc.emit("approval", {}).woken == 0  # an event never answers an approval
+    assert orc.events.emit("approval", {}).woken == 0  # an event never answers an approval
     orc.approve(d.run_id, "ok", by="carol", comment="looks good")
     assert orc.task(d.run_id, "ok").result == {"approved": True, "by": "carol", "comment": "looks good"}
-    approved = [e for e in orc.events(d.run_id) if e.key == "ok" and e.to_state == "SUCCEEDED"]
+    approved = [e for e in orc.ledger(d.run_id) if e.key == "ok" and e.to_state == "SUCCEEDED"]
     assert approved[0].by == "carol" and "approved by carol" in (approved[0].reason or "")
     assert drive(orc, dag, run_id=d.run_id).run_state() == "SUCCEEDED"
     no = drive(orc, dag)
@@ -194,7 +194,7 @@ def test_a_body_that_defers_is_called_again_with_its_state(orc: Orchestrator) ->
     d = drive(orc, dag, body)
     job = row(orc, d.run_id, "job")
     assert (job.state, job.attempt, job.max_attempts, job.worker) == ("WAITING", 1, 2, None)
-    assert orc.emit("export.done", {"id": 7, "url": "s3://x"}).woken == 1
+    assert orc.events.emit("export.done", {"id": 7, "url": "s3://x"}).woken == 1
     job = row(orc, d.run_id, "job")
     assert (job.state, job.attempt, job.max_attempts) == ("QUEUED", 2, 3)  # admitted at once; its budget untouched
     d = drive(orc, dag, body, run_id=d.run_id)
@@ -234,7 +234,7 @@ def test_a_sensor_checks_again_without_holding_a_slot_until_it_says_yes(orc: Orc
         d = drive(orc, dag, body, run_id=d.run_id)
     assert d.run_state() == "SUCCEEDED" and orc.task(d.run_id, "file").result == {"path": "/x"}
     assert d.resumed["file"]["state"] == {"checks": 2}
-    waits = [e for e in orc.events(d.run_id) if e.key == "file" and e.to_state == "WAITING"]
+    waits = [e for e in orc.ledger(d.run_id) if e.key == "file" and e.to_state == "WAITING"]
     assert len(waits) == 2 and all("its check said not yet" in (e.reason or "") for e in waits)
     clean(orc, d.run_id)
 
@@ -256,7 +256,7 @@ def test_a_sensor_times_out_from_its_first_check(orc: Orchestrator) -> None:
 
 def test_a_clear_of_a_waiting_task_and_of_a_succeeded_wait(orc: Orchestrator) -> None:
     d = drive(orc, order_flow())
-    orc.emit("order.paid", {"order_id": 42}, event_id="e1")
+    orc.events.emit("order.paid", {"order_id": 42}, event_id="e1")
     d = drive(orc, order_flow(), run_id=d.run_id)
     assert d.run_state() == "SUCCEEDED"
     orc.clear(d.run_id, "paid", downstream=True, by="erin")
@@ -301,7 +301,7 @@ def test_emits_racing_waits_that_begin_at_the_same_moment_wake_each_once(orc: Or
 
     def emitter(k: int) -> None:
         barrier.wait()
-        orc.emit("race", {"k": k})
+        orc.events.emit("race", {"k": k})
 
     for k in range(pairs):
         threads = [threading.Thread(target=waiter, args=(k,)), threading.Thread(target=emitter, args=(k,))]
@@ -313,5 +313,5 @@ def test_emits_racing_waits_that_begin_at_the_same_moment_wake_each_once(orc: Or
     assert got.count("SUCCEEDED") == pairs, got
     with orc.store.engine.connect() as conn:
         woke = conn.execute(sa.select(sa.func.sum(s.emitted.c.woke))).scalar_one()
-    twice = [r for r in runs if sum(1 for e in orc.events(r) if e.key == "w" and e.to_state == "SUCCEEDED") != 1]
+    twice = [r for r in runs if sum(1 for e in orc.ledger(r) if e.key == "w" and e.to_state == "SUCCEEDED") != 1]
     assert twice == [] and woke <= pairs

@@ -78,8 +78,8 @@ class World:
     def setup(self) -> None:
         orc = self.orc
         orc.register_worker("w", default_queues(), 10)
-        orc.set_pool("fuzz-pool", 2)
-        orc.set_rate_limit("fuzz-rate", "100/s")
+        orc.limits.set_pool("fuzz-pool", 2)
+        orc.limits.set_rate_limit("fuzz-rate", "100/s")
         spec = {
             "name": "target",
             "nodes": [
@@ -370,7 +370,7 @@ def _tried(world: World, op: str, data: Any) -> tuple[str, Callable[[], Any], bo
     if op == "emit":
         key, payload = data.draw(_event_key), data.draw(_payload)
         event_id, tenant = data.draw(_mostly(st.none(), _text)), data.draw(_mostly(st.none(), _text))
-        return "emit", lambda: orc.emit(key, payload, event_id=event_id, tenant=tenant), False
+        return "emit", lambda: orc.events.emit(key, payload, event_id=event_id, tenant=tenant), False
     if op == "signal":
         run, name, payload = data.draw(_run_id), data.draw(_event_key), data.draw(_payload)
         event_id = data.draw(_mostly(st.none(), _text))

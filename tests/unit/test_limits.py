@@ -34,8 +34,8 @@ def orc(tmp_path: Path, pg_clean: str) -> Iterator[Orchestrator]:
         publisher=RecordingPublisher(),
         registry=StaticRegistry(["t"]),
     )
-    o.set_pool("warehouse", 4)
-    o.set_rate_limit("stripe-api", "10/s")
+    o.limits.set_pool("warehouse", 4)
+    o.limits.set_rate_limit("stripe-api", "10/s")
     yield o
     o.store.dispose()
 
@@ -134,15 +134,15 @@ def test_spec_files_type_the_new_fields(tmp_path: Path, text: str, message: str)
 )
 def test_malformed_rates_are_refused(orc: Orchestrator, rate: Any, burst: Any, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        orc.set_rate_limit("other", rate, burst)
-    assert [r.key for r in orc.rate_limits()] == ["stripe-api"]
+        orc.limits.set_rate_limit("other", rate, burst)
+    assert [r.key for r in orc.limits.rate_limits()] == ["stripe-api"]
 
 
 def test_rates_read_as_tokens_per_second(orc: Orchestrator) -> None:
-    assert orc.set_rate_limit("a", "600/m").rate == 10.0
-    assert orc.set_rate_limit("b", "5/h").rate_text == "5/h"
-    assert orc.set_rate_limit("c", "0.5/s").burst == 1
-    assert orc.set_rate_limit("d", "25/s").burst == 25
+    assert orc.limits.set_rate_limit("a", "600/m").rate == 10.0
+    assert orc.limits.set_rate_limit("b", "5/h").rate_text == "5/h"
+    assert orc.limits.set_rate_limit("c", "0.5/s").burst == 1
+    assert orc.limits.set_rate_limit("d", "25/s").burst == 25
 
 
 def test_a_tenant_bound_orchestrator_cannot_change_deployment_wide_limits(tmp_path: Path, pg_clean: str) -> None:
@@ -152,13 +152,17 @@ def test_a_tenant_bound_orchestrator_cannot_change_deployment_wide_limits(tmp_pa
         registry=StaticRegistry(["t"]),
         tenant="acme",
     )
-    for call in (lambda: acme.set_pool("p", 1), lambda: acme.set_rate_limit("k", "1/s"), lambda: acme.remove_pool("p")):
+    for call in (
+        lambda: acme.limits.set_pool("p", 1),
+        lambda: acme.limits.set_rate_limit("k", "1/s"),
+        lambda: acme.limits.remove_pool("p"),
+    ):
         with pytest.raises(ValidationError, match="deployment-wide"):
             call()
-    acme.set_dag_limit("nightly", 3)  # its own tenant's DAG
+    acme.limits.set_dag_limit("nightly", 3)  # its own tenant's DAG
     with pytest.raises(ValidationError, match="cannot change tenant 'beta'"):
-        acme.set_dag_limit("nightly", 3, tenant="beta")
-    assert acme.dag_limits() == {("acme", "nightly"): 3}
+        acme.limits.set_dag_limit("nightly", 3, tenant="beta")
+    assert acme.limits.dag_limits() == {("acme", "nightly"): 3}
     acme.store.dispose()
 
 

@@ -40,8 +40,8 @@ def _budget(marker_run: bool) -> int:
 def orc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     settings_ = Settings.from_env({}, data_dir=str(tmp_path_factory.mktemp("fuzz")), database_url=clean_test_database())
     o = Orchestrator(settings_, publisher=RecordingPublisher(), registry=StaticRegistry(TASKS))
-    o.set_pool("fuzz-pool", 2)  # migrates once, and a pool and a rate limit that exist
-    o.set_rate_limit("fuzz-rate", "100/s")
+    o.limits.set_pool("fuzz-pool", 2)  # migrates once, and a pool and a rate limit that exist
+    o.limits.set_rate_limit("fuzz-rate", "100/s")
     yield o
     o.store.dispose()
 

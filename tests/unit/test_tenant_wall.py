@@ -115,8 +115,8 @@ def test_python_api(world: tuple[Orchestrator, Orchestrator, str]) -> None:
         "visible": lambda: b.visible(run_id),
         "tasks": lambda: b.tasks(run_id),
         "task": lambda: b.task(run_id, "a"),
-        "events": lambda: b.events(run_id),
-        "events newest": lambda: b.events(run_id, newest=5),
+        "events": lambda: b.ledger(run_id),
+        "events newest": lambda: b.ledger(run_id, newest=5),
         "edges": lambda: b.edges(run_id),
         "run_state": lambda: b.run_state(run_id),
         "explain": lambda: b.explain(run_id),
@@ -354,7 +354,7 @@ def test_explain_of_its_own_run_does_not_name_another_tenants(world: tuple[Orche
     admin = Orchestrator(
         dataclasses.replace(a.settings, tenant=""), store=a.store, publisher=RecordingPublisher(), registry=a.registry
     )
-    admin.set_pool("warehouse", 1)
+    admin.limits.set_pool("warehouse", 1)
     holding = DAG("holding")
     holding.task("h", "t.ok", pool="warehouse")
     theirs = a.submit(holding)

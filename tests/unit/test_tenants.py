@@ -129,16 +129,16 @@ def test_a_dedicated_tenant_gets_its_own_queues(db: str, tmp_path: Path) -> None
     from orchestrator.cli.workers import worker_argv
 
     admin = _orc(db, None, tmp_path)
-    admin.set_tenant_dedicated("big")
+    admin.tenants.set_dedicated("big")
     dag = DAG("work", tenant="big", priority="high")
     dag.task("a", "t.ok")
     assert admin.submit(dag).task("a").queue == "orchestrator.tenant.big.high"
     shared = DAG("work", tenant="small")
     shared.task("a", "t.ok")
     assert admin.submit(shared).task("a").queue == "orchestrator.default"
-    admin.set_tenant_dedicated("big", False)  # back to the shared queues for new runs
+    admin.tenants.set_dedicated("big", False)  # back to the shared queues for new runs
     assert admin.submit(dag).task("a").queue == "orchestrator.high"
-    assert admin.tenant_settings()["big"] == (1.0, None, False)
+    assert admin.tenants.all()["big"] == (1.0, None, False)
     # the worker that serves a dedicated tenant
     queues = "orchestrator.tenant.big.high,orchestrator.tenant.big.default,orchestrator.tenant.big.low"
     assert worker_argv(["--tenant", "big", "-c", "4"]) == ["-Q", queues, "-c", "4"]
@@ -146,5 +146,5 @@ def test_a_dedicated_tenant_gets_its_own_queues(db: str, tmp_path: Path) -> None
     with pytest.raises(ValidationError, match="tenant"):
         worker_argv(["--tenant", "no good"])
     with pytest.raises(ValidationError):
-        admin.set_tenant_dedicated("bad name")
+        admin.tenants.set_dedicated("bad name")
     admin.store.dispose()

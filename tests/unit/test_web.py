@@ -437,7 +437,7 @@ class TestClearMarkRerun(WebCase):
         """What an action would write: the run's ledger length, its tasks (state, attempt), and
         how many runs there are."""
         tasks = {t.key: (t.state.value, t.attempt) for t in self.orc.tasks(run_id)}
-        return len(self.orc.events(run_id)), tasks, len(self.orc.runs(1000))
+        return len(self.orc.ledger(run_id)), tasks, len(self.orc.runs(1000))
 
     def banner(self, response: Any) -> str:
         """The page a form's POST goes on to, and its banner."""
@@ -470,7 +470,7 @@ class TestClearMarkRerun(WebCase):
         banner = self.banner(done)
         assert banner == "transform: cleared with its downstream, 3 task(s) to run again: load, report, transform"
         assert self.orc.run_state(run_id).value == "RUNNING"
-        clears = [e for e in self.orc.events(run_id) if e.actor == "operator"]
+        clears = [e for e in self.orc.ledger(run_id) if e.actor == "operator"]
         assert {e.key for e in clears} == {"transform", "load", "report", None}  # None: the run reopened
         assert {e.by for e in clears} == {"token (web from 127.0.0.1)"}
         d = drive(self.orc, pipeline(), body, run_id=run_id)
@@ -492,7 +492,7 @@ class TestClearMarkRerun(WebCase):
         done = self.post(f"/runs/{run_id}/tasks/transform/mark", {"_xsrf": token, "state": "success"}, **headers)
         assert self.banner(done) == "transform: marked SUCCEEDED (was FAILED)"
         assert self.orc.task(run_id, "load").state.value in ("READY", "QUEUED")
-        marked = [e for e in self.orc.events(run_id) if e.actor == "operator"]
+        marked = [e for e in self.orc.ledger(run_id) if e.actor == "operator"]
         assert marked and {e.by for e in marked} == {"token (web from 127.0.0.1)"}
         d = drive(self.orc, pipeline(), body, run_id=run_id)  # transform is not run again
         assert set(d.states().values()) == {"SUCCEEDED"} and d.run_state() == "SUCCEEDED"
@@ -1039,10 +1039,10 @@ class TestWaitsAndEvents(WebCase):
         assert ok.result["approved"] is True and ok.result["comment"] == "ship it"
         assert ok.result["by"].endswith("(web from 127.0.0.1)")
         # answered already: a named refusal that writes nothing
-        before = len(self.orc.events(run.id))
+        before = len(self.orc.ledger(run.id))
         again = self.post(f"/api/runs/{run.id}/tasks/ok/reject", {"_xsrf": token}, **headers)
         assert again.code == 400 and "not waiting for an approval" in json.loads(again.body)["error"]
-        assert len(self.orc.events(run.id)) == before
+        assert len(self.orc.ledger(run.id)) == before
         other = self.orc.submit(gate("gate2"))
         api = self.post(f"/api/runs/{other.id}/tasks/ok/reject", {"_xsrf": token, "comment": "no"}, **headers)
         assert api.code == 200, api.body
