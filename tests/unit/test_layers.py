@@ -20,7 +20,7 @@ FLOORS = ("core", "store", "services", "engine", "runtime", "web", "testing", "c
 #: the public modules at the root: each only re-exports (the README's and the docs' import paths)
 ROOF = {
     "orchestrator", "orchestrator.celery_app", "orchestrator.dag", "orchestrator.worker", "orchestrator.schedules",
-    "orchestrator.beat",
+    "orchestrator.beat", "orchestrator.alerts",
 }  # fmt: skip
 INFRASTRUCTURE = (
     "celery", "kombu", "redis", "sqlalchemy", "psycopg", "billiard", "alembic", "tornado", "prometheus_client",
@@ -147,7 +147,7 @@ def test_the_public_modules_of_the_root_only_re_export() -> None:
     """``orchestrator.dag``, ``.celery_app`` and ``.worker`` define nothing: they hand on names
     from the floors (``orchestrator.schedules`` is the function-style facade over
     :func:`orchestrator.default`, and the root ``__init__`` the same for runs)."""
-    for name in ("dag", "celery_app", "worker", "beat"):
+    for name in ("dag", "celery_app", "worker", "beat", "alerts"):
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
         defined = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
         assert not defined, f"orchestrator.{name} defines {[n.name for n in defined]}"

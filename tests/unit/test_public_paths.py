@@ -22,6 +22,7 @@ PUBLIC = {
     "orchestrator.celery_app": ["get_app", "create_app"],
     "orchestrator.worker": ["current_context", "TaskContext", "OrchestratedTask", "OrchestratedRequest", "LeaseLost"],
     "orchestrator.beat": ["DatabaseScheduler"],
+    "orchestrator.alerts": ["task_dead_lettered", "task_stuck", "deadline_missed", "breaker_changed"],
     "orchestrator.schedules": ["add", "pause", "resume", "remove"],
     "orchestrator.testing": ["run_dag"],
     "orchestrator.testing.plugin": [],
