@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..core.routing import DEFAULT_TENANT
 from . import base
 from .base import _by, _dump, _Path
 
@@ -132,7 +133,7 @@ def dag_set(name: str, max_running: int | None, no_max_running: bool) -> None:
         raise click.UsageError("give --max-running N or --no-max-running")
     orc = base._ready_store()
     orc.limits.set_dag_limit(name, None if no_max_running else max_running)
-    tenant_now = orc.tenant or "default"
+    tenant_now = orc.tenant or DEFAULT_TENANT
     limit_now = orc.limits.dag_limits().get((tenant_now, name))
     click.echo(f"DAG {name} (tenant {tenant_now}): max running {limit_now or 'unlimited'}")
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .models import RateLimit
+from .routing import DEFAULT_TENANT
 from .states import TERMINAL, TaskState
 
 T = TaskState
@@ -106,7 +107,7 @@ class ExplainInput:
     in_flight: dict[str, int]
     depth: int
     now: dt.datetime
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT
     dag: str = ""
     #: the limits that apply to the run's tasks, where set: the tenant's, the run's own
     #: (max_active_tasks), the DAG's across runs
