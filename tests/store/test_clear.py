@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import orchestrator.core.dag as dag_module
+import orchestrator.core.dag.bounds as dag_bounds
 from orchestrator import DAG, Orchestrator, RunNotFound, TaskNotFound
 from orchestrator.core.errors import OperatorError
 from orchestrator.services.invariants import check_runs
@@ -369,7 +369,7 @@ def test_a_map_cancelled_while_its_window_holds_items_back_verifies(
     # found by the interaction soak: verify wanted map_total children of a map cancelled before
     # its insert window (or, chained, the window of the map it follows) had made them all;
     # those never made are not missing
-    monkeypatch.setattr(dag_module, "MAP_WINDOW", 2)
+    monkeypatch.setattr(dag_bounds, "MAP_WINDOW", 2)
     dag = chained_run() if chained else mapped_run()
     d = drive(orc, dag, items([1, 2, 3, 4, 5], set()), until=lambda d: "m[0]" in d.states())
     orc.cancel(d.run_id)
@@ -386,7 +386,7 @@ def test_a_clear_while_a_map_window_holds_items_back_keeps_them_open(
     # found by the interaction soak: a clear recounted the run's open tasks from the rows alone,
     # forgetting the items a map's insert window had not made yet; the run closed SUCCEEDED when
     # the made ones finished, its later windows READY and never run
-    monkeypatch.setattr(dag_module, "MAP_WINDOW", 2)
+    monkeypatch.setattr(dag_bounds, "MAP_WINDOW", 2)
     dag = mapped_run()
     dag.task("other", "t")
     d = drive(orc, dag, items([1, 2, 3, 4, 5], set()), until=lambda d: d.states().get("m[0]") == "SUCCEEDED")
@@ -402,7 +402,7 @@ def test_a_clear_while_a_map_window_holds_items_back_keeps_them_open(
 def test_a_windowed_map_expanded_again_counts_only_its_new_children(
     orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dag_module, "MAP_WINDOW", 2)
+    monkeypatch.setattr(dag_bounds, "MAP_WINDOW", 2)
     listing = [1, 2, 3, 4, 5]
     d = drive(orc, mapped_run(), items(listing, set()), until=lambda d: d.states().get("m[0]") == "SUCCEEDED")
     listing[:] = [7, 8]

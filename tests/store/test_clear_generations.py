@@ -76,10 +76,10 @@ def dispatched(orc: Orchestrator, run_id: str, after: int = 0) -> dict[str, int]
 def test_a_map_expanded_again_never_reuses_a_revoked_task_id_and_old_messages_are_refused(
     orc: Orchestrator, monkeypatch: pytest.MonkeyPatch, shape: str
 ) -> None:
-    import orchestrator.core.dag
+    import orchestrator.core.dag.bounds
 
     if shape == "windowed":
-        monkeypatch.setattr(orchestrator.dag, "MAP_WINDOW", 2)
+        monkeypatch.setattr(orchestrator.core.dag.bounds, "MAP_WINDOW", 2)
     dag = mapped(chained=shape == "chained")
     store, publisher = orc.store, orc.publisher
     assert isinstance(publisher, RecordingPublisher)

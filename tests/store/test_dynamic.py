@@ -476,9 +476,9 @@ def test_the_spec_format_describes_maps_and_branches(orc: Orchestrator) -> None:
 def test_a_map_wider_than_its_window_inserts_its_children_window_by_window(
     orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orchestrator.core.dag
+    import orchestrator.core.dag.bounds
 
-    monkeypatch.setattr(orchestrator.dag, "MAP_WINDOW", 4)
+    monkeypatch.setattr(orchestrator.core.dag.bounds, "MAP_WINDOW", 4)
     dag = DAG("windows")
     dag.task("ls", "t")
     dag.map("m", "t", over="ls", kwarg="x")

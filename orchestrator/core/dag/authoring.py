@@ -1,0 +1,403 @@
+"""Authoring a DAG in code: :class:`DAG` and its builder (``dag.task(key, signature,
+upstream=[...])``, ``dag.map``, ``dag.wait``, ``dag.approval``, ``dag.sensor``). The builder turns
+what it is given into frozen :class:`Node` values and refuses a malformed option at once;
+:meth:`DAG.validate` judges the whole DAG (:mod:`.validation`) before anything is written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ..backoff import Backoff
+from ..errors import ValidationError
+from ..routing import Priority
+from ..states import TriggerRule
+from ..waits import WAIT_TASK, SensorSpec, WaitSpec
+from .bounds import DEFAULT_MAX_MAP_LENGTH, SizeLimits, label
+from .coerce import backoff_value, enum_value, exception_names, resource_names
+from .model import MapArg, MapSpec, Node, OnDeadline
+from .signatures import task_parts, with_signature_options
+from .validation import validate_dag
+
+
+class DAG:
+    """A named graph of :class:`Node` objects for one tenant.
+
+    ``priority`` is the default priority class of the nodes; ``params`` are free JSON
+    parameters stored with the run; ``max_active_tasks`` bounds the tasks of one run QUEUED or
+    RUNNING at once (admission holds the rest READY). ``deadline`` is the number of seconds after
+    the run's logical date (or, without one, after its submit) by which the run must be final;
+    a miss, of the run's deadline or of a node's, is recorded once in the ledger and alerted,
+    and with ``on_deadline="cancel"`` the reconciler also cancels the run.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        tenant: str = "default",
+        priority: Priority | str = Priority.DEFAULT,
+        params: Mapping[str, Any] | None = None,
+        max_active_tasks: int | None = None,
+        deadline: float | None = None,
+        on_deadline: OnDeadline | str = OnDeadline.ALERT,
+    ) -> None:
+        self.name = name
+        self.tenant = tenant
+        self.max_active_tasks = max_active_tasks
+        self.deadline = deadline
+        self.priority = enum_value(Priority, priority, "priority", dag=label(name))
+        self.on_deadline: OnDeadline = enum_value(OnDeadline, on_deadline, "on_deadline", dag=label(name))
+        if params is not None and not isinstance(params, Mapping):
+            raise ValidationError(f"params must be a mapping, not {type(params).__name__}", dag=label(name))
+        self.params: dict[str, Any] = dict(params or {})
+        self.nodes: dict[str, Node] = {}
+
+    def task(
+        self, key: str, task: Any, *, upstream: Iterable[Node | str] = (), args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None, trigger_rule: TriggerRule | str | None = None,
+        max_attempts: int = 1, backoff: Backoff | Mapping[str, Any] | None = None,
+        soft_time_limit: float | None = None, time_limit: float | None = None, priority: Priority | str | None = None,
+        queue: str | None = None, retry_on: Iterable[str | type[BaseException]] = (),
+        no_retry_on: Iterable[str | type[BaseException]] = (), pool: str | None = None, pool_slots: int = 1,
+        rate_limit: str | None = None, resources: Iterable[str] = (), deadline: float | None = None,
+        branch: bool = False, short_circuit: bool = False, setup: bool = False, teardown: bool = False,
+        fails_run: bool = False, min_success_ratio: float | None = None, mapping: MapSpec | None = None,
+        wait: WaitSpec | None = None, sensor: SensorSpec | None = None,
+    ) -> Node:  # fmt: skip
+        """Add a node and return it (pass it in another node's ``upstream``).
+
+        ``task`` is a Celery signature (``extract.s(day=...)``), a Celery task object or a
+        registered task name. Arguments of a signature are merged with ``args``/``kwargs``;
+        of its options (``sig.set(...)``), ``queue``, ``priority`` (a priority class: ``"high"``,
+        ``"default"``, ``"low"``), ``soft_time_limit`` and ``time_limit`` become the node's (a
+        keyword of this method may repeat one, not contradict it), and the others are refused
+        or ignored as :data:`SIGNATURE_OPTIONS` says.
+        ``pool`` (with ``pool_slots``) and ``rate_limit`` name a pool and a rate limit that
+        must exist when the DAG is submitted (``orchestrator pool set``, ``limit set``).
+        ``resources`` names what the task uses (``["stripe", "erp:{tenant}"]``; ``{tenant}``
+        becomes the run's tenant): a resource's circuit breaker (``orchestrator breaker set``)
+        counts the task's outcomes and, while open, holds it READY at admission.
+        ``deadline`` is the number of seconds after the run's logical date (or its submit) by
+        which the task must be done (in a terminal state).
+
+        ``trigger_rule`` is one of Airflow's 13 rules (:class:`TriggerRule`; by default
+        ``all_success``, and ``all_done_setup_success`` for a teardown). ``branch=True``: the
+        task returns the key of the direct child to follow, or a list of them, and the other
+        children are SKIPPED (``branch_not_taken``) unless a followed child reaches them.
+        ``short_circuit=True``: a falsy result (``None``, ``False``, ``0``, ``""``, ``[]``,
+        ``{}``) skips every task downstream. ``setup=True`` / ``teardown=True`` are Airflow's
+        setup and teardown tasks: a teardown runs once its upstream is done if a setup upstream
+        of it succeeded, whatever the tasks between did, and its failure fails the run only
+        with ``fails_run=True``. ``min_success_ratio`` (with ``all_success``) lets the task run
+        once that share of its upstream, a map's children counted one by one, succeeded.
+        ``mapping`` is :meth:`map`'s, ``wait`` :meth:`wait`'s and ``sensor`` :meth:`sensor`'s.
+
+        Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest
+        of the checks run in :meth:`validate`.
+        """
+        parents = self._parents_of_new(key, args, kwargs, upstream)
+        name, sig_args, sig_kwargs, sig_options = task_parts(task, self.name, key)
+        given = {"queue": queue, "priority": priority, "soft_time_limit": soft_time_limit, "time_limit": time_limit}
+        fields = with_signature_options(sig_options, given, self.name, key)
+        d, rule, level = self.name, trigger_rule, fields["priority"]
+        if rule is None:
+            rule = "all_done_setup_success" if teardown else "all_success"
+        node = Node(
+            key=key, task=name, args=tuple(sig_args) + tuple(args or ()), kwargs={**sig_kwargs, **(kwargs or {})},
+            upstream=tuple(u.key if isinstance(u, Node) else u for u in parents),
+            trigger_rule=enum_value(TriggerRule, rule, "trigger_rule", d, key),
+            max_attempts=max_attempts, backoff=backoff_value(backoff, d, key),
+            soft_time_limit=fields["soft_time_limit"], time_limit=fields["time_limit"],
+            priority=None if level is None else enum_value(Priority, level, "priority", d, key),
+            queue=fields["queue"],
+            retry_on=exception_names(retry_on, "retry_on", d, key),
+            no_retry_on=exception_names(no_retry_on, "no_retry_on", d, key),
+            pool=pool, pool_slots=pool_slots, rate_limit=rate_limit, resources=resource_names(resources, d, key),
+            deadline=deadline, map=mapping, branch=branch, short_circuit=short_circuit, setup=setup,
+            teardown=teardown, fails_run=fails_run, min_success_ratio=min_success_ratio, wait=wait, sensor=sensor,
+        )  # fmt: skip
+        self.nodes[key] = node
+        return node
+
+    def _parents_of_new(self, key: Any, args: Any, kwargs: Any, upstream: Iterable[Node | str]) -> list[Node | str]:
+        """The checks of a :meth:`task` call before its task is read: a string key not in the
+        DAG yet, ``args`` a list, ``kwargs`` a mapping and ``upstream`` a list of nodes or node
+        keys (returned as a list)."""
+        if not isinstance(key, str):
+            raise ValidationError(f"node key must be a string, not {type(key).__name__}", dag=label(self.name))
+        if key in self.nodes:
+            raise ValidationError("duplicate node key", dag=self.name, node=key)
+        if args is not None and not isinstance(args, (list, tuple)):
+            raise ValidationError(f"args must be a list, not {type(args).__name__}", dag=self.name, node=key)
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ValidationError(f"kwargs must be a mapping, not {type(kwargs).__name__}", dag=self.name, node=key)
+        if isinstance(upstream, (str, bytes, Mapping)) or not isinstance(upstream, Iterable):
+            raise ValidationError("upstream must be a list of nodes or node keys", dag=self.name, node=key)
+        parents = list(upstream)
+        for parent in parents:
+            if not isinstance(parent, (Node, str)):
+                raise ValidationError(
+                    f"upstream holds a {type(parent).__name__}: list nodes or node keys", dag=self.name, node=key
+                )
+        return parents
+
+    def wait(
+        self,
+        key: str,
+        *,
+        event: str | None = None,
+        match: Mapping[str, Any] | None = None,
+        until: Any = None,
+        delay: float | None = None,
+        tz: str | None = None,
+        timeout: float | None = None,
+        on_timeout: str = "fail",
+        lookback: float | None = None,
+        upstream: Iterable[Node | str] = (),
+        trigger_rule: TriggerRule | str | None = None,
+        deadline: float | None = None,
+    ) -> Node:
+        """Add a wait node: it runs on no worker and holds no slot while it waits (``WAITING``).
+
+        ``event="order.paid", match={"order_id": 42}``: it waits for an event of its run's tenant
+        (:func:`orchestrator.emit`) or a signal to its run (``run.signal``) with that key whose
+        payload contains ``match`` (JSON containment: data, never code); its result is the
+        payload. An event emitted up to ``lookback`` seconds (default an hour) before the wait
+        began counts too. ``until`` (a datetime or an ISO 8601 instant; or a wall time
+        ``"09:30"`` in ``tz``, the next one after the wait begins) or ``delay`` (seconds): it
+        waits for that instant; its result is ``None``. ``timeout`` (seconds) ends the wait
+        FAILED with ``WaitTimeout``, or SKIPPED with ``on_timeout="skip"``. It begins when its
+        ``trigger_rule`` says (by default all its ``upstream`` succeeded), and its deadline and
+        instant are absolute from then, whatever restarts. Raises :class:`ValidationError`."""
+        spec = WaitSpec.make(
+            event=event, match=match, until=until, delay=delay, tz=tz, timeout=timeout, on_timeout=on_timeout,
+            lookback=lookback, where=(label(self.name), key if isinstance(key, str) else None),
+        )  # fmt: skip
+        return self.task(key, WAIT_TASK, upstream=upstream, trigger_rule=trigger_rule, deadline=deadline, wait=spec)
+
+    def approval(
+        self,
+        key: str,
+        *,
+        timeout: float | None = None,
+        on_timeout: str = "fail",
+        upstream: Iterable[Node | str] = (),
+        trigger_rule: TriggerRule | str | None = None,
+        deadline: float | None = None,
+    ) -> Node:
+        """Add an approval node: it waits (``WAITING``) until a person answers with ``orchestrator
+        approve RUN KEY`` (it SUCCEEDS, its result ``{"approved": true, "by": ..., "comment":
+        ...}``), ``orchestrator reject RUN KEY`` (it FAILS, ``Rejected: ...``), the run page or
+        :meth:`Orchestrator.approve`; who answered is in the ledger. ``timeout`` as :meth:`wait`."""
+        spec = WaitSpec.make(
+            timeout=timeout, on_timeout=on_timeout, approval=True,
+            where=(label(self.name), key if isinstance(key, str) else None),
+        )  # fmt: skip
+        return self.task(key, WAIT_TASK, upstream=upstream, trigger_rule=trigger_rule, deadline=deadline, wait=spec)
+
+    def sensor(
+        self,
+        key: str,
+        check: Any,
+        *,
+        every: float,
+        timeout: float | None = None,
+        backoff: float = 1.0,
+        max_every: float | None = None,
+        on_timeout: str = "fail",
+        **options: Any,
+    ) -> Node:
+        """Add a sensor: the task ``check`` runs, and while it returns something falsy it runs
+        again ``every`` seconds later (times ``backoff`` after each "not yet", at most
+        ``max_every``), waiting in between as a row that holds no worker slot (Airflow's
+        reschedule mode), until it returns something truthy (the sensor's result) or
+        ``timeout`` seconds after its first check (``WaitTimeout``, or SKIPPED with
+        ``on_timeout="skip"``). Its retries on an exception are the task's own
+        (``max_attempts``). The other ``options`` are :meth:`task`'s."""
+        spec = SensorSpec.make(
+            every=every, timeout=timeout, backoff=backoff, max_every=max_every, on_timeout=on_timeout,
+            where=(label(self.name), key if isinstance(key, str) else None),
+        )  # fmt: skip
+        return self.task(key, check, sensor=spec, **options)
+
+    def map(
+        self,
+        key: str,
+        task: Any,
+        *,
+        over: Node | str | Sequence[Any] | Mapping[str, Node | str | Sequence[Any]],
+        kwarg: str | None = None,
+        upstream: Iterable[Node | str] = (),
+        combine: str | None = None,
+        map_key: str | None = None,
+        on_empty: str = "skip",
+        max_map_length: int = DEFAULT_MAX_MAP_LENGTH,
+        max_active: int | None = None,
+        **options: Any,
+    ) -> Node:
+        """Add a mapped node: one child task per item, keyed ``key[map_key]``.
+
+        ``over`` is a node (or its key) whose result is the list (a JSON list, or an object
+        whose values are the items and keys the map keys), or a literal list; each item is
+        passed to ``task`` as the keyword ``kwarg``, beside the signature's constant arguments.
+        Several mapped arguments: ``over={"path": listing, "size": [256, 512]}`` (no ``kwarg``)
+        with ``combine="zip"`` (item by item, equal lengths) or ``"product"`` (every pair).
+        Over another mapped node, the map runs item by item: child ``k`` gets the result of
+        that node's child ``k`` and starts when it succeeds (a chained map, depth first).
+        ``map_key`` names the field of each (object) item that keys its child (default: the
+        item's index). ``on_empty``: ``"skip"`` (the node ends SKIPPED, reason ``empty_map``) or
+        ``"success"`` (SUCCEEDED with ``[]``). ``max_map_length`` (default 10,000, at most
+        100,000) fails the node's parent whose result is longer, with a ``MapError``;
+        ``max_active`` bounds its children QUEUED or RUNNING at once.
+
+        A downstream node counts each child as one upstream task for its trigger rule and gets
+        ``upstream[key]``: the results of the children that succeeded, in map order. The
+        other ``options`` are :meth:`task`'s.
+        """
+        args, parents = map_args(over, kwarg, upstream, self.name, key)
+        spec = MapSpec(
+            args=args,
+            combine=combine,
+            map_key=map_key,
+            on_empty=on_empty,
+            max_length=max_map_length,
+            max_active=max_active,
+        )
+        return self.task(key, task, upstream=parents, mapping=spec, **options)
+
+    def per_item(self, node: Node) -> str | None:
+        """The mapped node that ``node`` maps item by item over (its one mapped argument comes
+        from a mapped node), or ``None``."""
+        if node.map is None or len(node.map.args) != 1 or node.map.args[0].source is None:
+            return None
+        parent = self.nodes.get(node.map.args[0].source)
+        return parent.key if parent is not None and parent.map is not None else None
+
+    def lint(self) -> list[str]:
+        """Warnings about a DAG that is valid but likely not what was meant (returned with the
+        run handle, printed by the CLI): a node that joins the paths of a branch and keeps
+        ``all_success`` is SKIPPED whenever one of those paths is not taken."""
+        warnings: list[str] = []
+        children: dict[str, list[str]] = {}
+        for node in self.nodes.values():
+            for parent in node.upstream:
+                children.setdefault(parent, []).append(node.key)
+        for node in self.nodes.values():
+            if not node.branch:
+                continue
+            reached: dict[str, set[str]] = {}
+            for child in children.get(node.key, []):
+                seen = {child}
+                todo = [child]
+                while todo:
+                    for nxt in children.get(todo.pop(), []):
+                        if nxt not in seen:
+                            seen.add(nxt)
+                            todo.append(nxt)
+                for k in seen:
+                    reached.setdefault(k, set()).add(child)
+            for k in sorted(reached):
+                target = self.nodes[k]
+                if len(reached[k]) > 1 and target.trigger_rule is TriggerRule.ALL_SUCCESS:
+                    warnings.append(
+                        f"node {k!r} joins branches of {node.key!r} ({', '.join(sorted(reached[k]))}) with"
+                        " trigger_rule all_success: it is SKIPPED whenever one of them is not taken; use"
+                        " none_failed_min_one_success"
+                    )
+        return warnings
+
+    def priority_of(self, node: Node) -> Priority:
+        return node.priority or self.priority
+
+    def validate(
+        self,
+        is_registered: Callable[[str], bool] | None = None,
+        limits: SizeLimits = SizeLimits(),
+    ) -> None:
+        """Check the whole DAG; raise the first problem as a typed :class:`ValidationError`.
+
+        ``is_registered`` tells whether a task name is registered in the Celery app; names
+        in Celery's own ``celery.`` namespace are always refused.
+
+        Whatever built the DAG (:meth:`task`, a spec, or :class:`Node` objects put into
+        ``nodes`` by hand), the same checks hold: ``nodes`` maps each node's own key to a
+        :class:`Node` whose every field has its type and range, upstream keys exist, no cycle.
+        """
+        validate_dag(self, is_registered, limits)
+
+    @property
+    def has_deadlines(self) -> bool:
+        """Whether the DAG or any of its nodes sets a deadline."""
+        return self.deadline is not None or any(n.deadline is not None for n in self.nodes.values())
+
+    def roots(self) -> list[Node]:
+        return [n for n in self.nodes.values() if not n.upstream]
+
+    def to_spec(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "tenant": self.tenant,
+            "priority": self.priority.value,
+            "params": self.params,
+            **({} if self.max_active_tasks is None else {"max_active_tasks": self.max_active_tasks}),
+            **({} if self.deadline is None else {"deadline": self.deadline}),
+            **({} if self.on_deadline is OnDeadline.ALERT else {"on_deadline": self.on_deadline.value}),
+            "nodes": [n.to_spec() for n in self.nodes.values()],
+        }
+
+    def with_tenant(self, tenant: str) -> DAG:
+        """A copy of this DAG for another tenant."""
+        other = DAG(
+            self.name,
+            tenant=tenant,
+            priority=self.priority,
+            params=self.params,
+            max_active_tasks=self.max_active_tasks,
+            deadline=self.deadline,
+            on_deadline=self.on_deadline,
+        )
+        # the nodes as they are (frozen): validate() judges them, whatever they hold
+        other.nodes = dict(self.nodes) if isinstance(self.nodes, dict) else self.nodes
+        return other
+
+
+def map_args(
+    over: Any, kwarg: str | None, upstream: Iterable[Node | str], dag: str, key: str
+) -> tuple[tuple[MapArg, ...], list[Node | str]]:
+    """:meth:`DAG.map`'s ``over`` (with ``kwarg``) as mapped arguments, and the node's parents:
+    ``upstream`` and every node mapped over, each once."""
+    if isinstance(over, Mapping):
+        if kwarg is not None:
+            raise ValidationError(
+                "kwarg names the mapped argument of a single 'over'; with a mapping, its keys are the keywords",
+                dag=dag,
+                node=key,
+            )
+        pairs = list(over.items())
+        if not pairs:
+            raise ValidationError("over is an empty mapping: name the mapped arguments", dag=dag, node=key)
+    else:
+        if kwarg is None:
+            raise ValidationError("kwarg is required: the keyword each item is passed as", dag=dag, node=key)
+        pairs = [(kwarg, over)]
+    args: list[MapArg] = []
+    if isinstance(upstream, (str, bytes, Mapping)) or not isinstance(upstream, Iterable):
+        raise ValidationError("upstream must be a list of nodes or node keys", dag=dag, node=key)
+    parents: list[Node | str] = list(upstream)
+    for name, source in pairs:
+        if isinstance(source, Node):
+            source = source.key
+        if isinstance(source, str):
+            args.append(MapArg(kwarg=name, source=source))
+            if source not in [p.key if isinstance(p, Node) else p for p in parents]:
+                parents.append(source)
+        elif isinstance(source, (list, tuple)):
+            args.append(MapArg(kwarg=name, items=tuple(source)))
+        else:
+            raise ValidationError(
+                f"over[{name!r}] must be a node, a node key or a list, not {type(source).__name__}",
+                dag=dag,
+                node=key,
+            )
+    return tuple(args), parents
