@@ -1,12 +1,13 @@
 """The server functions: their live definitions are the files of ``store/sql/``.
 
-Each file holds one concept's function, named ``orc_<concept>_v<N>`` in procrastinate's manner:
-a change of signature or meaning is a new ``_v<N+1>`` function beside the old one (which stays,
-as a shim in ``legacy.sql``, until no worker of the release that calls it is left), so that during a rolling upgrade old
-workers keep calling the functions they know while new ones call the new. A migration installs
-a frozen copy of these files (``0009_versioned_functions`` the first); ``tests/store/
-test_sql_files.py`` holds the functions of a freshly migrated database equal to the files, so a
-change to a file without its migration fails the suite.
+Each file holds one concept's functions, named ``orc_<concept>_v<N>`` in procrastinate's manner.
+A fresh database installs these files (``migrate.create``); an existing one gets them from the
+migrations, each of which, from ``0019`` on, holds a frozen copy of only the functions it adds or
+changes. A function is changed in place when its signature is unchanged and a worker of the
+previous release calling it mid-upgrade still gets what it expects; otherwise it is a new
+``_v<N+1>`` beside the old one (a shim in ``legacy.sql`` until no worker of the release that calls
+it is left). The rule: ``docs/reference/migrations.md``; ``tests/store/test_sql_files.py`` and
+``tests/store/test_fresh_schema.py`` hold it.
 """
 
 from __future__ import annotations
@@ -27,5 +28,5 @@ def source(name: str) -> str:
 
 
 def definitions() -> str:
-    """Every live definition, in install order: what a new migration freezes."""
+    """Every live definition, in install order: what a fresh database installs."""
     return "\n".join(source(name) for name in FILES)

@@ -1,15 +1,25 @@
-"""Alembic migrations driven from code (``orchestrator db upgrade``)."""
+"""The database schema's two paths, behind one entry point (``orchestrator db upgrade`` and the
+embedded default's migration on first use): an empty database is created from the current
+schema in one step (:func:`create`: the tables of ``schema.py``, every server function of
+``store/sql/``, the signing key) and stamped at the newest revision; a database that has a
+revision is upgraded by the Alembic migrations, which only ever carry what they change
+(``docs/reference/migrations.md``). ``tests/store/test_fresh_schema.py`` holds the two equal."""
 
 from __future__ import annotations
 
+import logging
+import secrets
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -24,19 +34,57 @@ def _config() -> Config:
 #: default migrates itself) migrate one after the other, the second finding nothing to do
 MIGRATION_LOCK = 0x6F7263_03
 
+#: anything of ours in the schema being migrated: a table or a server function
+_OURS = sa.text(
+    """
+    SELECT EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = to_regnamespace(current_schema())
+                   AND c.relname LIKE 'orc\\_%' AND c.relkind IN ('r', 'p'))
+        OR EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = to_regnamespace(current_schema())
+                   AND p.proname LIKE 'orc\\_%')
+    """
+)
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate the database to ``revision`` (default: the newest), one migrator at a time."""
+
+def upgrade(engine: Engine, revision: str = "head", *, replay: bool = False) -> None:
+    """Bring the database to ``revision`` (default: the newest), one migrator at a time. An
+    empty database (no revision, no table or function of ours) bound for the newest revision is
+    created from the current schema and stamped there; any other is migrated revision by
+    revision (``replay``: always, even an empty one, as the schema test does)."""
     cfg = _config()
     with engine.begin() as conn:
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        if not replay and revision in ("head", "heads", head()) and is_empty(conn):
+            create(conn)
+            command.stamp(cfg, "head")
+            log.info("created the database schema at revision %s", head())
+        else:
+            command.upgrade(cfg, revision)
+
+
+def is_empty(conn: Connection) -> bool:
+    """Whether the connected schema has no revision and nothing of ours: what :func:`create` is for."""
+    if MigrationContext.configure(conn).get_current_revision() is not None:
+        return False
+    return not conn.execute(_OURS).scalar_one()
+
+
+def create(conn: Connection) -> None:
+    """The current schema, in one transaction: the tables, indexes and constraints of
+    ``schema.py``, every server function of ``store/sql/`` and the signing key; what replaying
+    every migration on an empty database makes (``tests/store/test_fresh_schema.py``)."""
+    from .functions import definitions
+    from .schema import metadata
+    from .schema import secrets as secrets_table
+
+    metadata.create_all(conn)
+    conn.exec_driver_sql(definitions())
+    conn.execute(secrets_table.insert().values(name="signing_key", value=secrets.token_hex(32)))
 
 
 def reset(engine: Engine) -> None:
-    """Drop everything in the database's ``public`` schema and migrate from scratch (Postgres;
-    tests and the chaos soak, on databases they own)."""
+    """Drop everything in the database's ``public`` schema and create it again at the newest
+    revision (Postgres; tests and the chaos soak, on databases they own)."""
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP SCHEMA public CASCADE")
         conn.exec_driver_sql("CREATE SCHEMA public")

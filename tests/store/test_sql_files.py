@@ -1,6 +1,8 @@
-"""The server functions have one home: ``orchestrator/store/sql/``. A freshly migrated database
-holds exactly the files' definitions (so a change to a file without its migration fails here),
-and the calls a worker of the previous release makes still work against the new schema."""
+"""The server functions have one home: ``orchestrator/store/sql/``. A database made by replaying
+every migration holds exactly the files' definitions (so a change to a file without its migration
+fails here; a fresh database installs the files themselves), every migration after
+:data:`DELTAS_FROM` installs exactly the functions it changes, and the calls a worker of the
+previous release makes still work against the new schema."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from orchestrator.core.routing import default_queues, route
 from orchestrator.store import Store
 from orchestrator.store.functions import FILES, definitions, source
 from tests.conftest import empty_tables
+from tests.store.test_fresh_schema import replayed_url
 
 pytestmark = pytest.mark.postgres
 
@@ -34,8 +37,8 @@ FUNCTIONS = sa.text(
 )
 
 
-def test_a_migrated_database_holds_exactly_the_files(pg_url: str) -> None:
-    engine = sa.create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://"))
+def test_a_migrated_database_holds_exactly_the_files() -> None:
+    engine = sa.create_engine(replayed_url().replace("postgresql://", "postgresql+psycopg://"))
     try:
         with engine.connect() as conn:
             migrated = [tuple(r) for r in conn.execute(FUNCTIONS, {"schema": "public"})]
@@ -52,6 +55,50 @@ def test_a_migrated_database_holds_exactly_the_files(pg_url: str) -> None:
     assert names(migrated) == names(from_files), "functions in the database that no file defines, or the reverse"
     for got, want in zip(migrated, from_files, strict=True):
         assert got == want, f"{got[0]}({got[1]}) differs from its file: a change to store/sql needs a migration"
+
+
+#: the first revision of the rule "a migration carries only what it changes" (0017 and 0018, before
+#: it, restated functions they did not change; they stay as they are: installs depend on them)
+DELTAS_FROM = "0019"
+CREATES = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)\s*\(", re.I)
+
+
+def test_each_migration_installs_only_the_functions_it_changes() -> None:
+    """Replayed one revision at a time from the one before :data:`DELTAS_FROM`: the functions a
+    revision's file creates are exactly those whose definition it adds or changes, and it never
+    reads ``store/sql`` (the files move on; a migration is frozen)."""
+    from alembic.script import ScriptDirectory
+
+    from orchestrator.store import make_engine, migrate
+    from tests.conftest import ensure_database, test_database
+
+    chain = list(reversed(list(ScriptDirectory.from_config(migrate._config()).walk_revisions())))
+    first = next(i for i, s in enumerate(chain) if s.revision == DELTAS_FROM)
+    engine = make_engine(ensure_database(test_database("orchestrator_test_deltas")))
+    try:
+        migrate.reset(engine)
+        migrate.downgrade(engine, chain[first - 1].revision)
+
+        def functions() -> dict[tuple[str, str], tuple[object, ...]]:
+            with engine.connect() as conn:
+                return {(r[0], r[1]): tuple(r[2:]) for r in conn.execute(FUNCTIONS, {"schema": "public"})}
+
+        before = functions()
+        for script in chain[first:]:
+            migrate.upgrade(engine, script.revision, replay=True)
+            after = functions()
+            changed = {name for (name, args), row in after.items() if before.get((name, args)) != row}
+            assert script.path is not None
+            text = open(script.path).read()
+            assert "definitions()" not in text and "store.functions" not in text, script.revision
+            created = set(CREATES.findall(text))
+            assert created == changed, (
+                f"{script.revision} restates {sorted(created - changed)} unchanged,"
+                f" or changes {sorted(changed - created)} without its own copy"
+            )
+            before = after
+    finally:
+        engine.dispose()
 
 
 def test_each_file_defines_its_own_versioned_function() -> None:

@@ -476,7 +476,7 @@ def downgrade() -> None:
     for signature in NEW_SIGNATURES:
         op.execute(f"DROP FUNCTION IF EXISTS {signature}")
     # 0004's definitions of orc_settle, orc_admit and orc_succeed (CREATE OR REPLACE)
-    previous = importlib.import_module("orchestrator.migrations.versions.0004_hot_path")
+    previous = importlib.import_module("orchestrator.store.migrations.versions.0004_hot_path")
     op.execute(previous.SQL)
     for signature in previous.FUNCTIONS:
         op.execute(f"ALTER FUNCTION {signature} RESET plan_cache_mode")

@@ -288,7 +288,7 @@ def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP FUNCTION IF EXISTS orc_limit_held(text, text, int, text, int, text)")
         # 0005's orc_admit_from (CREATE OR REPLACE; its other statements are idempotent)
-        previous = importlib.import_module("orchestrator.migrations.versions.0005_pass_slot")
+        previous = importlib.import_module("orchestrator.store.migrations.versions.0005_pass_slot")
         op.execute(previous.SQL)
     op.drop_table("orc_dag_limits")
     op.drop_table("orc_rate_limits")

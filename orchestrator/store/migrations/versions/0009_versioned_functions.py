@@ -648,6 +648,6 @@ def downgrade() -> None:
     # 0004 to 0006's definitions of the unversioned functions (CREATE OR REPLACE; their other
     # statements are idempotent), then the versioned ones go
     for name in ("0004_hot_path", "0005_pass_slot", "0006_limits"):
-        op.execute(importlib.import_module(f"orchestrator.migrations.versions.{name}").SQL)
+        op.execute(importlib.import_module(f"orchestrator.store.migrations.versions.{name}").SQL)
     for signature in NEW_SIGNATURES:
         op.execute(f"DROP FUNCTION IF EXISTS {signature}")

@@ -101,7 +101,7 @@ def downgrade() -> None:
     # 0009's functions (their _v1 bodies and the unversioned shims), then this revision's go
     for signature in RESHAPED:
         op.execute(f"DROP FUNCTION IF EXISTS {signature}")
-    op.execute(importlib.import_module("orchestrator.migrations.versions.0009_versioned_functions").SQL)
+    op.execute(importlib.import_module("orchestrator.store.migrations.versions.0009_versioned_functions").SQL)
     for signature in NEW_SIGNATURES:
         op.execute(f"DROP FUNCTION IF EXISTS {signature}")
     op.execute(

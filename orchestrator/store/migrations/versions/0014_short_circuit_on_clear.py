@@ -32,7 +32,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # 0012's _v1 bodies back in place of the shims, then this revision's functions go
-    op.execute(importlib.import_module("orchestrator.migrations.versions.0012_clear_and_rerun").SQL)
+    op.execute(importlib.import_module("orchestrator.store.migrations.versions.0012_clear_and_rerun").SQL)
     for signature in NEW_SIGNATURES:
         op.execute(f"DROP FUNCTION IF EXISTS {signature}")
 

@@ -109,8 +109,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # the earlier bodies of the four functions changed in place, then this revision's go
-    op.execute(importlib.import_module("orchestrator.migrations.versions.0011_dynamic_dags").SQL)
-    op.execute(importlib.import_module("orchestrator.migrations.versions.0014_short_circuit_on_clear").SQL)
+    op.execute(importlib.import_module("orchestrator.store.migrations.versions.0011_dynamic_dags").SQL)
+    op.execute(importlib.import_module("orchestrator.store.migrations.versions.0014_short_circuit_on_clear").SQL)
     for signature in NEW_SIGNATURES:
         op.execute(f"DROP FUNCTION IF EXISTS {signature}")
     op.drop_index("ix_orc_trigger_firings_open", table_name="orc_trigger_firings")

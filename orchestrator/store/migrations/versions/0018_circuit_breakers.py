@@ -105,7 +105,7 @@ def downgrade() -> None:
     # orc_limit_held_v1 as 0016 installed it and orc_map_insert_v1 as 0011 did, then 0017's
     # admission, success and shims, then this revision's functions and tables go
     op.execute(OLD_SQL)
-    op.execute(importlib.import_module("orchestrator.migrations.versions.0017_direct_messages").SQL)
+    op.execute(importlib.import_module("orchestrator.store.migrations.versions.0017_direct_messages").SQL)
     for signature in NEW_SIGNATURES:
         op.execute(f"DROP FUNCTION IF EXISTS {signature}")
     op.drop_index("ix_orc_breaker_events_unalerted", table_name="orc_breaker_events")

@@ -31,7 +31,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # orc_map_insert_v1 as 0018 installed it
-    text = importlib.import_module("orchestrator.migrations.versions.0018_circuit_breakers").SQL
+    text = importlib.import_module("orchestrator.store.migrations.versions.0018_circuit_breakers").SQL
     found = re.search(r"-- orc_map_insert_v1:.*?\n\$\$;\n", text, re.S)
     assert found is not None, "0018 defines orc_map_insert_v1"
     op.execute(found.group(0))

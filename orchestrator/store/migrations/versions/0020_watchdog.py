@@ -50,7 +50,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     # orc_admit_from_v2 as the newest earlier revision that defines it installed it
     for name in ("0019_task_generations", "0018_circuit_breakers"):
-        text = getattr(importlib.import_module(f"orchestrator.migrations.versions.{name}"), "SQL", "")
+        text = getattr(importlib.import_module(f"orchestrator.store.migrations.versions.{name}"), "SQL", "")
         found = re.search(r"-- orc_admit_from_v2:.*?\n\$\$;\n", text, re.S)
         if found is not None:
             op.execute(found.group(0))

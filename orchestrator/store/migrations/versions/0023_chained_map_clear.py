@@ -36,7 +36,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # both as migration 0015 installed them (no revision between changed them)
-    text = importlib.import_module("orchestrator.migrations.versions.0015_waits_and_events").SQL
+    text = importlib.import_module("orchestrator.store.migrations.versions.0015_waits_and_events").SQL
     for name in ("orc_clear_v2", "orc_redecide_v2"):
         found = re.search(rf"-- {name}:.*?\n\$\$;\n", text, re.S)
         assert found is not None, name
