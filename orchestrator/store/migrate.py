@@ -1,6 +1,6 @@
 """The database schema's two paths, behind one entry point (``orchestrator db upgrade`` and the
 embedded default's migration on first use): an empty database is created from the current
-schema in one step (:func:`create`: the tables of ``schema.py``, every server function of
+schema in one step (:func:`create`: the tables of ``store/schema``, every server function of
 ``store/sql/``, the signing key) and stamped at the newest revision; a database that has a
 revision is upgraded by the Alembic migrations, which only ever carry what they change
 (``docs/reference/migrations.md``). ``tests/store/test_fresh_schema.py`` holds the two equal."""
@@ -71,7 +71,7 @@ def is_empty(conn: Connection) -> bool:
 
 def create(conn: Connection) -> None:
     """The current schema, in one transaction: the tables, indexes and constraints of
-    ``schema.py``, every server function of ``store/sql/`` and the signing key; what replaying
+    ``store/schema``, every server function of ``store/sql/`` and the signing key; what replaying
     every migration on an empty database makes (``tests/store/test_fresh_schema.py``)."""
     from .functions import definitions
     from .schema import metadata

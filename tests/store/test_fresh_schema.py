@@ -3,7 +3,7 @@ head) is the database that replaying every migration from 0001 makes: the same t
 (type, nullability, default), indexes, constraints, sequences, triggers, server functions (text,
 arguments, result, settings) and seeded rows, at the same revision. The replayed chain is the
 truth (existing installs were made by it); the fresh path is what ``orchestrator db upgrade``
-does on an empty database. Column order is not compared: a fresh table has ``schema.py``'s
+does on an empty database. Column order is not compared: a fresh table has the declared
 order, an upgraded one the order its migrations added the columns; no SQL of ours reads columns
 by position."""
 
