@@ -4,14 +4,10 @@ the counting and holding are server functions). Deployment-wide."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..store.breakers import Breaker, BreakerEvent
 from ..store.breakers import Breakers as BreakerRows
-from .scope import deployment_wide, local_by
-
-if TYPE_CHECKING:
-    from .facade import Orchestrator
+from .scope import Host, deployment_wide, local_by
 
 
 class Breakers:
@@ -19,7 +15,7 @@ class Breakers:
     tenant-bound orchestrator is refused (:class:`ValidationError`), for reads too. A change that
     may free tasks admits READY ones at once."""
 
-    def __init__(self, orc: Orchestrator) -> None:
+    def __init__(self, orc: Host) -> None:
         self.orc = orc
 
     def _rows(self) -> BreakerRows:

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.dag import check_json, text_problem
 from ..core.errors import ValidationError
 from ..core.waits import check_event_key
 from ..store.waits import Emitted
-from .scope import acting_tenant
-
-if TYPE_CHECKING:
-    from .facade import Orchestrator
+from .scope import Host, acting_tenant
 
 #: the longest event id (``emit(..., event_id=...)``)
 MAX_EVENT_ID_CHARS = 200
@@ -24,7 +21,7 @@ MAX_EVENT_ID_CHARS = 200
 class Events:
     """The events API of one :class:`~orchestrator.engine.Orchestrator` (``orc.events``)."""
 
-    def __init__(self, orc: Orchestrator) -> None:
+    def __init__(self, orc: Host) -> None:
         self.orc = orc
 
     def emit(

@@ -57,6 +57,7 @@ from ..services.reconciler import Reconciler
 from ..store import Store
 from ..store.operator import OperatorActions
 from ..store.reads import Reads
+from ..store.waits import Emitted
 from .breakers import Breakers
 from .checks import check_queues, check_time_limits, iso_problem
 from .events import Events
@@ -593,10 +594,10 @@ class Orchestrator(WorkerPort):
     def close_breaker(self, name: str, **kwargs: Any) -> Any:
         return self.breakers.close(name, **kwargs)
 
-    def emit(self, key: str, payload: Any = None, **kwargs: Any) -> Any:
+    def emit(self, key: str, payload: Any = None, **kwargs: Any) -> Emitted:
         return self.events.emit(key, payload, **kwargs)
 
-    def signal(self, run_id: str, name: str, payload: Any = None, **kwargs: Any) -> Any:
+    def signal(self, run_id: str, name: str, payload: Any = None, **kwargs: Any) -> Emitted:
         return self.events.signal(run_id, name, payload, **kwargs)
 
 

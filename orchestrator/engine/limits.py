@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..core.models import Pool, RateLimit
 from ..core.routing import DEFAULT_TENANT
-from .scope import deployment_wide, own_tenant
-
-if TYPE_CHECKING:
-    from .facade import Orchestrator
+from .scope import Host, deployment_wide, own_tenant
 
 
 class Limits:
     """The limits API of one :class:`~orchestrator.engine.Orchestrator` (``orc.limits``). A change
     that may free slots admits READY tasks at once."""
 
-    def __init__(self, orc: Orchestrator) -> None:
+    def __init__(self, orc: Host) -> None:
         self.orc = orc
 
     def _admit(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.errors import RunTimeout
 from ..core.models import EventView, RunView, TaskView
@@ -13,7 +13,35 @@ from ..core.states import RunState, TaskState
 from ..store.waits import Emitted
 
 if TYPE_CHECKING:
-    from .facade import Orchestrator
+    from .events import Events
+
+
+class RunOwner(Protocol):
+    """What a :class:`RunHandle` calls on the orchestrator that made it (an
+    :class:`~orchestrator.engine.Orchestrator`)."""
+
+    def visible(self, run_id: str) -> RunView: ...
+    def run_state(self, run_id: str) -> RunState: ...
+    def tasks(self, run_id: str) -> list[TaskView]: ...
+    def task(self, run_id: str, key: str) -> TaskView: ...
+    def ledger(self, run_id: str, *, newest: int | None = None) -> list[EventView]: ...
+    def cancel(self, run_id: str, *, by: str | None = None) -> int: ...
+    def retry_task(self, run_id: str, key: str, *, by: str | None = None) -> None: ...
+    def skip_task(self, run_id: str, key: str, *, by: str | None = None) -> None: ...
+    def fail_task(self, run_id: str, key: str, *, by: str | None = None) -> None: ...
+    def clear(
+        self, run_id: str, *keys: str, downstream: bool = False, upstream: bool = False, only_failed: bool = False,
+        dry_run: bool = False, by: str | None = None,
+    ) -> list[str]: ...  # fmt: skip
+    def mark(self, run_id: str, key: str, state: TaskState | str, *, by: str | None = None) -> TaskState: ...
+    def rerun(self, run_id: str) -> RunHandle: ...
+    def approve(self, run_id: str, key: str, *, by: str | None = None, comment: str | None = None) -> None: ...
+    def reject(self, run_id: str, key: str, *, by: str | None = None, comment: str | None = None) -> None: ...
+    def is_transient(self, exc: BaseException) -> bool: ...
+
+    @property
+    def events(self) -> Events: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +51,7 @@ class RunHandle:
     ``warnings``: what :meth:`DAG.lint` found when it was submitted (likely mistakes that are
     still valid, such as a join below a branch that keeps ``all_success``)."""
 
-    def __init__(self, orchestrator: Orchestrator, run_id: str, *, warnings: list[str] | None = None) -> None:
+    def __init__(self, orchestrator: RunOwner, run_id: str, *, warnings: list[str] | None = None) -> None:
         self.orchestrator = orchestrator
         self.id = run_id
         self.warnings: list[str] = list(warnings or [])
@@ -81,7 +109,7 @@ class RunHandle:
         self.orchestrator.fail_task(self.id, key, by=by)
 
     def signal(self, name: str, payload: dict[str, Any] | None = None, *, event_id: str | None = None) -> Emitted:
-        """Send the signal ``name`` to this run (see :meth:`Orchestrator.signal`)."""
+        """Send the signal ``name`` to this run (see :meth:`orchestrator.engine.events.Events.signal`)."""
         return self.orchestrator.events.signal(self.id, name, payload, event_id=event_id)
 
     def approve(self, key: str, *, by: str | None = None, comment: str | None = None) -> None:

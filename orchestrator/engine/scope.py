@@ -6,10 +6,37 @@ from __future__ import annotations
 
 import getpass
 import socket
+from typing import TYPE_CHECKING, Protocol
 
 from ..core.dag import TENANT_RE
 from ..core.errors import ValidationError
 from ..core.routing import DEFAULT_TENANT
+
+if TYPE_CHECKING:
+    from ..core.config import Settings
+    from ..core.models import EventView, RunView
+    from ..core.publisher import Publisher
+    from ..services.triggers import Triggers
+    from ..store import Store
+
+
+class Host(Protocol):
+    """What a sub-object (``orc.limits``, ``orc.breakers``, ``orc.tenants``, ``orc.events``) uses of
+    the :class:`~orchestrator.engine.Orchestrator` it belongs to."""
+
+    tenant: str | None
+    settings: Settings
+    publisher: Publisher
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def triggers(self) -> Triggers: ...
+
+    def visible(self, run_id: str) -> RunView: ...
+
+    def ledger(self, run_id: str, *, newest: int | None = None) -> list[EventView]: ...
 
 
 def tenant_name(name: object) -> str:

@@ -4,20 +4,16 @@ queues (stored by :mod:`orchestrator.store.tenants`)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from ..core.errors import ValidationError
-from .scope import own_tenant
-
-if TYPE_CHECKING:
-    from .facade import Orchestrator
+from .scope import Host, own_tenant
 
 
 class Tenants:
     """The tenants API of one :class:`~orchestrator.engine.Orchestrator` (``orc.tenants``); a
     tenant-bound orchestrator changes and sees its own tenant only."""
 
-    def __init__(self, orc: Orchestrator) -> None:
+    def __init__(self, orc: Host) -> None:
         self.orc = orc
 
     def set_weight(self, name: str, weight: float) -> None:

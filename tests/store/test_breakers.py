@@ -466,10 +466,10 @@ def test_a_tenant_bound_caller_is_refused_the_deployments_breakers(
     acme = bound("acme")
     refused = "breakers are deployment-wide: this orchestrator acts as tenant 'acme'"
     for name, call in {
-        "list": acme.breakers,
+        "list": acme.breakers.all,
         "show": lambda: acme.breakers.get("stripe"),
         "events": lambda: acme.breakers.events("stripe"),
-        "all events": acme.breaker_events,
+        "all events": acme.breakers.events,
         "set": lambda: acme.breakers.set("stripe"),
         "open": lambda: acme.breakers.open("stripe"),
         "close": lambda: acme.breakers.close("stripe"),
