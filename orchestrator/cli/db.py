@@ -67,7 +67,7 @@ def check() -> None:
         for item in diff:
             click.echo(f"  {item}", err=True)
         sys.exit(1)
-    click.echo(f"schema matches orchestrator/store/schema.py at revision {head}")
+    click.echo(f"schema matches orchestrator/store/schema/ at revision {head}")
 
 
 def _age(text: str, option: str) -> Any:

@@ -1,4 +1,4 @@
-"""Alembic migrations produce exactly the schema declared in orchestrator/store/schema.py."""
+"""Alembic migrations produce exactly the schema declared in orchestrator/store/schema/."""
 
 from __future__ import annotations
 
