@@ -147,7 +147,7 @@ class KitDatabase:
         """The worker heartbeater of every kit of the session (one thread, through the shared
         store), bound to the first kit's orchestrator."""
         if self._heartbeater is None:
-            from ..runtime.worker import Heartbeater
+            from ..runtime.heartbeat import Heartbeater
 
             self._heartbeater = Heartbeater(orc)
         return self._heartbeater

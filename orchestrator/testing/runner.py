@@ -427,10 +427,9 @@ class Kit:
         self._tracers: dict[int, Any] = {}
         self._inputs: list[Input] = []
         # the process's heartbeater (the worker's lease extensions) beats through this database
-        from ..runtime import worker
+        from ..runtime.heartbeat import install_heartbeater
 
-        self._heartbeater_was = worker._heartbeaters.get(os.getpid())
-        worker._heartbeaters[os.getpid()] = db.heartbeater(self.orc)
+        self._heartbeater_was = install_heartbeater(db.heartbeater(self.orc))
 
     # -------------------------------------------------------------- the test's verbs
 
@@ -712,12 +711,9 @@ class Kit:
     def close(self) -> None:
         """Give the apps back the orchestrators they had before this kit, and the process
         its heartbeater."""
-        from ..runtime import worker
+        from ..runtime.heartbeat import install_heartbeater
 
-        if self._heartbeater_was is None:
-            worker._heartbeaters.pop(os.getpid(), None)
-        else:
-            worker._heartbeaters[os.getpid()] = self._heartbeater_was
+        install_heartbeater(self._heartbeater_was)
         for ident, previous in self._installed.items():
             if previous is None:
                 process._orchestrators.pop(ident, None)
