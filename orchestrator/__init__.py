@@ -41,7 +41,7 @@ from .core.states import RunState, SkipReason, TaskState, TriggerRule
 from .core.waits import Defer, SensorSpec, WaitSpec
 from .engine.facade import Orchestrator, RunHandle
 from .services.dag_registry import DagDiff, DagRegistry, DagVersion, RegisteredDag
-from .services.scheduling import FactoryNotAllowed, dag_factory
+from .services.targets import FactoryNotAllowed, dag_factory
 from .store.waits import Emitted
 
 

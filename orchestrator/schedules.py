@@ -17,15 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from .core.cron import ScheduleError
-from .services.scheduling import (
-    CANCEL_PREVIOUS,
-    PENDING_AFTER,
+from .services.schedule_model import Fired, Schedule, ScheduleNotFound
+from .services.scheduling import CANCEL_PREVIOUS, PENDING_AFTER, Schedules
+from .services.targets import (
     PLACEHOLDERS,
     FactoryNotAllowed,
-    Fired,
-    Schedule,
-    ScheduleNotFound,
-    Schedules,
     check_placeholders,
     dag_factory,
     load_factory,

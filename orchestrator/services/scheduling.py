@@ -29,20 +29,14 @@ at its next instant; the others keep firing.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import importlib
-import inspect
-import itertools
 import json
 import logging
 import os
-import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ..core.cron import HORIZON, ScheduleError, Timing, count_instants, instants, last_instants, next_instant
 from ..core.dag import (
@@ -51,26 +45,38 @@ from ..core.dag import (
     TENANT_RE,
     dag_from_spec,
     load_spec,
-    parse_spec,
-    read_spec_text,
-    short,
     text_problem,
 )
-from ..core.errors import ConflictError, OrchestratorError, RunNotFound, SpecError, ValidationError
+from ..core.errors import ConflictError, OrchestratorError, RunNotFound, ValidationError
 from ..core.firing import COUNT_MOST, Decision, Policy, looked_at, plan, summary_reason
+from ..core.routing import DEFAULT_TENANT
 from ..store.schedules import ScheduleRows, iso
 from .alerts import raise_alert
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-    from ..core.config import Settings
-    from .dag_registry import DagRegistry
+from .schedule_model import (
+    Fired,
+    Schedule,
+    ScheduleNotFound,
+    SchedulerPort,
+    _aware,
+    _policy,
+    _timing,
+    _view,
+    _when,
+    min_interval_problem,
+)
+from .targets import (
+    check_placeholders,
+    load_factory,
+    render,
+    spec_hash,
+)
 
 log = logging.getLogger(__name__)
 
-_PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
-PLACEHOLDERS = ("logical_date", "ds")
 #: firings made by a person (``schedule trigger``, ``backfill``): they run a paused DAG, as a
 #: submit by hand does
 BY_HAND = ("manual", "backfill")
@@ -79,262 +85,6 @@ PENDING_AFTER = 15.0
 #: the reason of a pending firing whose decision was to cancel the running runs first (overlap
 #: cancel_previous): whoever finishes the firing, the beat that decided it or another one, does
 CANCEL_PREVIOUS = "overlap cancel_previous: cancel the schedule's running runs first"
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """A schedule as stored, with what the last firing left (read-only view)."""
-
-    name: str
-    tenant: str
-    timing: Timing
-    policy: Policy
-    spec: dict[str, Any] | None
-    spec_hash: str | None
-    factory: str | None
-    params: dict[str, Any]
-    paused: bool
-    next_at: dt.datetime
-    #: a DAG of the registry (``orchestrator dag register``) and its version (None: the latest
-    #: when it fires)
-    registered: str | None = None
-    registered_version: int | None = None
-    last_at: dt.datetime | None = None
-    buffered_at: dt.datetime | None = None
-    last_run_id: str | None = None
-    last_run_state: str | None = None
-    last_error: str | None = None
-    last_error_at: dt.datetime | None = None
-
-    @property
-    def what(self) -> str:
-        if self.factory:
-            return f"factory {self.factory}"
-        if self.registered:
-            pinned = f"@{self.registered_version}" if self.registered_version is not None else " (latest)"
-            return f"registered {self.registered}{pinned}"
-        name = (self.spec or {}).get("name", "?")
-        return f"spec {name} ({(self.spec_hash or '')[:12]})"
-
-    def to_json(self) -> dict[str, Any]:
-        zone = self.timing.zone
-        return {
-            "name": self.name,
-            "tenant": self.tenant,
-            "cron": self.timing.cron,
-            "every": self.timing.every,
-            "tz": self.timing.tz,
-            "dst_gap": self.timing.dst_gap,
-            "dst_fold": self.timing.dst_fold,
-            "catchup": self.policy.catchup,
-            "max_catchup": self.policy.max_catchup,
-            "overlap": self.policy.overlap,
-            "max_active_runs": self.policy.max_active_runs,
-            "runs": self.what,
-            "spec_hash": self.spec_hash,
-            "factory": self.factory,
-            "registered": self.registered,
-            "registered_version": self.registered_version,
-            "params": self.params,
-            "paused": self.paused,
-            "next_fire": iso(self.next_at) if not self.paused else None,
-            "next_fire_local": self.next_at.astimezone(zone).isoformat() if not self.paused else None,
-            "last_fire": iso(self.last_at) if self.last_at else None,
-            "buffered": iso(self.buffered_at) if self.buffered_at else None,
-            "last_run": self.last_run_id,
-            "last_run_state": self.last_run_state,
-            "last_error": self.last_error,
-            "last_error_at": iso(self.last_error_at) if self.last_error_at else None,
-        }
-
-
-@dataclass(frozen=True)
-class Fired:
-    """One instant a pass, a trigger or a backfill dealt with."""
-
-    schedule: str
-    logical_date: dt.datetime
-    run_id: str | None
-    created: bool
-    error: str | None = None
-    #: why the instant ran nothing although it was due (its DAG is paused)
-    skipped: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def spec_hash(spec: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def check_placeholders(value: Any, where: str = "spec") -> None:
-    """Refuse any ``{{ … }}`` but ``{{ logical_date }}`` and ``{{ ds }}``."""
-    if isinstance(value, str):
-        for m in _PLACEHOLDER.finditer(value):
-            if m.group(1) not in PLACEHOLDERS:
-                raise ScheduleError(
-                    f"{where}: unknown placeholder {m.group(0)!r}; only {{{{ logical_date }}}} and {{{{ ds }}}} exist"
-                )
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            check_placeholders(v, f"{where}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            check_placeholders(v, f"{where}[{i}]")
-
-
-def render(value: Any, logical_date: dt.datetime, zone: Any) -> Any:
-    """``value`` with ``{{ logical_date }}`` and ``{{ ds }}`` replaced in every string."""
-    fills = {"logical_date": iso(logical_date), "ds": logical_date.astimezone(zone).date().isoformat()}
-    if isinstance(value, str):
-        return _PLACEHOLDER.sub(lambda m: fills.get(m.group(1), m.group(0)), value)
-    if isinstance(value, Mapping):
-        return {k: render(v, logical_date, zone) for k, v in value.items()}
-    if isinstance(value, list):
-        return [render(v, logical_date, zone) for v in value]
-    return value
-
-
-#: the attribute :func:`dag_factory` sets on a function it declares a DAG factory
-FACTORY_MARK = "__orchestrator_dag_factory__"
-_FACTORY_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
-#: the modules factories may live in when no setting says (``ORCHESTRATOR_DAG_FACTORY_MODULES``)
-DEFAULT_FACTORY_MODULES = ("tasks.dags",)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def dag_factory(fn: F) -> F:
-    """Declare ``fn(logical_date, params) -> DAG`` a DAG factory a schedule may run::
-
-        from orchestrator import dag_factory
-
-        @dag_factory
-        def daily_etl(logical_date, params) -> DAG: ...
-
-    A schedule's ``dag`` (``module:function``) must name a function so declared, in a module of
-    ``ORCHESTRATOR_DAG_FACTORY_MODULES`` (default ``tasks.dags``; a listed package covers its
-    submodules). Anything else (``builtins:eval``, ``shutil:rmtree``, an undeclared function)
-    is refused with :class:`FactoryNotAllowed` when the schedule is added and again when it fires."""
-    if not callable(fn):
-        raise TypeError(f"@dag_factory decorates a function, not {type(fn).__name__}")
-    setattr(fn, FACTORY_MARK, True)
-    return fn
-
-
-class FactoryNotAllowed(ScheduleError):
-    """A schedule names a ``module:function`` that is not a declared DAG factory (not decorated
-    with :func:`dag_factory`, or in a module ``ORCHESTRATOR_DAG_FACTORY_MODULES`` does not list):
-    it is never called."""
-
-
-def _module_allowed(module_name: str, modules: Iterable[str]) -> bool:
-    return any(module_name == m or module_name.startswith(m + ".") for m in modules)
-
-
-def load_factory(
-    path: str, modules: Iterable[str] = DEFAULT_FACTORY_MODULES
-) -> Callable[[dt.datetime, dict[str, Any]], DAG]:
-    """The DAG factory ``module:function``: a function decorated with :func:`dag_factory` in a
-    module ``modules`` lists (``ORCHESTRATOR_DAG_FACTORY_MODULES``). A module outside the list is
-    not even imported. Raises :class:`FactoryNotAllowed` (not declared, or not allowed) or
-    :class:`ScheduleError` (malformed, unimportable, wrong signature) naming what is wrong."""
-    if not isinstance(path, str) or path.count(":") != 1:
-        raise ScheduleError(f"factory {short(path)} must be module:function")
-    if not _FACTORY_PATH.fullmatch(path):
-        raise ScheduleError(f"factory {short(path)} must be module:function (Python names)")
-    module_name, attr = path.split(":")
-    modules = tuple(modules)
-    if not _module_allowed(module_name, modules):
-        raise FactoryNotAllowed(
-            f"factory {path!r}: module {module_name!r} is not a DAG factory module (ORCHESTRATOR_DAG_FACTORY_MODULES"
-            f" lists {', '.join(modules) or 'none'}); declare factories with @dag_factory in one of them"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - an import error of any kind is the user module's
-        raise ScheduleError(f"factory {path!r}: cannot import {module_name!r} ({type(exc).__name__}: {exc})") from None
-    fn = getattr(module, attr, None)
-    if fn is None or not callable(fn):
-        raise ScheduleError(f"factory {path!r}: {module_name} has no function {attr!r}")
-    if getattr(fn, FACTORY_MARK, False) is not True or not inspect.isfunction(fn):
-        raise FactoryNotAllowed(
-            f"factory {path!r} is not a declared DAG factory: decorate it with @orchestrator.dag_factory"
-        )
-    try:
-        inspect.signature(fn).bind(dt.datetime.now(dt.UTC), {})
-    except TypeError:
-        raise ScheduleError(f"factory {path!r} must accept (logical_date, params)") from None
-    return fn
-
-
-def min_interval_problem(timing: Timing, least: float) -> str | None:
-    """Why ``timing`` fires more often than every ``least`` seconds
-    (``ORCHESTRATOR_SCHEDULE_MIN_INTERVAL_SECONDS``), or ``None``."""
-    if least <= 0:
-        return None
-    setting = f"ORCHESTRATOR_SCHEDULE_MIN_INTERVAL_SECONDS is {least:g}"
-    if timing.every is not None:
-        if float(timing.every) < least:
-            return f"every {timing.every:g}s is more often than the minimum interval ({setting})"
-        return None
-    gap = cron_min_gap(str(timing.cron))
-    if gap < least:
-        return (
-            f"cron {timing.cron!r} fires as little as {gap:g}s apart, more often than the minimum interval ({setting})"
-        )
-    return None
-
-
-def cron_min_gap(cron: str) -> float:
-    """The shortest time (seconds) between two instants a (valid, 5-field) cron expression may
-    fire, from its minute and hour fields (a lower bound: day boundaries counted as adjacent)."""
-    from croniter import croniter
-
-    expanded = croniter(cron).expanded
-    minutes = list(range(60)) if expanded[0] == ["*"] else sorted(int(m) for m in expanded[0])
-    hours = list(range(24)) if expanded[1] == ["*"] else sorted(int(h) for h in expanded[1])
-    marks = sorted({h * 60 + m for h in hours for m in minutes})
-    if len(marks) == 1:
-        return 86400.0
-    gaps = [b - a for a, b in itertools.pairwise(marks)] + [1440 - marks[-1] + marks[0]]
-    return 60.0 * min(gaps)
-
-
-class _Submitted(Protocol):
-    @property
-    def id(self) -> str: ...
-
-
-class SchedulerPort(Protocol):
-    """What :class:`Schedules` needs of its orchestrator (an
-    :class:`~orchestrator.engine.facade.Orchestrator`, which builds it: a Protocol, so that this module
-    does not import the engine back)."""
-
-    @property
-    def tenant(self) -> str | None: ...
-
-    @property
-    def settings(self) -> Settings: ...
-
-    def check(self, dag: DAG, *, tenant: str | None = None) -> DAG: ...
-
-    def submit(
-        self,
-        dag: DAG,
-        *,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-        logical_date: str | None = None,
-        schedule: str | None = None,
-        dag_version: int | None = None,
-    ) -> _Submitted: ...
-
-    @property
-    def dags(self) -> DagRegistry: ...
-
-    def cancel(self, run_id: str, *, by: str | None = None) -> int: ...
-
-    def is_transient(self, exc: BaseException) -> bool: ...
 
 
 class Schedules:
@@ -408,18 +158,39 @@ class Schedules:
             raise ScheduleError(
                 "give what to run: a spec, a DAG factory module:function or a registered DAG NAME[@N] (one of them)"
             )
-        snapshot: dict[str, Any] | None = None
-        factory: str | None = None
-        ref: tuple[str, int | None] | None = None
-        tenant = self.orc.tenant or "default"
         now = self.rows.now()
         first = next_instant(timing, now)
         if first is None:
             raise ScheduleError(f"{timing.describe()} does not fire within {HORIZON.days // 366} years")
+        tenant, snapshot, factory, ref = self._target(spec, dag, registered, params, first, timing)
+        # names are per tenant: another tenant's schedule of that name is another schedule
+        rows = self._of(tenant)
+        existing = rows.get(name)
+        values = _row_values(tenant, timing, policy, snapshot, factory, ref, params, first)
+        values["paused"] = bool(existing.paused) if paused is None and existing is not None else bool(paused)
+        changed = existing is None or _timing(existing) != timing
+        rows.put(name, values, timing_changed=changed)
+        return self._view_of(rows, name)
+
+    def _target(
+        self,
+        spec: Any,
+        dag: str | None,
+        registered: str | None,
+        params: dict[str, Any],
+        first: dt.datetime,
+        timing: Timing,
+    ) -> tuple[str, dict[str, Any] | None, str | None, tuple[str, int | None] | None]:
+        """What the schedule runs (one of a spec, a factory, a registered DAG), checked as it would
+        fire at its ``first`` instant: ``(tenant, spec snapshot, factory, registered ref)``."""
+        snapshot: dict[str, Any] | None = None
+        factory: str | None = None
+        ref: tuple[str, int | None] | None = None
+        tenant = self.orc.tenant or DEFAULT_TENANT
         if spec is not None:
             snapshot = self._snapshot(spec)
             check_placeholders(snapshot)
-            tenant = self.orc.tenant or str(snapshot.get("tenant") or "default")
+            tenant = self.orc.tenant or str(snapshot.get("tenant") or DEFAULT_TENANT)
             # the spec as it would fire at its first instant must be a valid DAG for this deployment
             self.orc.check(self._build_spec(snapshot, first, timing), tenant=tenant)
         elif registered is not None:
@@ -430,100 +201,7 @@ class Schedules:
             factory = dag
         if not TENANT_RE.fullmatch(tenant):
             raise ValidationError(f"tenant {tenant!r} must be 1-64 letters, digits, '_' or '-'")
-        # names are per tenant: another tenant's schedule of that name is another schedule
-        rows = self._of(tenant)
-        existing = rows.get(name)
-        values = {
-            "tenant": tenant,
-            "cron": timing.cron,
-            "every_seconds": timing.every,
-            "timezone": timing.tz,
-            "dst_gap": timing.dst_gap,
-            "dst_fold": timing.dst_fold,
-            "catchup": policy.catchup,
-            "max_catchup": policy.max_catchup,
-            "overlap": policy.overlap,
-            "max_active_runs": policy.max_active_runs,
-            "spec": snapshot,
-            "spec_hash": spec_hash(snapshot) if snapshot is not None else None,
-            "factory": factory,
-            "registered": ref[0] if ref else None,
-            "registered_version": ref[1] if ref else None,
-            "params": params,
-            "paused": bool(existing.paused) if paused is None and existing is not None else bool(paused),
-            "next_at": first,
-        }
-        changed = existing is None or _timing(existing) != timing
-        rows.put(name, values, timing_changed=changed)
-        return self._view_of(rows, name)
-
-    def apply(self, path: str | Path) -> list[Schedule]:
-        """Upsert every schedule of a YAML/JSON file ``{"schedules": [{name, cron|every, tz,
-        spec (a path relative to the file) | dag | registered (NAME or NAME@N), params, dst_gap, dst_fold, catchup,
-        max_catchup, overlap, max_active_runs, paused}]}``. Every entry is checked before any
-        is written. An entry without ``paused`` keeps the schedule's flag (a paused schedule
-        stays paused; a new one starts unpaused)."""
-        p = Path(path)
-        try:
-            text = read_spec_text(p)  # bounded, UTF-8
-        except SpecError as exc:
-            raise ScheduleError(str(exc)) from None
-        doc = parse_spec(text, fmt="json" if p.suffix == ".json" else "yaml")
-        entries = doc.get("schedules") if isinstance(doc, Mapping) else None
-        if not isinstance(entries, list):
-            raise ScheduleError(f"{p}: expected a mapping with a 'schedules' list")
-        allowed = {
-            "name", "cron", "every", "tz", "spec", "dag", "registered", "params", "dst_gap", "dst_fold", "catchup",
-            "max_catchup", "overlap", "max_active_runs", "paused",
-        }  # fmt: skip
-        prepared = []
-        for i, entry in enumerate(entries):
-            if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-                raise ScheduleError(f"{p}: schedules[{i}] must be a mapping with a 'name'")
-            unknown = set(entry) - allowed
-            if unknown:
-                raise ScheduleError(f"{p}: schedule {entry['name']!r}: unknown field(s) {sorted(map(str, unknown))}")
-            kwargs = {k: v for k, v in entry.items() if k != "name"}
-            if isinstance(kwargs.get("spec"), str):
-                kwargs["spec"] = self._snapshot(p.parent / kwargs["spec"])
-            prepared.append((entry["name"], kwargs))
-        for name, kwargs in prepared:  # all of them valid first: a dry pass that writes nothing
-            self._check_definition(name, **kwargs)
-        return [self.add(name, **kwargs) for name, kwargs in prepared]
-
-    def _check_definition(self, name: str, **kwargs: Any) -> None:
-        timing = Timing(
-            cron=kwargs.get("cron"), every=kwargs.get("every"), tz=kwargs.get("tz", "UTC"),
-            dst_gap=kwargs.get("dst_gap", "shift"), dst_fold=kwargs.get("dst_fold", "first"),
-        )  # fmt: skip
-        self._check_interval(timing)
-        Policy(
-            catchup=kwargs.get("catchup", "latest"), max_catchup=kwargs.get("max_catchup", 10),
-            overlap=kwargs.get("overlap", "allow"), max_active_runs=kwargs.get("max_active_runs"),
-        )  # fmt: skip
-        paused = kwargs.get("paused")
-        if paused is not None and not isinstance(paused, bool):
-            raise ScheduleError(f"schedule {name!r}: paused must be true or false, not {paused!r}")
-        given = [k for k in ("spec", "dag", "registered") if kwargs.get(k) is not None]
-        if len(given) > 1:
-            raise ScheduleError(f"schedule {name!r}: give one of 'spec', 'dag' and 'registered', not {given}")
-        if kwargs.get("dag") is not None:
-            load_factory(kwargs["dag"], self._factory_modules)
-        elif kwargs.get("registered") is not None:
-            first = next_instant(timing, self.rows.now())
-            params = kwargs.get("params") or {}
-            if not isinstance(params, Mapping):
-                raise ScheduleError(f"schedule {name!r}: params must be a mapping")
-            if first is not None:
-                self._check_registered(kwargs["registered"], first, timing, params, self.orc.tenant or "default")
-        elif kwargs.get("spec") is not None:
-            snapshot = self._snapshot(kwargs["spec"])
-            check_placeholders(snapshot)
-            first = next_instant(timing, self.rows.now())
-            if first is not None:
-                self.orc.check(self._build_spec(snapshot, first, timing), tenant=self.orc.tenant)
-        else:
-            raise ScheduleError(f"schedule {name!r}: give 'spec', 'dag' or 'registered'")
+        return tenant, snapshot, factory, ref
 
     def _check_registered(
         self, ref: Any, first: dt.datetime, timing: Timing, params: Mapping[str, Any], tenant: str
@@ -574,6 +252,13 @@ class Schedules:
             raise ScheduleNotFound(f"no schedule named {name!r}")
         last = rows.last_runs([(row.tenant, name)]).get((row.tenant, name))
         return _view(row, last)
+
+    def apply(self, path: str | Path) -> list[Schedule]:
+        """Upsert every schedule of a YAML/JSON file (:func:`.schedule_files.apply`): every entry
+        is checked before any is written."""
+        from .schedule_files import apply
+
+        return apply(self, path)
 
     def get(self, name: str) -> Schedule:
         row = self._row(name)
@@ -828,7 +513,7 @@ class Schedules:
             made = load_factory(sched.factory, self._factory_modules)(at, dict(sched.params))
             if not isinstance(made, DAG):
                 raise ScheduleError(f"factory {sched.factory!r} returned {type(made).__name__}, not a DAG")
-            if made.tenant not in ("default", sched.tenant):
+            if made.tenant not in (DEFAULT_TENANT, sched.tenant):
                 raise ScheduleError(
                     f"factory {sched.factory!r} built a DAG of tenant {made.tenant!r}; schedule {sched.name!r}"
                     f" runs as tenant {sched.tenant!r}"
@@ -885,54 +570,27 @@ class Schedules:
             yield self._fire_one(sched, Decision(at, "fire", "backfill"), record=True)
 
 
-class ScheduleNotFound(OrchestratorError):
-    """No schedule has the given name (for this tenant)."""
-
-
-def _aware(value: Any) -> dt.datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = dt.datetime.fromisoformat(value)
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)  # type: ignore[no-any-return]
-
-
-def _when(value: Any) -> dt.datetime:
-    found = _aware(value)
-    assert found is not None
-    return found
-
-
-def _timing(row: Any) -> Timing:
-    return Timing(cron=row.cron, every=row.every_seconds, tz=row.timezone, dst_gap=row.dst_gap, dst_fold=row.dst_fold)
-
-
-def _policy(row: Any, grace: float = 60.0) -> Policy:
-    return Policy(
-        catchup=row.catchup, max_catchup=row.max_catchup, overlap=row.overlap,
-        max_active_runs=row.max_active_runs, grace=grace,
-    )  # fmt: skip
-
-
-def _view(row: Any, last: tuple[str, str] | None) -> Schedule:
-    next_at = _when(row.next_at)
-    return Schedule(
-        name=row.name,
-        tenant=row.tenant,
-        timing=_timing(row),
-        policy=_policy(row),
-        spec=row.spec,
-        spec_hash=row.spec_hash,
-        factory=row.factory,
-        registered=row.registered,
-        registered_version=row.registered_version,
-        params=dict(row.params or {}),
-        paused=bool(row.paused),
-        next_at=next_at,
-        last_at=_aware(row.last_at),
-        buffered_at=_aware(row.buffered_at),
-        last_run_id=last[0] if last else row.last_run_id,
-        last_run_state=last[1] if last else None,
-        last_error=row.last_error,
-        last_error_at=_aware(row.last_error_at),
-    )
+def _row_values(
+    tenant: str, timing: Timing, policy: Policy, snapshot: dict[str, Any] | None, factory: str | None,
+    ref: tuple[str, int | None] | None, params: dict[str, Any], first: dt.datetime,
+) -> dict[str, Any]:  # fmt: skip
+    """A schedule's row as :meth:`Schedules.add` writes it (its ``paused`` flag aside)."""
+    return {
+        "tenant": tenant,
+        "cron": timing.cron,
+        "every_seconds": timing.every,
+        "timezone": timing.tz,
+        "dst_gap": timing.dst_gap,
+        "dst_fold": timing.dst_fold,
+        "catchup": policy.catchup,
+        "max_catchup": policy.max_catchup,
+        "overlap": policy.overlap,
+        "max_active_runs": policy.max_active_runs,
+        "spec": snapshot,
+        "spec_hash": spec_hash(snapshot) if snapshot is not None else None,
+        "factory": factory,
+        "registered": ref[0] if ref else None,
+        "registered_version": ref[1] if ref else None,
+        "params": params,
+        "next_at": first,
+    }

@@ -53,7 +53,7 @@ from ..core.waits import check_event_key, check_match
 from ..store.schedules import iso
 from ..store.triggers import TriggerRows, idempotency_key
 from .alerts import raise_alert
-from .scheduling import check_placeholders, load_factory, render, spec_hash
+from .targets import check_placeholders, load_factory, render, spec_hash
 
 if TYPE_CHECKING:
     from ..core.config import Settings

@@ -27,7 +27,7 @@ from orchestrator.core.publisher import RecordingPublisher
 from orchestrator.core.registry import StaticRegistry
 from orchestrator.core.routing import default_queues
 from orchestrator.engine.facade import RunHandle
-from orchestrator.services.scheduling import ScheduleNotFound
+from orchestrator.services.schedule_model import ScheduleNotFound
 from orchestrator.store import schema as s
 from orchestrator.web.metrics import render as render_metrics
 from tests.conftest import empty_tables
