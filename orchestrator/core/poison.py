@@ -21,7 +21,8 @@ _LIBRARY_DIRS = tuple(
     os.path.realpath(p)
     for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
 )
-_OWN_PACKAGE = os.path.dirname(os.path.realpath(__file__))
+#: the orchestrator package (this module is in its core/ floor): its frames are never task code
+_OWN_PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 _VOLATILE = re.compile(
     r"0x[0-9a-fA-F]+|[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
     r"|[0-9a-fA-F]{32}|\d+(?:\.\d+)?"

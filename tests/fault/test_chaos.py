@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.testing.chaos import KINDS, libfaketime, skewed_env
-from orchestrator.testing.mix import ACTIONS
+from orchestrator.testing.chaos.mix import ACTIONS
 from tests.fault.harness import ROOT
 from tests.integration.conftest import stop_process
 

@@ -8,6 +8,7 @@ import importlib
 import subprocess
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,18 @@ def test_the_pytest_plugin_entry_point_is_the_kit() -> None:
     (plugin,) = [ep for ep in entry_points(group="pytest11") if ep.name == "orchestrator"]
     assert plugin.value == "orchestrator.testing.plugin"
     importlib.import_module(plugin.value)
+
+
+def test_paths_computed_from_a_module_file_still_name_what_they_named_before_the_move() -> None:
+    """A frame in any floor of the package is the orchestrator's own, never task code (the
+    fingerprint of a failure skips it), and the chaos soak starts its processes at the repository."""
+    import orchestrator
+    from orchestrator.core import poison
+    from orchestrator.testing.chaos import ROOT
+
+    package = Path(orchestrator.__file__).resolve().parent
+    assert Path(poison._OWN_PACKAGE) == package
+    for floor in ("runtime/worker.py", "engine/facade.py", "store/hotpath.py"):
+        assert not poison._is_task_code(str(package / floor)), floor
+    assert poison._is_task_code(str(package.parent / "tasks" / "probes.py"))
+    assert (ROOT / "tasks" / "probes.py").exists() and (ROOT / "pyproject.toml").exists()

@@ -26,11 +26,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..core.dag import DAG
-from ..core.errors import OperatorError, RunNotFound, TaskNotFound, ValidationError
-from ..core.states import TaskState
-from ..core.waits import WAIT_TASK
-from ..engine.facade import Orchestrator
+from ...core.dag import DAG
+from ...core.errors import OperatorError, RunNotFound, TaskNotFound, ValidationError
+from ...core.states import TaskState
+from ...core.waits import WAIT_TASK
+from ...engine.facade import Orchestrator
 
 #: every kind of operator action, once per round of the deck
 ACTIONS = ["clear", "clear_downstream", "mark", "retry", "skip", "cancel", "rerun", "approve", "foreign_emit",
