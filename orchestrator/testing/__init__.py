@@ -14,24 +14,10 @@ from __future__ import annotations
 
 from .clock import Clock
 from .database import KitDatabase
-from .runner import (
-    CrashWorker,
-    Delivery,
-    FailTimes,
-    Fault,
-    InProcessPublisher,
-    Input,
-    Kit,
-    KitError,
-    LoseDispatch,
-    RunResult,
-    approve,
-    current_kit,
-    emit,
-    reject,
-    run_dag,
-    signal,
-)
+from .inputs import CrashWorker, FailTimes, Fault, Input, KitError, LoseDispatch, approve, emit, reject, signal
+from .results import Delivery, RunResult
+from .app import InProcessPublisher
+from .runner import Kit, current_kit, run_dag
 
 __all__ = [
     "Clock",

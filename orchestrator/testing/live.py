@@ -19,7 +19,8 @@ from typing import Any
 from ..core.dag import DAG
 from ..engine.facade import Orchestrator
 from ..runtime import process
-from .runner import Kit, RunResult
+from .results import RunResult
+from .runner import Kit
 
 
 class LiveWorker:

@@ -20,9 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,16 +29,26 @@ from ..core import protocol
 from ..core.config import Settings
 from ..core.dag import DAG
 from ..core.errors import OrchestratorError
-from ..core.models import Dispatch, EventView, TaskView
-from ..core.registry import RESERVED_PREFIXES, declares_upstream
+from ..core.models import Dispatch
 from ..core.routing import default_queues
 from ..core.states import TERMINAL, RunState, TaskState
 from ..engine.facade import Orchestrator, RunHandle
 from ..runtime import process
 from ..store import schema as s
 from ..store.waits import Emitted
+from .app import InProcessPublisher, KitTasks, _elsewhere, _kit_app, kit_app, kit_settings  # noqa: F401
 from .clock import Clock
 from .database import KitDatabase
+from .inputs import (
+    CrashWorker,
+    FailTimes,
+    Fault,
+    Input,
+    KitError,
+    LoseDispatch,
+    _faults,
+)
+from .results import Delivery, RunResult, _run_id
 
 log = logging.getLogger(__name__)
 
@@ -56,349 +64,16 @@ MAX_ADVANCE = dt.timedelta(days=400)
 NUDGE = dt.timedelta(milliseconds=1)
 
 
-class KitError(AssertionError):
-    """The kit could not do what the test asked (an unknown task, a run that never settles)."""
-
-
 # ---------------------------------------------------------------------------------- faults
-
-
-class Fault:
-    """A fault injected into the first ``times`` deliveries of a node's messages."""
-
-    def __init__(self, times: int = 1) -> None:
-        if times < 0:
-            raise ValueError("times must not be negative")
-        self.times = times
-        self.used = 0
-
-    def take(self) -> bool:
-        if self.used < self.times:
-            self.used += 1
-            return True
-        return False
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(times={self.times}, used={self.used})"
-
-
-class FailTimes(Fault):
-    """The body raises ``exc`` (a class or an instance) on its first ``times`` attempts, instead
-    of running; the worker records the failure as it would any other (retry with the node's
-    backoff, ``retry_on``/``no_retry_on``, poison detection)."""
-
-    def __init__(self, times: int, exc: type[BaseException] | BaseException = RuntimeError, message: str = "") -> None:
-        super().__init__(times)
-        self.exc = exc
-        self.message = message
-
-    def error(self) -> BaseException:
-        if isinstance(self.exc, BaseException):
-            return self.exc
-        return self.exc(self.message or f"injected by FailTimes({self.times}): failure {self.used} of {self.times}")
-
-    def __repr__(self) -> str:
-        name = self.exc.__name__ if isinstance(self.exc, type) else type(self.exc).__name__
-        return f"FailTimes({self.times}, exc={name}, used={self.used})"
-
-
-class LoseDispatch(Fault):
-    """The broker loses the node's message (published, never delivered): the task stays QUEUED
-    until the reconciler re-publishes it past ``dispatch_timeout`` (the clock jumps there)."""
-
-
-class CrashWorker(Fault):
-    """The worker dies right after its claim: the attempt is RUNNING and never finishes, until
-    its lease expires (the clock jumps there) and the reconciler fails it (``LeaseExpired``: a
-    retry when attempts remain; ``crash_loop_threshold`` lost leases in a row: DEAD_LETTER)."""
-
-
-def _faults(faults: Mapping[str, Fault | Sequence[Fault]] | None) -> dict[str, list[Fault]]:
-    out: dict[str, list[Fault]] = {}
-    for name, value in (faults or {}).items():
-        items = [value] if isinstance(value, Fault) else list(value)
-        for f in items:
-            if not isinstance(f, Fault):
-                raise TypeError(f"faults[{name!r}] holds {f!r}: give FailTimes, LoseDispatch or CrashWorker")
-        out[name] = items
-    return out
 
 
 # ---------------------------------------------------------------------------------- inputs
 
 
-@dataclass(frozen=True)
-class Input:
-    """An event, a signal or an answer to an approval that a drive delivers (see :func:`emit`)."""
-
-    kind: str
-    key: str
-    payload: dict[str, Any] | None = None
-    event_id: str | None = None
-    tenant: str | None = None
-    by: str = "test"
-    comment: str | None = None
-    #: seconds of virtual time after the run's start; ``None``: once something waits for it
-    after: float | None = None
-
-
-def _after(after: float | dt.timedelta | None) -> float | None:
-    return after.total_seconds() if isinstance(after, dt.timedelta) else after
-
-
-def emit(
-    key: str,
-    payload: dict[str, Any] | None = None,
-    *,
-    event_id: str | None = None,
-    tenant: str | None = None,
-    after: float | dt.timedelta | None = None,
-) -> Input:
-    """The event ``key`` for ``run_dag(events=[...])``: emitted (:meth:`Orchestrator.emit`) once a
-    task waits for it, or ``after`` seconds of virtual time after the run started."""
-    return Input("emit", key, payload, event_id, tenant, after=_after(after))
-
-
-def signal(
-    name: str, payload: dict[str, Any] | None = None, *, event_id: str | None = None,
-    after: float | dt.timedelta | None = None,
-) -> Input:  # fmt: skip
-    """The signal ``name`` to the run, for ``run_dag(events=[...])`` (delivered as :func:`emit`)."""
-    return Input("signal", name, payload, event_id, after=_after(after))
-
-
-def approve(
-    key: str, *, by: str = "test", comment: str | None = None, after: float | dt.timedelta | None = None
-) -> Input:
-    """An approval of the node ``key``, for ``run_dag(events=[...])``: given once it waits for one."""
-    return Input("approve", key, by=by, comment=comment, after=_after(after))
-
-
-def reject(
-    key: str, *, by: str = "test", comment: str | None = None, after: float | dt.timedelta | None = None
-) -> Input:
-    """A rejection of the approval node ``key`` (delivered as :func:`approve`)."""
-    return Input("reject", key, by=by, comment=comment, after=_after(after))
-
-
 # ---------------------------------------------------------------------------------- plumbing
 
 
-class InProcessPublisher:
-    """The broker of the kit: a FIFO queue the kit's worker takes messages from."""
-
-    def __init__(self) -> None:
-        self.queue: deque[Dispatch] = deque()
-        #: every dispatch ever published, in order
-        self.sent: list[Dispatch] = []
-        self.revoked: set[str] = set()
-
-    def publish(self, dispatches: Sequence[Dispatch]) -> int:
-        self.queue.extend(dispatches)
-        self.sent.extend(dispatches)
-        return len(dispatches)
-
-    def revoke(self, task_ids: Sequence[str]) -> None:
-        self.revoked.update(task_ids)
-
-
-_kit_app: Any = None
-
-
-def kit_app() -> Any:
-    """A Celery app of the kit's own (no broker is ever used) for the stand-in tasks given as
-    plain functions (``tasks={name: function}``)."""
-    global _kit_app
-    if _kit_app is None:
-        from celery import Celery
-
-        _kit_app = Celery(
-            "orchestrator-testing", task_cls="orchestrator.runtime.worker:OrchestratedTask", set_as_current=False
-        )
-        _kit_app.conf.update(
-            task_serializer="json", accept_content=["json"], task_ignore_result=True, result_serializer="json"
-        )
-    return _kit_app
-
-
-class KitTasks:
-    """The task registry of the kit: the stand-ins given to it (``tasks={name: task or
-    function}``), then the tasks of the Celery app (by default the project's,
-    :func:`orchestrator.runtime.celery_app.get_app`). Also the submit's registry check."""
-
-    def __init__(self, app: Any = None) -> None:
-        self._app = self._explicit = app
-        self._loaded = False
-        self.overrides: dict[str, Any] = {}
-
-    @property
-    def app(self) -> Any:
-        if self._app is None:
-            from ..runtime.celery_app import get_app
-
-            self._app = get_app()
-        return self._app
-
-    def override(self, tasks: Mapping[str, Any] | None) -> None:
-        for name, value in (tasks or {}).items():
-            if hasattr(value, "run") and hasattr(value, "app"):
-                self.overrides[name] = value  # a Celery task
-            elif callable(value):
-                app = kit_app()
-                app.tasks.pop(name, None)
-                self.overrides[name] = app.task(name=name, shared=False)(value)
-            else:
-                raise TypeError(f"tasks[{name!r}] must be a Celery task or a function, not {type(value).__name__}")
-
-    def _tasks(self) -> Any:
-        if not self._loaded:
-            self._loaded = True
-            try:
-                self.app.loader.import_default_modules()
-            except ImportError as exc:  # ORCHESTRATOR_TASK_MODULES names modules this project lacks
-                log.debug("task modules not imported (%s); using the tasks registered so far", exc)
-        return self.app.tasks
-
-    def get(self, name: str) -> Any:
-        found = self.overrides.get(name)
-        if found is None:
-            found = self._tasks().get(name)
-        if found is None and self._explicit is None:
-            found = _elsewhere(name)
-        return found
-
-    def is_registered(self, name: str) -> bool:
-        return not name.startswith(RESERVED_PREFIXES) and self.get(name) is not None
-
-    def wants_upstream(self, name: str) -> bool:
-        task = self.get(name)
-        return task is not None and declares_upstream(task)
-
-
-def _elsewhere(name: str) -> Any:
-    """An orchestrated task of that name on another Celery app of this process (a project that
-    made its own with ``create_app``), when the default app has none."""
-    from celery._state import _get_active_apps
-
-    from ..runtime.worker import OrchestratedTask
-
-    for app in list(_get_active_apps()):
-        task = app.tasks.get(name)  # finalizes the app (its pending tasks registered), as a worker does
-        if isinstance(task, OrchestratedTask):
-            return task
-    return None
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One message the kit's worker took: ``outcome`` is ``ran`` (the body ran, through the
-    worker's code), ``failed`` (a :class:`FailTimes` stood in for the body), ``lost``
-    (:class:`LoseDispatch`), ``crashed`` (:class:`CrashWorker`) or ``revoked``."""
-
-    run_id: str
-    key: str
-    attempt: int
-    task: str
-    outcome: str
-
-
-def kit_settings(url: str, **overrides: Any) -> Settings:
-    """The settings of a kit: the environment's (``ORCHESTRATOR_*``), on the kit's database,
-    with no alert webhook and a reconciler that acts on its first look (it runs only when the
-    kit says)."""
-    base = Settings.from_env()
-    return replace(
-        base,
-        database_url=url,
-        tick_seconds=0.0,
-        worker_reconciler=False,
-        alert_webhook="",
-        **overrides,
-    )
-
-
-def _run_id(run: Any) -> str:
-    if isinstance(run, str):
-        return run
-    if isinstance(run, (RunResult, RunHandle)):
-        return run.id if isinstance(run, RunHandle) else run.run_id
-    raise TypeError(f"give a run (RunResult, RunHandle or run id), not {type(run).__name__}")
-
-
 # ---------------------------------------------------------------------------------- the result
-
-
-@dataclass
-class RunResult:
-    """What a run came to (a snapshot, taken when the drive stopped).
-
-    ``state`` is the run's :class:`~orchestrator.RunState` (``"SUCCEEDED"``, ``"FAILED"``, or
-    ``"RUNNING"`` when it still waits for something no input and no instant brings), ``states``
-    ``{key: TaskState}``, ``results`` the stored JSON result of every task that succeeded,
-    ``attempts`` ``{key: attempt}``, ``ledger`` the run's events (``run.events()``),
-    ``deliveries`` the messages the kit's worker took for it. ``explain(key)`` says why a task
-    is where it is (``orchestrator explain``); ``resume()`` goes on driving."""
-
-    run_id: str
-    state: RunState
-    tasks: list[TaskView]
-    ledger: list[EventView]
-    deliveries: list[Delivery]
-    started_at: dt.datetime
-    now: dt.datetime
-    kit: Kit = field(repr=False)
-
-    @property
-    def states(self) -> dict[str, TaskState]:
-        return {t.key: t.state for t in self.tasks}
-
-    @property
-    def results(self) -> dict[str, Any]:
-        return {t.key: t.result for t in self.tasks if t.state is TaskState.SUCCEEDED}
-
-    @property
-    def attempts(self) -> dict[str, int]:
-        return {t.key: t.attempt for t in self.tasks}
-
-    @property
-    def errors(self) -> dict[str, str]:
-        return {t.key: t.error for t in self.tasks if t.error}
-
-    @property
-    def elapsed(self) -> dt.timedelta:
-        """Virtual time from the submit to the snapshot."""
-        return self.now - self.started_at
-
-    @property
-    def handle(self) -> RunHandle:
-        return self.kit.orc.run(self.run_id)
-
-    def task(self, key: str) -> TaskView:
-        for t in self.tasks:
-            if t.key == key:
-                return t
-        raise KeyError(f"run {self.run_id} has no task {key!r}; it has {sorted(self.states)}")
-
-    def explain(self, key: str | None = None) -> str:
-        """Why ``key`` (every task when ``None``) is in its state, one line per task."""
-        lines = []
-        for e in self.kit.orc.explain(self.run_id, key):
-            lines.append(f"{e.key} {e.state.value}: " + "; ".join(r.detail for r in e.reasons))
-        return "\n".join(lines)
-
-    def resume(self, *, events: Iterable[Input] = (), auto_advance: bool = True) -> RunResult:
-        """Drive the run on (after the test emitted, approved or moved the clock itself)."""
-        return self.kit.drive(self.run_id, events=events, auto_advance=auto_advance, started_at=self.started_at)
-
-    def assert_succeeded(self) -> None:
-        """Raise :class:`AssertionError` with every unsuccessful task explained unless the run succeeded."""
-        if self.state is not RunState.SUCCEEDED:
-            bad = [k for k, st in self.states.items() if st is not TaskState.SUCCEEDED]
-            detail = "\n".join(self.explain(k) for k in bad)
-            raise AssertionError(f"run {self.run_id} is {self.state.value}:\n{detail}")
-
-    def __repr__(self) -> str:
-        return f"<RunResult {self.run_id} {self.state.value} {dict(self.states)}>"
 
 
 # ---------------------------------------------------------------------------------- the kit

@@ -42,7 +42,8 @@ from orchestrator.core.errors import OperatorError, RunNotFound, TaskNotFound
 from orchestrator.core.models import Dispatch
 from orchestrator.services.invariants import check_runs
 from orchestrator.testing import Kit, KitDatabase
-from orchestrator.testing.runner import WORKER, kit_settings
+from orchestrator.testing.app import kit_settings
+from orchestrator.testing.runner import WORKER
 from tests.store import model
 
 pytestmark = pytest.mark.postgres
