@@ -95,7 +95,3 @@ class Events:
         if problem:
             raise ValidationError(f"event_id {problem}")
         return str(event_id)
-
-    # transitional: removed once orchestrator/testing calls Orchestrator.ledger
-    def __call__(self, run_id: str, *, newest: int | None = None) -> Any:
-        return self.orc.ledger(run_id, newest=newest)

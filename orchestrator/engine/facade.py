@@ -57,7 +57,6 @@ from ..services.reconciler import Reconciler
 from ..store import Store
 from ..store.operator import OperatorActions
 from ..store.reads import Reads
-from ..store.waits import Emitted
 from .breakers import Breakers
 from .checks import check_queues, check_time_limits, iso_problem
 from .events import Events
@@ -583,22 +582,6 @@ class Orchestrator(WorkerPort):
         if dag_version is not None and dag is None:
             raise ValidationError("a version filter needs the DAG's name (dag=)")
         return self.reads.list_runs(limit, tenant=tenant, dag=dag, state=state, offset=offset, dag_version=dag_version)
-
-    # transitional: removed once orchestrator/testing calls the sub-objects
-    def set_breaker(self, name: str, **kwargs: Any) -> Any:
-        return self.breakers.set(name, **kwargs)
-
-    def open_breaker(self, name: str, **kwargs: Any) -> Any:
-        return self.breakers.open(name, **kwargs)
-
-    def close_breaker(self, name: str, **kwargs: Any) -> Any:
-        return self.breakers.close(name, **kwargs)
-
-    def emit(self, key: str, payload: Any = None, **kwargs: Any) -> Emitted:
-        return self.events.emit(key, payload, **kwargs)
-
-    def signal(self, run_id: str, name: str, payload: Any = None, **kwargs: Any) -> Emitted:
-        return self.events.signal(run_id, name, payload, **kwargs)
 
 
 __all__ = ["Actor", "Orchestrator", "RunHandle", "local_by"]

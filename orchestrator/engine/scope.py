@@ -14,7 +14,7 @@ from ..core.routing import DEFAULT_TENANT
 
 if TYPE_CHECKING:
     from ..core.config import Settings
-    from ..core.models import EventView, RunView
+    from ..core.models import RunView
     from ..core.publisher import Publisher
     from ..services.triggers import Triggers
     from ..store import Store
@@ -35,8 +35,6 @@ class Host(Protocol):
     def triggers(self) -> Triggers: ...
 
     def visible(self, run_id: str) -> RunView: ...
-
-    def ledger(self, run_id: str, *, newest: int | None = None) -> list[EventView]: ...
 
 
 def tenant_name(name: object) -> str:

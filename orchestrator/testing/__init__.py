@@ -12,11 +12,11 @@ Installed with the package as a pytest plugin (``orchestrator.testing.plugin``):
 
 from __future__ import annotations
 
+from .app import InProcessPublisher
 from .clock import Clock
 from .database import KitDatabase
 from .inputs import CrashWorker, FailTimes, Fault, Input, KitError, LoseDispatch, approve, emit, reject, signal
 from .results import Delivery, RunResult
-from .app import InProcessPublisher
 from .runner import Kit, current_kit, run_dag
 
 __all__ = [

@@ -147,11 +147,11 @@ class Kit:
 
     def emit(self, key: str, payload: dict[str, Any] | None = None, **options: Any) -> Emitted:
         """Emit an event now (:meth:`Orchestrator.emit`); ``resume()`` a run to let it act on it."""
-        return self.orc.emit(key, payload, **options)
+        return self.orc.events.emit(key, payload, **options)
 
     def signal(self, run: Any, name: str, payload: dict[str, Any] | None = None, **options: Any) -> Emitted:
         """Signal a run now (:meth:`Orchestrator.signal`)."""
-        return self.orc.signal(_run_id(run), name, payload, **options)
+        return self.orc.events.signal(_run_id(run), name, payload, **options)
 
     def approve(self, run: Any, key: str, *, by: str = "test", comment: str | None = None) -> None:
         """Approve a run's approval node now (:meth:`Orchestrator.approve`)."""
@@ -173,7 +173,7 @@ class Kit:
             run_id=run_id,
             state=view.state,
             tasks=self.orc.tasks(run_id),
-            ledger=self.orc.events(run_id),
+            ledger=self.orc.ledger(run_id),
             deliveries=[d for d in self.deliveries if d.run_id == run_id],
             started_at=started_at or view.created_at or self.clock.now(),
             now=self.clock.now(),
@@ -299,9 +299,9 @@ class Kit:
         try:
             if item.kind == "emit":
                 tenant = item.tenant or self.orc.visible(run_id).tenant
-                self.orc.emit(item.key, item.payload, event_id=item.event_id, tenant=tenant)
+                self.orc.events.emit(item.key, item.payload, event_id=item.event_id, tenant=tenant)
             elif item.kind == "signal":
-                self.orc.signal(run_id, item.key, item.payload, event_id=item.event_id)
+                self.orc.events.signal(run_id, item.key, item.payload, event_id=item.event_id)
             elif item.kind == "approve":
                 self.orc.approve(run_id, item.key, by=item.by, comment=item.comment)
             else:

@@ -333,7 +333,7 @@ class StoreModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def emit(self, data: st.DataObject) -> None:
         if data.draw(st.booleans(), label="as signal"):
-            self.orc.signal(self._run(data), EVENT, {"n": 1})
+            self.orc.events.signal(self._run(data), EVENT, {"n": 1})
         else:
             self.orc.events.emit(EVENT, {"n": 1})
 

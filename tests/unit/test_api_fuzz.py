@@ -374,7 +374,7 @@ def _tried(world: World, op: str, data: Any) -> tuple[str, Callable[[], Any], bo
     if op == "signal":
         run, name, payload = data.draw(_run_id), data.draw(_event_key), data.draw(_payload)
         event_id = data.draw(_mostly(st.none(), _text))
-        return "signal", lambda: orc.signal(rid(run), name, payload, event_id=event_id), False
+        return "signal", lambda: orc.events.signal(rid(run), name, payload, event_id=event_id), False
     if op == "answer":
         run, key = data.draw(_run_id), data.draw(_key)
         comment = data.draw(_mostly(st.none(), st.one_of(_text, _anything, st.just("c" * 100_000))))
@@ -538,7 +538,7 @@ SPEC = {"name": "fuzz-ok", "tasks": [{"key": "a", "task": "tasks.probes.noop"}]}
         lambda orc, run: orc.reject("\ud800", "ok"),
         lambda orc, run: orc.retry_task(run, "a\x00"),
         lambda orc, run: orc.fail_task("\ud800", "a"),
-        lambda orc, run: orc.signal("\x00", "go"),
+        lambda orc, run: orc.events.signal("\x00", "go"),
         lambda orc, run: orc.rerun("\ud800"),  # found by the long run: a read outside the store's retry wrapper
         lambda orc, run: orc.rerun("a\x00"),
         lambda orc, run: orc.triggers.add("t1", event="go", spec=[1]),

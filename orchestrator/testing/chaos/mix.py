@@ -88,7 +88,7 @@ class Mixer:
 
     def setup(self) -> None:
         """The breaker, schedule and trigger the actions use."""
-        self.orc.set_breaker(self.resource, min_calls=1000, open_for="2s..4s", by="chaos")
+        self.orc.breakers.set(self.resource, min_calls=1000, open_for="2s..4s", by="chaos")
         small = DAG("chaos-fired", tenant="default")
         first = small.task("a", "tasks.probes.noop", max_attempts=10, backoff={"base": 0.2, "cap": 1.0})
         small.task("b", "tasks.probes.echo", upstream=[first], max_attempts=10, backoff={"base": 0.2, "cap": 1.0})
@@ -106,7 +106,7 @@ class Mixer:
         now = time.monotonic()
         if self.close_at is not None and now >= self.close_at:
             try:
-                self.orc.close_breaker(self.resource, by="chaos", reason="soak")
+                self.orc.breakers.close(self.resource, by="chaos", reason="soak")
                 self.close_at = None
             except Exception as exc:  # noqa: BLE001 - a fault: try again in a second
                 self.echo(f"closing breaker {self.resource} failed ({type(exc).__name__}); retrying")
@@ -240,7 +240,7 @@ class Mixer:
         other = self.rng.choice([t for t in TENANTS if t != run.tenant])
         self.target = f"{run.tenant}'s keys from {other}"
         for key in (f"chaos.{i}", f"chaos.{i}.resume"):
-            done = self.orc.emit(key, {"i": int(i) if i.isdigit() else i, "from": other}, tenant=other,
+            done = self.orc.events.emit(key, {"i": int(i) if i.isdigit() else i, "from": other}, tenant=other,
                                  event_id=f"foreign-{run_id}-{key}-{self.count}")  # fmt: skip
             if done.woken:
                 self.problems.append(f"run {run_id}: {other}'s event {key} woke {done.woken} wait(s) of {run.tenant}")
@@ -250,7 +250,7 @@ class Mixer:
         if self.close_at is not None:
             self.target = "already open"
             return
-        self.orc.open_breaker(self.resource, by="chaos", reason="soak")
+        self.orc.breakers.open(self.resource, by="chaos", reason="soak")
         self.close_at = time.monotonic() + 1.0 + 3.0 * self.rng.random()
         self.target = "opened"
 
@@ -268,7 +268,7 @@ class Mixer:
     def trigger(self, run_id: str) -> None:
         """An event that starts a run through the soak's trigger."""
         self.target = "event"
-        self.orc.emit(TRIGGER_EVENT, {"n": self.count}, event_id=f"trigger-{self.count}")
+        self.orc.events.emit(TRIGGER_EVENT, {"n": self.count}, event_id=f"trigger-{self.count}")
         self.new_runs += self._discover()
 
     def db_clean(self, run_id: str) -> None:

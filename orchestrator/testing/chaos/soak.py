@@ -206,7 +206,7 @@ def run_chaos(
                     emits.remove(pair)
                     e = pair[1]
                     try:
-                        done = orc.emit(e.key, e.payload, event_id=e.event_id, tenant=e.tenant)
+                        done = orc.events.emit(e.key, e.payload, event_id=e.event_id, tenant=e.tenant)
                     except Exception as exc:  # noqa: BLE001 - a fault hit the emit; again, same event id
                         echo(f"emit {e.key} failed during a fault ({type(exc).__name__}); retrying")
                         emits.append((time.monotonic() + 0.5, e))

@@ -44,7 +44,12 @@ class ApiEvents(BaseHandler):
         if tenant is not None and cred is not None and cred.tenant is not None and tenant != cred.tenant:
             raise tornado.web.HTTPError(403, reason=f"this credential emits for tenant {cred.tenant!r} only")
         done = await self.blocking(
-            orc.emit, doc.get("key"), doc.get("payload"), event_id=doc.get("event_id"), tenant=tenant, by=self.by()
+            orc.events.emit,
+            doc.get("key"),
+            doc.get("payload"),
+            event_id=doc.get("event_id"),
+            tenant=tenant,
+            by=self.by(),
         )
         self.write(
             {"ok": True, "id": done.id, "event_id": done.event_id, "duplicate": done.duplicate, "woken": done.woken}
