@@ -84,97 +84,138 @@ def check_runs(
     if not ids:
         return problems
     snap = store.reads.snapshot(ids)
-    tasks, runs, edges, effects = snap.tasks, snap.runs, snap.edges, snap.effects
+    tasks, runs = snap.tasks, snap.runs
     problems.extend(_check_annotations([e for e in snap.events if _kind(e) is not None]))
     transitions = [e for e in snap.events if _kind(e) is None]
     events = [e for e in transitions if e.key is not None]
     run_events = [e for e in transitions if e.key is None]
-    allowed = {st.value for st in TERMINAL} | ({TaskState.DEAD_LETTER.value} if allow_dead_letter else set())
     by_key = {(t.run_id, t.key): t for t in tasks}
+    problems.extend(_check_final(tasks, runs, allow_dead_letter, in_progress_ok))
+    walk = _Walk()
+    removals = [e for e in snap.events if _kind(e) == REMOVED and e.key is not None and e.accepted]
+    problems.extend(walk.run(events, removals))
+    problems.extend(walk.check_results(tasks))
+    problems.extend(_check_executions(snap.effects, walk.outcome_events, snap.redeliveries))
+    problems.extend(_check_run_ledger(run_events, runs))
+    children = _map_children(tasks)
+    problems.extend(_check_maps(tasks, by_key, children, events))
+    problems.extend(_check_order(snap.edges, by_key, children, walk.generation))
+    return problems
+
+
+def _check_final(tasks: list[Any], runs: list[Any], allow_dead_letter: bool, in_progress_ok: bool) -> list[str]:
+    """Every task terminal and every run final (see :func:`check_runs`)."""
+    problems: list[str] = []
+    allowed = {st.value for st in TERMINAL} | ({TaskState.DEAD_LETTER.value} if allow_dead_letter else set())
     running = {r.id for r in runs if r.state == "RUNNING"} if in_progress_ok else set()
     for t in tasks:
         if t.state not in allowed and t.run_id not in running:
             problems.append(f"{t.run_id}.{t.key}: stuck in {t.state} (attempt {t.attempt})")
     if not allow_dead_letter and not in_progress_ok:
         problems.extend(f"run {r.id}: not final ({r.state})" for r in runs if r.state == "RUNNING")
+    return problems
 
-    # an operator's clear or mark starts a new generation of the task: each generation holds at
-    # most one accepted result (a cleared task holds one per clear, in order), the last one
-    # exactly one when the row is SUCCEEDED, of the row's attempt
-    accepted_success: Counter[tuple[str, str, int]] = Counter()
-    success_attempt: dict[tuple[str, str, int], int] = {}
-    generation: Counter[tuple[str, str]] = Counter()
-    outcome_events: Counter[tuple[str, str, int]] = Counter()
-    last_attempt: dict[tuple[str, str], int] = {}
-    #: tasks removed (their map expanded again) whose new row has no accepted transition yet
-    removed: set[tuple[str, str]] = set()
-    removals = [e for e in snap.events if _kind(e) == REMOVED and e.key is not None and e.accepted]
-    for e in sorted([*events, *removals], key=lambda ev: ev.id):
-        k = (e.run_id, e.key)
-        if _kind(e) == REMOVED:
-            # a map expanded again: a new task of the same key, whose attempts continue after these
-            generation[k] += 1
-            removed.add(k)
-            continue
-        if (
-            e.from_state == "RUNNING"
-            or e.to_state in _OUTCOMES
-            or (e.to_state == "RUNNING" and not e.accepted)
-            or (e.from_state == e.to_state == "QUEUED" and e.accepted)
-        ):
-            # a refused claim records an execution too: a direct message's body runs before its
-            # claim (a duplicate delivery's is refused when its body ends or its claim delay is up);
-            # so does a re-publish: the message of a direct body that died before its claim
-            outcome_events[(e.run_id, e.key, e.attempt)] += 1
-        if not e.accepted:
-            continue
-        if (
-            e.actor == "operator"
-            and e.from_state != e.to_state
-            and (e.to_state in _NEW_GENERATION or (e.to_state == "MAPPED" and e.from_state in _CLOSED))
-        ):
-            # (a closed map that a clear of its children reopens closes again: a new generation)
-            generation[k] += 1
-        if e.to_state == "SUCCEEDED":
-            g = (e.run_id, e.key, generation[k])
-            accepted_success[g] += 1
-            success_attempt[g] = e.attempt
-        if e.from_state is not None:
-            legal = TRANSITIONS.get((TaskState(e.from_state), TaskState(e.to_state)))
-            if legal is None or e.actor not in legal:
-                problems.append(f"{e.run_id}.{e.key}: illegal {e.from_state} -> {e.to_state} by {e.actor}")
-        if k in removed:
-            removed.discard(k)
-            if e.attempt <= last_attempt.get(k, 0):
+
+class _Walk:
+    """The task ledger walked in order: an operator's clear or mark starts a new generation of the
+    task; each generation holds at most one accepted result (a cleared task holds one per clear, in
+    order), the last one exactly one when the row is SUCCEEDED, of the row's attempt; transitions
+    legal, attempts never going back, nor repeated across generations."""
+
+    def __init__(self) -> None:
+        self.accepted_success: Counter[tuple[str, str, int]] = Counter()
+        self.success_attempt: dict[tuple[str, str, int], int] = {}
+        self.generation: Counter[tuple[str, str]] = Counter()
+        self.outcome_events: Counter[tuple[str, str, int]] = Counter()
+        self.last_attempt: dict[tuple[str, str], int] = {}
+        #: tasks removed (their map expanded again) whose new row has no accepted transition yet
+        self.removed: set[tuple[str, str]] = set()
+
+    def run(self, events: list[Any], removals: list[Any]) -> list[str]:
+        problems: list[str] = []
+        for e in sorted([*events, *removals], key=lambda ev: ev.id):
+            k = (e.run_id, e.key)
+            if _kind(e) == REMOVED:
+                # a map expanded again: a new task of the same key, whose attempts continue after these
+                self.generation[k] += 1
+                self.removed.add(k)
+                continue
+            if (
+                e.from_state == "RUNNING"
+                or e.to_state in _OUTCOMES
+                or (e.to_state == "RUNNING" and not e.accepted)
+                or (e.from_state == e.to_state == "QUEUED" and e.accepted)
+            ):
+                # a refused claim records an execution too: a direct message's body runs before its
+                # claim (a duplicate delivery's is refused when its body ends or its claim delay is up);
+                # so does a re-publish: the message of a direct body that died before its claim
+                self.outcome_events[(e.run_id, e.key, e.attempt)] += 1
+            if not e.accepted:
+                continue
+            if (
+                e.actor == "operator"
+                and e.from_state != e.to_state
+                and (e.to_state in _NEW_GENERATION or (e.to_state == "MAPPED" and e.from_state in _CLOSED))
+            ):
+                # (a closed map that a clear of its children reopens closes again: a new generation)
+                self.generation[k] += 1
+            if e.to_state == "SUCCEEDED":
+                g = (e.run_id, e.key, self.generation[k])
+                self.accepted_success[g] += 1
+                self.success_attempt[g] = e.attempt
+            if e.from_state is not None:
+                legal = TRANSITIONS.get((TaskState(e.from_state), TaskState(e.to_state)))
+                if legal is None or e.actor not in legal:
+                    problems.append(f"{e.run_id}.{e.key}: illegal {e.from_state} -> {e.to_state} by {e.actor}")
+            if k in self.removed:
+                self.removed.discard(k)
+                if e.attempt <= self.last_attempt.get(k, 0):
+                    problems.append(
+                        f"{e.run_id}.{e.key}: expanded again at attempt {e.attempt}, which an earlier generation used"
+                        " (its Celery task id repeats one the clear revoked)"
+                    )
+            elif e.attempt < self.last_attempt.get(k, 0):
+                problems.append(f"{e.run_id}.{e.key}: attempt went back from {self.last_attempt[k]} to {e.attempt}")
+            self.last_attempt[k] = max(self.last_attempt.get(k, 0), e.attempt)
+        return problems
+
+    def check_results(self, tasks: list[Any]) -> list[str]:
+        problems: list[str] = []
+        for (run_id, key, _), n in self.accepted_success.items():
+            if n > 1:
+                problems.append(f"{run_id}.{key}: {n} accepted results (committed twice)")
+        for t in tasks:
+            current = (t.run_id, t.key, self.generation[(t.run_id, t.key)])
+            if t.state == "SUCCEEDED" and self.accepted_success[current] != 1:
+                problems.append(f"{t.run_id}.{t.key}: SUCCEEDED without exactly one accepted result")
+            elif t.state == "SUCCEEDED" and self.success_attempt[current] != t.attempt:
                 problems.append(
-                    f"{e.run_id}.{e.key}: expanded again at attempt {e.attempt}, which an earlier generation used"
-                    " (its Celery task id repeats one the clear revoked)"
+                    f"{t.run_id}.{t.key}: success accepted for attempt {self.success_attempt[current]},"
+                    f" row at {t.attempt}"
                 )
-        elif e.attempt < last_attempt.get(k, 0):
-            problems.append(f"{e.run_id}.{e.key}: attempt went back from {last_attempt[k]} to {e.attempt}")
-        last_attempt[k] = max(last_attempt.get(k, 0), e.attempt)
-    for (run_id, key, _), n in accepted_success.items():
-        if n > 1:
-            problems.append(f"{run_id}.{key}: {n} accepted results (committed twice)")
-    for t in tasks:
-        current = (t.run_id, t.key, generation[(t.run_id, t.key)])
-        if t.state == "SUCCEEDED" and accepted_success[current] != 1:
-            problems.append(f"{t.run_id}.{t.key}: SUCCEEDED without exactly one accepted result")
-        elif t.state == "SUCCEEDED" and success_attempt[current] != t.attempt:
-            problems.append(
-                f"{t.run_id}.{t.key}: success accepted for attempt {success_attempt[current]}, row at {t.attempt}"
-            )
+        return problems
 
+
+def _check_executions(
+    effects: list[Any], outcome_events: Counter[tuple[str, str, int]], redeliveries: dict[str, int]
+) -> list[str]:
+    """Every execution beyond an attempt's first left a record (see :func:`check_runs`)."""
+    problems: list[str] = []
     for run_id, key, attempt, n in effects:
         # a redelivered message stands for a delivery whose worker died: a direct message's body
         # that died before its claim wrote nothing else
-        recorded = outcome_events[(run_id, key, attempt)] + snap.redeliveries.get(f"{run_id}.{key}.{attempt}", 0)
+        recorded = outcome_events[(run_id, key, attempt)] + redeliveries.get(f"{run_id}.{key}.{attempt}", 0)
         if n > 1 and recorded < n:
             problems.append(
                 f"{run_id}.{key} attempt {attempt}: {n} executions but {outcome_events[(run_id, key, attempt)]}"
                 " outcome events (an extra execution left no record)"
             )
+    return problems
 
+
+def _check_run_ledger(run_events: list[Any], runs: list[Any]) -> list[str]:
+    """Runs' transitions legal, and each run's state the last its ledger accepted."""
+    problems: list[str] = []
     last_run_state: dict[str, str] = {}
     for e in run_events:
         if not e.accepted:
@@ -187,9 +228,18 @@ def check_runs(
     for r in runs:
         if last_run_state.get(r.id) != r.state:
             problems.append(f"run {r.id}: is {r.state} but its ledger says {last_run_state.get(r.id)}")
+    return problems
 
-    children = _map_children(tasks)
-    problems.extend(_check_maps(tasks, by_key, children, events))
+
+def _check_order(
+    edges: list[Any],
+    by_key: dict[tuple[str, str], Any],
+    children: dict[tuple[str, str], list[Any]],
+    generation: Counter[tuple[str, str]],
+) -> list[str]:
+    """Parents finished before their children started; a map's child after its header's upstream
+    or, chained, after its item (see :func:`check_runs`)."""
+    problems: list[str] = []
     parents: dict[tuple[str, str], list[str]] = defaultdict(list)
     for e in edges:
         parents[(e.run_id, e.child_key)].append(e.parent_key)
