@@ -139,19 +139,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         worker = f"{self.request.hostname or socket.gethostname()}:{os.getpid()}"
         hb = _heartbeater(orc)
         started = time.monotonic()
-        if direct is not None and orc.settings.claim_delay > 0:
-            args, kwargs = direct
-            upstream: dict[str, Any] = {}
-            resumed = sensor = None
-            hb.track_direct(token, lambda: orc.claim(token, worker, self.name) is not None)
-        else:
-            claim = _claim_or_ignore(orc, token, worker, self.name)
-            crash_point("after_claim_commit")
-            args, kwargs, resumed, sensor = claim.args, dict(claim.kwargs), claim.resumed, claim.sensor
-            upstream = claim.upstream_results
-            if claim.wants_upstream:
-                kwargs[UPSTREAM_KWARG] = upstream
-            hb.track(token)
+        args, kwargs, upstream, resumed, sensor = self._begin(orc, hb, token, worker, direct)
         context = _context.set(TaskContext(token.run_id, token.key, token.attempt, upstream, orc.logical_date, resumed))
         status: str | None = None
         try:
@@ -187,48 +175,36 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         except BaseException as exc:
             if status is None:
                 status = hb.untrack(token)
-            if status == "refused":
-                # a direct body whose delayed claim lost: the claim's rejection is in the ledger
-                count_drop("claim refused")
-                raise Ignore() from None
-            if status == "failed":
-                raise _requeue() from None
-            if status == "unclaimed" and not isinstance(exc, LeaseLost):
-                try:
-                    _claim_late(orc, token, worker, self.name, status)
-                except (Ignore, Reject):
-                    if _terminated_by(exc) is not None:
-                        raise exc from None  # a terminated process goes on exiting
-                    raise
-            fp, evidence = fingerprint(exc)
-            # a terminate signal (a revoke of a fenced attempt, or a shutdown) is a fence when the
-            # attempt no longer holds the task, the lease check the heartbeat makes
-            terminated = _terminated_by(exc)
-            tracked = status in ("held", "unclaimed")
-            fenced = isinstance(exc, LeaseLost) or not tracked or (terminated is not None and not _holds(orc, token))
-            retryable = not isinstance(exc, (ResultNotSerializable, ValidationError, LeaseLost)) and not fenced
-            if terminated is not None and fenced:
-                error = f"LeaseLost: the attempt was fenced (cleared or cancelled); body terminated ({terminated})"
-            elif terminated is not None:
-                error = f"Terminated: body stopped by {terminated} (its worker is stopping)"
-            elif fenced:
-                error = "LeaseLost: the lease was taken over; body stopped"
-            else:
-                error = f"{_describe(exc)} [{evidence}]"
-            orc.fail_attempt(
-                token,
-                error=error,
-                exc_types=exception_names(exc),
-                # an attempt taken over, a terminated body or an outage says nothing about the task's code
-                fingerprint=None if fenced or terminated or is_infrastructure(exc) else fp,
-                retryable=retryable,
-            )
-            if fenced and terminated is None:
-                # the attempt was taken over; its rejected outcome is in the ledger
-                raise Ignore() from None
+            _record_failure(orc, token, worker, self.name, status, exc)
             raise  # a terminated process goes on exiting
         finally:
             _context.reset(context)
+        return self._succeed(orc, token, worker, status, result, sensor, resumed, started)
+
+    def _begin(
+        self, orc: Orchestrator, hb: Heartbeater, token: FencingToken, worker: str,
+        direct: tuple[list[Any], dict[str, Any]] | None,
+    ) -> tuple[list[Any], dict[str, Any], dict[str, Any], Any, Any]:  # fmt: skip
+        """The attempt's claim (or, for a direct body under a claim delay, its tracking while it
+        runs unclaimed): ``(args, kwargs, upstream results, resumed state, sensor)``."""
+        if direct is not None and orc.settings.claim_delay > 0:
+            hb.track_direct(token, lambda: orc.claim(token, worker, self.name) is not None)
+            return list(direct[0]), direct[1], {}, None, None
+        claim = _claim_or_ignore(orc, token, worker, self.name)
+        crash_point("after_claim_commit")
+        kwargs = dict(claim.kwargs)
+        upstream = claim.upstream_results
+        if claim.wants_upstream:
+            kwargs[UPSTREAM_KWARG] = upstream
+        hb.track(token)
+        return list(claim.args), kwargs, upstream, claim.resumed, claim.sensor
+
+    def _succeed(
+        self, orc: Orchestrator, token: FencingToken, worker: str, status: str | None, result: Any, sensor: Any,
+        resumed: Any, started: float,
+    ) -> Any:  # fmt: skip
+        """The body returned: a sensor's "not yet" defers, a result the node cannot use fails the
+        attempt, else the success is committed (with the claim, for a direct body still unclaimed)."""
         if sensor is not None and not result and status != "lost":
             # a sensor's check said "not yet": wait as a row until the next check
             orc.defer_attempt(token, sensor_defer(sensor, resumed))
@@ -247,6 +223,54 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         else:
             orc.complete(token, result)
         return result
+
+
+def _record_failure(
+    orc: Orchestrator, token: FencingToken, worker: str, task_name: str, status: str | None, exc: BaseException
+) -> None:
+    """The body raised ``exc`` (``status``: the heartbeat's word on the attempt): record the
+    attempt's failure (fenced), or drop or requeue the message when the attempt was never its
+    own; raises :class:`Ignore` / :class:`Reject` for those, and returns when the caller re-raises
+    ``exc`` (a terminated process goes on exiting)."""
+    if status == "refused":
+        # a direct body whose delayed claim lost: the claim's rejection is in the ledger
+        count_drop("claim refused")
+        raise Ignore() from None
+    if status == "failed":
+        raise _requeue() from None
+    if status == "unclaimed" and not isinstance(exc, LeaseLost):
+        try:
+            _claim_late(orc, token, worker, task_name, status)
+        except (Ignore, Reject):
+            if _terminated_by(exc) is not None:
+                raise exc from None  # a terminated process goes on exiting
+            raise
+    fp, evidence = fingerprint(exc)
+    # a terminate signal (a revoke of a fenced attempt, or a shutdown) is a fence when the
+    # attempt no longer holds the task, the lease check the heartbeat makes
+    terminated = _terminated_by(exc)
+    tracked = status in ("held", "unclaimed")
+    fenced = isinstance(exc, LeaseLost) or not tracked or (terminated is not None and not _holds(orc, token))
+    retryable = not isinstance(exc, (ResultNotSerializable, ValidationError, LeaseLost)) and not fenced
+    if terminated is not None and fenced:
+        error = f"LeaseLost: the attempt was fenced (cleared or cancelled); body terminated ({terminated})"
+    elif terminated is not None:
+        error = f"Terminated: body stopped by {terminated} (its worker is stopping)"
+    elif fenced:
+        error = "LeaseLost: the lease was taken over; body stopped"
+    else:
+        error = f"{_describe(exc)} [{evidence}]"
+    orc.fail_attempt(
+        token,
+        error=error,
+        exc_types=exception_names(exc),
+        # an attempt taken over, a terminated body or an outage says nothing about the task's code
+        fingerprint=None if fenced or terminated or is_infrastructure(exc) else fp,
+        retryable=retryable,
+    )
+    if fenced and terminated is None:
+        # the attempt was taken over; its rejected outcome is in the ledger
+        raise Ignore() from None
 
 
 def _redelivered(request: Any) -> bool:
