@@ -63,29 +63,7 @@ class Submission:
             _due(base, dag)  # a logical date near year 9999: refused before the transaction
 
         def existing(conn: Connection) -> str | None:
-            found: str | None = None
-            if schedule is not None and logical_date is not None:
-                found = conn.execute(
-                    sa.select(t_runs.c.id).where(
-                        t_runs.c.schedule == schedule,
-                        t_runs.c.logical_date == logical_date,
-                        t_runs.c.tenant == dag.tenant,
-                    )
-                ).scalar_one_or_none()
-            if found is None and idempotency_key is not None:
-                row = conn.execute(
-                    sa.select(t_runs.c.id, t_runs.c.dag_snapshot, t_runs.c.params).where(
-                        t_runs.c.dag_name == dag.name,
-                        t_runs.c.tenant == dag.tenant,
-                        t_runs.c.idempotency_key == idempotency_key,
-                    )
-                ).first()
-                if row is not None:
-                    _same_submission(dag, idempotency_key, row.id, row.dag_snapshot, row.params)
-                    found = row.id
-                else:
-                    _not_removed(conn, dag, idempotency_key)
-            return found
+            return _existing(conn, dag, schedule, logical_date, idempotency_key)
 
         def insert(conn: Connection) -> tuple[str, bool]:
             found = existing(conn)
@@ -94,40 +72,12 @@ class Submission:
             run_id = self.db.new_id()
             now = conn.execute(sa.select(db_now())).scalar_one()
             due = _due(base if base is not None else _utc(now), dag) if dag.has_deadlines else {}
-            conn.execute(
-                t_runs.insert().values(
-                    id=run_id,
-                    dag_name=dag.name,
-                    tenant=dag.tenant,
-                    state=RunState.RUNNING.value,
-                    priority=dag.priority.value,
-                    idempotency_key=idempotency_key,
-                    logical_date=logical_date,
-                    params=dag.params,
-                    dag_snapshot=dag.to_spec(),
-                    task_count=len(dag.nodes),
-                    open_tasks=len(dag.nodes),
-                    max_active_tasks=dag.max_active_tasks,
-                    created_at=now,
-                    schedule=schedule,
-                    dag_version=dag_version,
-                    trigger=trigger,
-                    deadline_seconds=dag.deadline,
-                    deadline_at=due.get(None),
-                    on_deadline=dag.on_deadline.value if dag.has_deadlines else None,
-                )
-            )
+            row = _run_row(run_id, dag, now, due, idempotency_key, logical_date, schedule, dag_version, trigger)
+            conn.execute(t_runs.insert().values(**row))
             self.ledger.create_run(conn, run_id, SUBMIT)
             self.db.backend.bulk_insert(conn, t_tasks, _task_rows(dag, run_id, now, queues, wants_upstream, due))
             self.db.backend.bulk_insert(conn, t_edges, _edge_rows(dag, run_id))
-            starting = [n.key for n in dag.nodes.values() if _starts(n) and n.map is None and n.wait is None]
-            self.ledger.roots_ready(conn, run_id, starting)
-            for node in dag.nodes.values():
-                if _starts(node) and node.map is not None:
-                    self._expand_root(conn, run_id, node.key)
-            waits = [n.key for n in dag.nodes.values() if _starts(n) and n.wait is not None]
-            if waits:
-                self._wait_roots(conn, run_id, waits)
+            self._start_roots(conn, run_id, dag)
             return run_id, True
 
         try:
@@ -146,6 +96,17 @@ class Submission:
                     dag=dag.name,
                 ) from exc
             return found, False
+
+    def _start_roots(self, conn: Connection, run_id: str, dag: DAG) -> None:
+        """The run's roots start: plain ones READY, a map expanded, a wait node waiting."""
+        starting = [n.key for n in dag.nodes.values() if _starts(n) and n.map is None and n.wait is None]
+        self.ledger.roots_ready(conn, run_id, starting)
+        for node in dag.nodes.values():
+            if _starts(node) and node.map is not None:
+                self._expand_root(conn, run_id, node.key)
+        waits = [n.key for n in dag.nodes.values() if _starts(n) and n.wait is not None]
+        if waits:
+            self._wait_roots(conn, run_id, waits)
 
     def link_rerun(self, run_id: str, first: str) -> None:
         """Record that ``run_id`` runs ``first`` again (``orchestrator rerun``)."""
@@ -291,17 +252,7 @@ def _task_rows(
         for parent in node.upstream:
             children.setdefault(parent, []).append(node.key)
     # the columns of maps, branches, skips and setups: in the rows only when a node uses one
-    dynamic = any(
-        n.map is not None
-        or n.branch
-        or n.short_circuit
-        or n.setup
-        or n.teardown
-        or n.min_success_ratio is not None
-        or n.wait is not None
-        or n.sensor is not None
-        for n in dag.nodes.values()
-    )
+    dynamic = any(_dynamic(n) for n in dag.nodes.values())
     setups = {n.key for n in dag.nodes.values() if n.setup}
     map_sources = {
         a.source
@@ -356,6 +307,20 @@ def _task_rows(
         }
 
 
+def _dynamic(n: Node) -> bool:
+    """Whether a node uses a column of maps, branches, skips, setups or waits."""
+    return (
+        n.map is not None
+        or n.branch
+        or n.short_circuit
+        or n.setup
+        or n.teardown
+        or n.min_success_ratio is not None
+        or n.wait is not None
+        or n.sensor is not None
+    )
+
+
 def _dynamic_columns(dag: DAG, node: Node, setups: set[str], map_sources: set[str]) -> dict[str, Any]:
     """A task row's columns of maps, branches, skips, setups and teardowns."""
     return {
@@ -374,3 +339,61 @@ def _edge_rows(dag: DAG, run_id: str) -> Iterator[dict[str, Any]]:
     for node in dag.nodes.values():
         for parent in node.upstream:
             yield {"run_id": run_id, "parent_key": parent, "child_key": node.key}
+
+
+def _existing(
+    conn: Connection, dag: DAG, schedule: str | None, logical_date: str | None, idempotency_key: str | None
+) -> str | None:
+    """The run this submit already made: the schedule's run of ``logical_date``, or the run of the
+    idempotency key (the same submission, else :class:`IdempotencyConflict`)."""
+    found: str | None = None
+    if schedule is not None and logical_date is not None:
+        found = conn.execute(
+            sa.select(t_runs.c.id).where(
+                t_runs.c.schedule == schedule,
+                t_runs.c.logical_date == logical_date,
+                t_runs.c.tenant == dag.tenant,
+            )
+        ).scalar_one_or_none()
+    if found is None and idempotency_key is not None:
+        row = conn.execute(
+            sa.select(t_runs.c.id, t_runs.c.dag_snapshot, t_runs.c.params).where(
+                t_runs.c.dag_name == dag.name,
+                t_runs.c.tenant == dag.tenant,
+                t_runs.c.idempotency_key == idempotency_key,
+            )
+        ).first()
+        if row is not None:
+            _same_submission(dag, idempotency_key, row.id, row.dag_snapshot, row.params)
+            found = row.id
+        else:
+            _not_removed(conn, dag, idempotency_key)
+    return found
+
+
+def _run_row(
+    run_id: str, dag: DAG, now: Any, due: dict[str | None, Any], idempotency_key: str | None, logical_date: str | None,
+    schedule: str | None, dag_version: int | None, trigger: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The run's row as a submit inserts it."""
+    return dict(
+        id=run_id,
+        dag_name=dag.name,
+        tenant=dag.tenant,
+        state=RunState.RUNNING.value,
+        priority=dag.priority.value,
+        idempotency_key=idempotency_key,
+        logical_date=logical_date,
+        params=dag.params,
+        dag_snapshot=dag.to_spec(),
+        task_count=len(dag.nodes),
+        open_tasks=len(dag.nodes),
+        max_active_tasks=dag.max_active_tasks,
+        created_at=now,
+        schedule=schedule,
+        dag_version=dag_version,
+        trigger=trigger,
+        deadline_seconds=dag.deadline,
+        deadline_at=due.get(None),
+        on_deadline=dag.on_deadline.value if dag.has_deadlines else None,
+    )
