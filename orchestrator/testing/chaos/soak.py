@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -129,14 +130,7 @@ def run_chaos(
     orc: Orchestrator | None = None
     probe: sa.Engine | None = None
     report: dict[str, Any] = {}
-    previous = None
-    window = dag_bounds.MAP_WINDOW
-    if mix:
-        dag_bounds.MAP_WINDOW = MIX_MAP_WINDOW  # read when a submit writes a map's row
-    if threading.current_thread() is threading.main_thread():
-        # SIGTERM (``timeout``, a test giving up) ends the soak through ``finally``: every
-        # process it started is stopped, by its process group
-        previous = signal.signal(signal.SIGTERM, _terminated)
+    previous, window = _prepare(mix)
     try:
         if database_url is None:
             pg = PrivatePostgres()
@@ -158,141 +152,224 @@ def run_chaos(
         dep.start()
         injector = Injector(dep, orc, fault_rng, echo)
         mixer = Mixer(orc, mix_rng, echo, resource=RESOURCE) if mix else None
-        if mixer is not None:
+        if mixer is not None:  # a breaker on the mix's resource, before the first run
             mixer.setup()
-        run_ids: list[str] = []
-        next_action = time.monotonic() + 3.0
+        loop = _Loop(orc, dep, injector, mixer, probe, rng, emit_rng, mix_rng, echo, seed=seed, mix=mix,
+                     min_faults=min_faults, fault_interval=fault_interval, action_interval=action_interval,
+                     settle=settle, pending=list(range(runs)), extra=runs)  # fmt: skip
         Deployment._wait(lambda: _live_workers(orc) >= len(dep.worker_procs), "workers", 90)
-        next_fault = time.monotonic() + 2.0
-        next_look = 0.0
-        finished = 0
-        restarts = 0
-        pending = list(range(runs))
-        #: the next DAG index (and idempotency key) of a run added to keep the deployment busy;
-        #: never reused, even once ``db clean`` removed runs
-        extra = runs
-        #: (when, event) emits due: each waiting DAG's events, a little after its submit
-        emits: list[tuple[float, Emit]] = []
-        emitted = woken = 0
-        drawn: dict[int, DAG] = {}
-        while time.monotonic() - started < timeout:
-            injector.heal_due()
-            for name in dep.supervise():
-                echo(f"{name} exited; restarted")
-                restarts += 1
-            up = not injector.db_down
-            if up and time.monotonic() >= next_look:
-                finished = _finished(orc, run_ids)
-                with contextlib.suppress(sa.exc.DBAPIError):
-                    with probe.connect() as conn:
-                        injector.observe(int(conn.execute(PROGRESS).scalar_one()))
-                next_look = time.monotonic() + 0.25
-            if up and pending and len(run_ids) - finished < 8:
-                i = pending.pop(0)
-                # a submit a fault interrupted is tried again with the same DAG and key
-                dag = drawn.pop(i, None) or random_dag(rng, i, mixed=bool(mix))
-                try:
-                    run_ids.append(orc.submit(dag, idempotency_key=f"chaos-{seed}-{i}").id)
-                    now = time.monotonic()
-                    emits += [(now + 3.0 * emit_rng.random(), e) for e in emits_for(dag, f"chaos-{seed}-{i}")]
-                except Exception as exc:  # noqa: BLE001 - a fault hit the submit; retry the same key later
-                    echo(f"submit {i} failed during a fault ({type(exc).__name__}); retrying")
-                    pending.insert(0, i)
-                    drawn[i] = dag
-                    time.sleep(0.5)
-            if up and emits:
-                due = [pair for pair in emits if pair[0] <= time.monotonic()]
-                for pair in due:
-                    emits.remove(pair)
-                    e = pair[1]
-                    try:
-                        done = orc.events.emit(e.key, e.payload, event_id=e.event_id, tenant=e.tenant)
-                    except Exception as exc:  # noqa: BLE001 - a fault hit the emit; again, same event id
-                        echo(f"emit {e.key} failed during a fault ({type(exc).__name__}); retrying")
-                        emits.append((time.monotonic() + 0.5, e))
-                        break
-                    emitted += 0 if done.duplicate else 1
-                    woken += done.woken
-            if mixer is not None:
-                run_ids += mixer.new_runs
-                mixer.new_runs.clear()
-                if mixer.removed:
-                    run_ids = [r for r in run_ids if r not in mixer.removed]
-                if up:
-                    # past the last action, a person answers the approvals left
-                    mixer.tick(run_ids, answer_all=mixer.count >= mix)
-                if up and mixer.count < mix and time.monotonic() >= next_action:
-                    mixer.act(run_ids)
-                    next_action = time.monotonic() + action_interval * (0.5 + mix_rng.random())
-            enough_faults = sum(injector.counts.values()) >= min_faults
-            enough_actions = mixer is None or (mixer.count >= mix and not mixer.busy)
-            if not pending and not (enough_faults and enough_actions):
-                # faults only mean something while there is work: keep the deployment busy
-                pending.append(extra)
-                extra += 1
-            if time.monotonic() >= next_fault and not enough_faults:
-                try:
-                    injector.inject()
-                except Exception as exc:  # noqa: BLE001 - a failed injection is reported, the soak goes on
-                    echo(f"fault injection failed: {exc!r}")
-                next_fault = time.monotonic() + fault_interval * (0.5 + rng.random())
-            if enough_faults and enough_actions and not injector.heals and up:
-                if LACKING in dep.worker_procs:
-                    # the misconfiguration the watchdog flagged is fixed, as an operator would: the worker
-                    # that lacks a task module goes; the tasks it dropped and held are released
-                    echo(f"past the last fault and action: the operator stops {LACKING}")
-                    dep.retire(LACKING)
-                if not pending and not emits and _finished(orc, run_ids) == len(run_ids):
-                    break
-                quiet = time.monotonic() - max(injector.last_fault, mixer.last_action if mixer else 0.0)
-                if quiet > settle:
-                    echo(f"not every run final {settle:g}s after the last fault and action: giving up waiting")
-                    break
+        loop.next_fault = time.monotonic() + 2.0
+        while time.monotonic() - started < timeout and not loop.step():
             time.sleep(0.05)
-        injector.heal_due(everything=True)
-        # from the last fault's end (and last action's) until every run was final: how long the
-        # system took to heal
-        recovered = time.monotonic() - max(injector.last_fault, mixer.last_action if mixer else 0.0)
-        with contextlib.suppress(sa.exc.DBAPIError):
-            with probe.connect() as conn:
-                injector.observe(int(conn.execute(PROGRESS).scalar_one()))
-        problems = _safe_check(orc, run_ids) + (mixer.problems if mixer else [])
-        # an open run whose every open task waits on something explain names is not stuck
-        named = _named_waits(orc, run_ids)
-        problems = [p for p in problems if not any(r in p for r in named)]
-        if mixer is not None:
-            problems = mixer.annotate(problems)
-        report = _summary(orc, [r for r in run_ids if r not in named], problems, injector, recovered,
-                          time.monotonic() - started)  # fmt: skip
-        report["named_waits"] = named
-        report["explained"] = _explain_open(orc, [r for r in run_ids if r not in named])
-        report["settle"] = settle
-        if mixer is not None:
-            report["actions"] = mixer.summary(problems)
-            report["removed"] = len(mixer.removed)
-        report["restarts"] = restarts
-        report["emitted"], report["woken"] = emitted, woken
-        report["waits"] = _waits(orc, run_ids)
+        report = loop.report(time.monotonic() - started)
     finally:
-        if dep is not None:
-            dep.stop()
-        if probe is not None:
-            probe.dispose()
-        if orc is not None:
-            with contextlib.suppress(Exception):
-                orc.store.engine.dispose()
-        if pg is not None:
-            pg.close()
-        shutil.rmtree(data, ignore_errors=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        dag_bounds.MAP_WINDOW = window
+        _clean_up(dep, probe, orc, pg, data, previous, window)
+    return _verdict(report, echo)
+
+
+def _prepare(mix: int) -> tuple[Any, int]:
+    """Before the soak: a small map window under the mix (so clears meet windows holding items
+    back), and SIGTERM turned into an exception; returns what to restore."""
+    previous = None
+    window = dag_bounds.MAP_WINDOW
+    if mix:
+        dag_bounds.MAP_WINDOW = MIX_MAP_WINDOW  # read when a submit writes a map's row
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (``timeout``, a test giving up) ends the soak through ``finally``: every
+        # process it started is stopped, by its process group
+        previous = signal.signal(signal.SIGTERM, _terminated)
+    return previous, window
+
+
+def _clean_up(
+    dep: Deployment | None, probe: sa.Engine | None, orc: Orchestrator | None, pg: PrivatePostgres | None,
+    data: Path, previous: Any, window: int,
+) -> None:  # fmt: skip
+    """After the soak, whatever happened: every process it started stopped, its files removed."""
+    if dep is not None:
+        dep.stop()
+    if probe is not None:
+        probe.dispose()
+    if orc is not None:
+        with contextlib.suppress(Exception):
+            orc.store.engine.dispose()
+    if pg is not None:
+        pg.close()
+    shutil.rmtree(data, ignore_errors=True)
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+    dag_bounds.MAP_WINDOW = window
+
+
+def _verdict(report: dict[str, Any], echo: Callable[[str], None]) -> int:
+    """Print the report; 0 only when nothing was lost, committed twice or stuck, and no other
+    invariant broke."""
     for line in _format(report):
         echo(line)
     if not report:
         return 1
     clean = not (report["lost"] or report["committed_twice"] or report["stuck"] or report["other_violations"])
     return 0 if clean else 1
+
+
+@dataclass
+class _Loop:
+    """The soak while it drives: the runs it submitted and still has to, the events due, the
+    operator's actions and the faults; :meth:`step` is one turn, :meth:`report` the end."""
+
+    orc: Orchestrator
+    dep: Deployment
+    injector: Injector
+    mixer: Mixer | None
+    probe: sa.Engine
+    rng: random.Random
+    emit_rng: random.Random
+    mix_rng: random.Random
+    echo: Callable[[str], None]
+    seed: int
+    mix: int
+    min_faults: int
+    fault_interval: float
+    action_interval: float
+    settle: float
+    pending: list[int]
+    #: the next DAG index (and idempotency key) of a run added to keep the deployment busy;
+    #: never reused, even once ``db clean`` removed runs
+    extra: int
+    run_ids: list[str] = field(default_factory=list)
+    #: (when, event) emits due: each waiting DAG's events, a little after its submit
+    emits: list[tuple[float, Emit]] = field(default_factory=list)
+    drawn: dict[int, DAG] = field(default_factory=dict)
+    emitted: int = 0
+    woken: int = 0
+    finished: int = 0
+    restarts: int = 0
+    next_action: float = field(default_factory=lambda: time.monotonic() + 3.0)
+    next_fault: float = 0.0
+    next_look: float = 0.0
+
+    def step(self) -> bool:
+        """One turn of the soak; ``True`` once it is over (every run final, or given up)."""
+        self.injector.heal_due()
+        for name in self.dep.supervise():
+            self.echo(f"{name} exited; restarted")
+            self.restarts += 1
+        up = not self.injector.db_down
+        if up and time.monotonic() >= self.next_look:
+            self.finished = _finished(self.orc, self.run_ids)
+            self._observe()
+            self.next_look = time.monotonic() + 0.25
+        if up and self.pending and len(self.run_ids) - self.finished < 8:
+            self._submit()
+        if up and self.emits:
+            self._emit_due()
+        if self.mixer is not None:
+            self._act(up)
+        enough_faults = sum(self.injector.counts.values()) >= self.min_faults
+        enough_actions = self.mixer is None or (self.mixer.count >= self.mix and not self.mixer.busy)
+        if not self.pending and not (enough_faults and enough_actions):
+            # faults only mean something while there is work: keep the deployment busy
+            self.pending.append(self.extra)
+            self.extra += 1
+        if time.monotonic() >= self.next_fault and not enough_faults:
+            try:
+                self.injector.inject()
+            except Exception as exc:  # noqa: BLE001 - a failed injection is reported, the soak goes on
+                self.echo(f"fault injection failed: {exc!r}")
+            self.next_fault = time.monotonic() + self.fault_interval * (0.5 + self.rng.random())
+        if enough_faults and enough_actions and not self.injector.heals and up:
+            return self._settled()
+        return False
+
+    def _observe(self) -> None:
+        with contextlib.suppress(sa.exc.DBAPIError):
+            with self.probe.connect() as conn:
+                self.injector.observe(int(conn.execute(PROGRESS).scalar_one()))
+
+    def _submit(self) -> None:
+        i = self.pending.pop(0)
+        # a submit a fault interrupted is tried again with the same DAG and key
+        dag = self.drawn.pop(i, None) or random_dag(self.rng, i, mixed=bool(self.mix))
+        try:
+            self.run_ids.append(self.orc.submit(dag, idempotency_key=f"chaos-{self.seed}-{i}").id)
+            now = time.monotonic()
+            self.emits += [(now + 3.0 * self.emit_rng.random(), e) for e in emits_for(dag, f"chaos-{self.seed}-{i}")]
+        except Exception as exc:  # noqa: BLE001 - a fault hit the submit; retry the same key later
+            self.echo(f"submit {i} failed during a fault ({type(exc).__name__}); retrying")
+            self.pending.insert(0, i)
+            self.drawn[i] = dag
+            time.sleep(0.5)
+
+    def _emit_due(self) -> None:
+        due = [pair for pair in self.emits if pair[0] <= time.monotonic()]
+        for pair in due:
+            self.emits.remove(pair)
+            e = pair[1]
+            try:
+                done = self.orc.events.emit(e.key, e.payload, event_id=e.event_id, tenant=e.tenant)
+            except Exception as exc:  # noqa: BLE001 - a fault hit the emit; again, same event id
+                self.echo(f"emit {e.key} failed during a fault ({type(exc).__name__}); retrying")
+                self.emits.append((time.monotonic() + 0.5, e))
+                break
+            self.emitted += 0 if done.duplicate else 1
+            self.woken += done.woken
+
+    def _act(self, up: bool) -> None:
+        mixer = self.mixer
+        assert mixer is not None
+        self.run_ids += mixer.new_runs
+        mixer.new_runs.clear()
+        if mixer.removed:
+            self.run_ids = [r for r in self.run_ids if r not in mixer.removed]
+        if up:
+            # past the last action, a person answers the approvals left
+            mixer.tick(self.run_ids, answer_all=mixer.count >= self.mix)
+        if up and mixer.count < self.mix and time.monotonic() >= self.next_action:
+            mixer.act(self.run_ids)
+            self.next_action = time.monotonic() + self.action_interval * (0.5 + self.mix_rng.random())
+
+    def _last_disturbance(self) -> float:
+        return max(self.injector.last_fault, self.mixer.last_action if self.mixer else 0.0)
+
+    def _settled(self) -> bool:
+        """Past the last fault and action: whether every run is final, or the wait is given up."""
+        if LACKING in self.dep.worker_procs:
+            # the misconfiguration the watchdog flagged is fixed, as an operator would: the worker
+            # that lacks a task module goes; the tasks it dropped and held are released
+            self.echo(f"past the last fault and action: the operator stops {LACKING}")
+            self.dep.retire(LACKING)
+        if not self.pending and not self.emits and _finished(self.orc, self.run_ids) == len(self.run_ids):
+            return True
+        if time.monotonic() - self._last_disturbance() > self.settle:
+            self.echo(f"not every run final {self.settle:g}s after the last fault and action: giving up waiting")
+            return True
+        return False
+
+    def report(self, took: float) -> dict[str, Any]:
+        """The soak's outcome, checked from the database (see :func:`_summary`)."""
+        orc, mixer, run_ids = self.orc, self.mixer, self.run_ids
+        self.injector.heal_due(everything=True)
+        # from the last fault's end (and last action's) until every run was final: how long the
+        # system took to heal
+        recovered = time.monotonic() - self._last_disturbance()
+        self._observe()
+        problems = _safe_check(orc, run_ids) + (mixer.problems if mixer else [])
+        # an open run whose every open task waits on something explain names is not stuck
+        named = _named_waits(orc, run_ids)
+        problems = [p for p in problems if not any(r in p for r in named)]
+        if mixer is not None:
+            problems = mixer.annotate(problems)
+        report = _summary(orc, [r for r in run_ids if r not in named], problems, self.injector, recovered, took)
+        report["named_waits"] = named
+        report["explained"] = _explain_open(orc, [r for r in run_ids if r not in named])
+        report["settle"] = self.settle
+        if mixer is not None:
+            report["actions"] = mixer.summary(problems)
+            report["removed"] = len(mixer.removed)
+        report["restarts"] = self.restarts
+        report["emitted"], report["woken"] = self.emitted, self.woken
+        report["waits"] = _waits(orc, run_ids)
+        return report
 
 
 def _terminated(signum: int, frame: Any) -> None:
