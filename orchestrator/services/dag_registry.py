@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.dag import DAG, dag_from_spec, text_problem
 from ..core.errors import DagNotFound, DagVersionNotFound, ValidationError
+from ..core.routing import DEFAULT_TENANT
 from ..store.submission import canonical_snapshot
 
 if TYPE_CHECKING:
@@ -280,10 +281,10 @@ class DagRegistry:
     def _tenant(self, tenant: str | None) -> str:
         bound = self.orc.tenant
         if bound is not None:
-            if tenant is not None and tenant not in (bound, "default"):
+            if tenant is not None and tenant not in (bound, DEFAULT_TENANT):
                 raise ValidationError(f"this orchestrator acts as tenant {bound!r}; it cannot use tenant {tenant!r}")
             return bound
-        return tenant or "default"
+        return tenant or DEFAULT_TENANT
 
     @staticmethod
     def _name(name: Any) -> str:

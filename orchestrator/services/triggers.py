@@ -49,6 +49,7 @@ from ..core.dag import (
     text_problem,
 )
 from ..core.errors import OrchestratorError, SpecError, ValidationError
+from ..core.routing import DEFAULT_TENANT
 from ..core.waits import check_event_key, check_match
 from ..store.schedules import iso
 from ..store.triggers import TriggerRows, idempotency_key
@@ -262,14 +263,14 @@ class Triggers:
                 f"trigger {name!r}: give what to run: a spec, a DAG factory module:function or a registered DAG"
                 " NAME[@N] (one of them)"
             )
-        tenant = self.orc.tenant or "default"
+        tenant = self.orc.tenant or DEFAULT_TENANT
         now = self.rows.now()
         snapshot: dict[str, Any] | None = None
         ref: tuple[str, int | None] | None = None
         if spec is not None:
             snapshot = self._snapshot(spec)
             check_placeholders(snapshot)
-            tenant = self.orc.tenant or str(snapshot.get("tenant") or "default")
+            tenant = self.orc.tenant or str(snapshot.get("tenant") or DEFAULT_TENANT)
             self.orc.check(_build_spec(snapshot, now, params), tenant=tenant)
         elif registered is not None:
             from .dag_registry import parse_ref
@@ -495,7 +496,7 @@ class Triggers:
             made = load_factory(trig.factory, self._factory_modules)(at, params)
             if not isinstance(made, DAG):
                 raise TriggerError(f"factory {trig.factory!r} returned {type(made).__name__}, not a DAG")
-            if made.tenant not in ("default", trig.tenant):
+            if made.tenant not in (DEFAULT_TENANT, trig.tenant):
                 raise TriggerError(
                     f"factory {trig.factory!r} built a DAG of tenant {made.tenant!r}; trigger {trig.name!r} runs"
                     f" as tenant {trig.tenant!r}"

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..backoff import Backoff
 from ..errors import ValidationError
-from ..routing import Priority
+from ..routing import DEFAULT_TENANT, Priority
 from ..states import TriggerRule
 from ..waits import WAIT_TASK, SensorSpec, WaitSpec
 from .bounds import DEFAULT_MAX_MAP_LENGTH, SizeLimits, label
@@ -35,7 +35,7 @@ class DAG:
         self,
         name: str,
         *,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         priority: Priority | str = Priority.DEFAULT,
         params: Mapping[str, Any] | None = None,
         max_active_tasks: int | None = None,

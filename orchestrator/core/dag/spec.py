@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from ..errors import SpecError
+from ..routing import DEFAULT_TENANT
 from ..waits import WAIT_TASK, sensor_from_spec, wait_from_spec
 from .authoring import DAG
 from .bounds import DEFAULT_MAX_MAP_LENGTH, MAX_NAME_CHARS, MAX_SPEC_BYTES, short, text_problem
@@ -96,7 +97,7 @@ def _dag_of(spec: Any) -> DAG:
         raise SpecError(f"'on_deadline' must be 'alert' or 'cancel', not {short(on_deadline)}", dag=name)
     return DAG(
         name,
-        tenant=spec.get("tenant", "default"),
+        tenant=spec.get("tenant", DEFAULT_TENANT),
         priority=spec.get("priority", "default"),
         params=params,
         max_active_tasks=mat,

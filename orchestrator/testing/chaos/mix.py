@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from ...core.dag import DAG
 from ...core.errors import OperatorError, RunNotFound, TaskNotFound, ValidationError
+from ...core.routing import DEFAULT_TENANT
 from ...core.states import TaskState
 from ...core.waits import WAIT_TASK
 from ...engine.facade import Orchestrator
@@ -89,7 +90,7 @@ class Mixer:
     def setup(self) -> None:
         """The breaker, schedule and trigger the actions use."""
         self.orc.breakers.set(self.resource, min_calls=1000, open_for="2s..4s", by="chaos")
-        small = DAG("chaos-fired", tenant="default")
+        small = DAG("chaos-fired", tenant=DEFAULT_TENANT)
         first = small.task("a", "tasks.probes.noop", max_attempts=10, backoff={"base": 0.2, "cap": 1.0})
         small.task("b", "tasks.probes.echo", upstream=[first], max_attempts=10, backoff={"base": 0.2, "cap": 1.0})
         self.orc.schedules.add("chaos-sched", every=60.0, spec=small, catchup="none")
