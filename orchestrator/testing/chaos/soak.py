@@ -32,7 +32,7 @@ is healed later by the main loop while other faults go on.
 
 With ``mix`` (``--mix N``, the interaction soak) the same runs also get operator actions,
 approvals, a foreign tenant's events, a breaker opened, schedule and trigger firings and ``db
-clean`` (:mod:`orchestrator.testing.mix`); their DAGs grow approvals and a resource, their maps are
+clean`` (:mod:`orchestrator.testing.chaos.mix`); their DAGs grow approvals and a resource, their maps are
 inserted 8 children at a time, and a third worker runs without ``tasks.dynamic``.
 """
 
@@ -112,7 +112,7 @@ def run_chaos(
     and every kind but ``pg_restart`` is injected. ``claim_delay``: the workers'
     ``ORCHESTRATOR_CLAIM_DELAY`` (direct messages' bodies run before their claim).
 
-    ``mix``: at least this many operator actions (:mod:`orchestrator.testing.mix`) at random moments,
+    ``mix``: at least this many operator actions (:mod:`orchestrator.testing.chaos.mix`) at random moments,
     one every ``action_interval`` seconds or so, while the faults go on; the runs they start
     are followed too. After the last fault and the last action every run must be final within
     ``settle`` seconds, or wait on something ``explain`` names; past it the soak stops waiting and
