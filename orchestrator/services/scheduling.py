@@ -68,12 +68,14 @@ from .schedule_model import (
     _when,
     min_interval_problem,
 )
+from .targets import FactoryNotAllowed as FactoryNotAllowed
 from .targets import (
     check_placeholders,
     load_factory,
     render,
     spec_hash,
 )
+from .targets import dag_factory as dag_factory
 
 log = logging.getLogger(__name__)
 
