@@ -29,9 +29,7 @@ at its next instant; the others keep firing.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
@@ -42,12 +40,10 @@ from ..core.cron import HORIZON, ScheduleError, Timing, count_instants, instants
 from ..core.dag import (
     DAG,
     MAX_NAME_CHARS,
-    TENANT_RE,
     dag_from_spec,
-    load_spec,
     text_problem,
 )
-from ..core.errors import ConflictError, OrchestratorError, RunNotFound, ValidationError
+from ..core.errors import ConflictError, OrchestratorError, RunNotFound
 from ..core.firing import COUNT_MOST, Decision, Policy, looked_at, plan, summary_reason
 from ..core.routing import DEFAULT_TENANT
 from ..store.schedules import ScheduleRows, iso
@@ -70,9 +66,12 @@ from .schedule_model import (
 )
 from .targets import FactoryNotAllowed as FactoryNotAllowed
 from .targets import (
-    check_placeholders,
+    Target,
     load_factory,
+    registered_spec,
     render,
+    resolve,
+    snapshot,
     spec_hash,
 )
 from .targets import dag_factory as dag_factory
@@ -164,75 +163,39 @@ class Schedules:
         first = next_instant(timing, now)
         if first is None:
             raise ScheduleError(f"{timing.describe()} does not fire within {HORIZON.days // 366} years")
-        tenant, snapshot, factory, ref = self._target(spec, dag, registered, params, first, timing)
+        target = self._target(spec, dag, registered, params, first, timing)
+        tenant, snap, factory, ref = target.tenant, target.spec, target.factory, target.registered
         # names are per tenant: another tenant's schedule of that name is another schedule
         rows = self._of(tenant)
         existing = rows.get(name)
-        values = _row_values(tenant, timing, policy, snapshot, factory, ref, params, first)
+        values = _row_values(tenant, timing, policy, snap, factory, ref, params, first)
         values["paused"] = bool(existing.paused) if paused is None and existing is not None else bool(paused)
         changed = existing is None or _timing(existing) != timing
         rows.put(name, values, timing_changed=changed)
         return self._view_of(rows, name)
 
     def _target(
-        self,
-        spec: Any,
-        dag: str | None,
-        registered: str | None,
-        params: dict[str, Any],
-        first: dt.datetime,
+        self, spec: Any, dag: str | None, registered: str | None, params: dict[str, Any], first: dt.datetime,
         timing: Timing,
-    ) -> tuple[str, dict[str, Any] | None, str | None, tuple[str, int | None] | None]:
-        """What the schedule runs (one of a spec, a factory, a registered DAG), checked as it would
-        fire at its ``first`` instant: ``(tenant, spec snapshot, factory, registered ref)``."""
-        snapshot: dict[str, Any] | None = None
-        factory: str | None = None
-        ref: tuple[str, int | None] | None = None
-        tenant = self.orc.tenant or DEFAULT_TENANT
-        if spec is not None:
-            snapshot = self._snapshot(spec)
-            check_placeholders(snapshot)
-            tenant = self.orc.tenant or str(snapshot.get("tenant") or DEFAULT_TENANT)
-            # the spec as it would fire at its first instant must be a valid DAG for this deployment
-            self.orc.check(self._build_spec(snapshot, first, timing), tenant=tenant)
-        elif registered is not None:
-            ref = self._check_registered(registered, first, timing, params, tenant)
-        else:
-            assert dag is not None
-            load_factory(dag, self._factory_modules)
-            factory = dag
-        if not TENANT_RE.fullmatch(tenant):
-            raise ValidationError(f"tenant {tenant!r} must be 1-64 letters, digits, '_' or '-'")
-        return tenant, snapshot, factory, ref
+    ) -> Target:  # fmt: skip
+        """What the schedule runs (:func:`.targets.resolve`), checked as it would fire at its ``first`` instant."""
+        return resolve(
+            self.orc, spec=spec, dag=dag, registered=registered, factory_modules=self._factory_modules,
+            build_spec=lambda snap: self._build_spec(snap, first, timing),
+            build_registered=lambda built: self._build_spec(built, first, timing, params), error=ScheduleError,
+        )  # fmt: skip
 
     def _check_registered(
         self, ref: Any, first: dt.datetime, timing: Timing, params: Mapping[str, Any], tenant: str
     ) -> tuple[str, int | None]:
         """``NAME`` or ``NAME@N`` of a registered DAG of ``tenant`` that builds and would submit
         at the schedule's first instant; raises :class:`DagNotFound`, :class:`ValidationError`."""
-        from .dag_registry import parse_ref
-
-        if not isinstance(ref, str):
-            raise ScheduleError(f"registered must be NAME or NAME@N, not {type(ref).__name__}")
-        name, version = parse_ref(ref)
-        found = self.orc.dags.version(name, version, tenant=tenant)
-        spec = {**(found.spec or {}), "tenant": tenant}
-        check_placeholders(spec)
+        found, spec = registered_spec(self.orc, ref, tenant, ScheduleError)
         self.orc.check(self._build_spec(spec, first, timing, params), tenant=tenant)
-        return name, version
+        return found
 
     def _snapshot(self, spec: str | Path | Mapping[str, Any] | DAG) -> dict[str, Any]:
-        if isinstance(spec, DAG):
-            return spec.to_spec()
-        if isinstance(spec, Mapping):
-            dag_from_spec(spec)  # the shape, before anything else
-            return json.loads(json.dumps(spec))  # type: ignore[no-any-return]
-        if not isinstance(spec, (str, os.PathLike)):
-            raise ScheduleError(f"spec must be a spec file's path, a mapping or a DAG, not {type(spec).__name__}")
-        p = Path(spec)
-        if not p.is_file():
-            raise ScheduleError(f"spec file {str(p)!r} does not exist")
-        return load_spec(p).to_spec()
+        return snapshot(spec, ScheduleError)
 
     def _row(self, name: str) -> Any:
         """The schedule ``name`` of this orchestrator's tenant; unbound (the deployment's

@@ -10,19 +10,21 @@ import hashlib
 import importlib
 import inspect
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..core.cron import ScheduleError
-from ..core.dag import (
-    DAG,
-    short,
-)
+from ..core.dag import DAG, TENANT_RE, dag_from_spec, load_spec, short
+from ..core.errors import ValidationError
+from ..core.routing import DEFAULT_TENANT
 from ..store.schedules import iso
 
 if TYPE_CHECKING:
-    pass
+    from .dag_registry import DagRegistry
 
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
@@ -135,3 +137,89 @@ def load_factory(
     except TypeError:
         raise ScheduleError(f"factory {path!r} must accept (logical_date, params)") from None
     return fn
+
+
+class TargetPort(Protocol):
+    """What resolving a target uses of the orchestrator (its tenant, its submit checks, its registry)."""
+
+    @property
+    def tenant(self) -> str | None: ...
+
+    def check(self, dag: DAG, *, tenant: str | None = None) -> DAG: ...
+
+    @property
+    def dags(self) -> DagRegistry: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a schedule or a trigger starts, for its ``tenant``: exactly one of a spec snapshot
+    (templated per firing), a factory ``module:function`` or a registered DAG ``(name, version)``
+    (``None``: its latest version each time)."""
+
+    tenant: str
+    spec: dict[str, Any] | None = None
+    factory: str | None = None
+    registered: tuple[str, int | None] | None = None
+
+
+def snapshot(spec: Any, error: type[Exception]) -> dict[str, Any]:
+    """A spec given as a file's path, a parsed spec or a :class:`DAG`, as the JSON stored for it;
+    raises ``error`` (or the spec's own :class:`ValidationError`)."""
+    if isinstance(spec, DAG):
+        return spec.to_spec()
+    if isinstance(spec, Mapping):
+        dag_from_spec(spec)  # the shape, before anything else
+        return json.loads(json.dumps(spec))  # type: ignore[no-any-return]
+    if not isinstance(spec, (str, os.PathLike)):
+        raise error(f"spec must be a spec file's path, a mapping or a DAG, not {type(spec).__name__}")
+    p = Path(spec)
+    if not p.is_file():
+        raise error(f"spec file {str(p)!r} does not exist")
+    return load_spec(p).to_spec()
+
+
+def registered_spec(
+    orc: TargetPort, ref: Any, tenant: str, error: type[Exception]
+) -> tuple[tuple[str, int | None], dict[str, Any]]:
+    """``NAME`` or ``NAME@N`` of a registered DAG of ``tenant``: the reference and the version's
+    spec for that tenant; raises ``error``, :class:`DagNotFound` or :class:`DagVersionNotFound`."""
+    from .dag_registry import parse_ref
+
+    if not isinstance(ref, str):
+        raise error(f"registered must be NAME or NAME@N, not {type(ref).__name__}")
+    name, version = parse_ref(ref)
+    found = orc.dags.version(name, version, tenant=tenant)
+    spec = {**(found.spec or {}), "tenant": tenant}
+    check_placeholders(spec)
+    return (name, version), spec
+
+
+def resolve(
+    orc: TargetPort, *, spec: Any, dag: str | None, registered: Any, factory_modules: Iterable[str],
+    build_spec: Callable[[dict[str, Any]], DAG], build_registered: Callable[[dict[str, Any]], DAG],
+    error: type[Exception],
+) -> Target:  # fmt: skip
+    """The one target of a schedule's or a trigger's definition (exactly one of ``spec``, ``dag``,
+    ``registered`` is given), checked as it would fire: the DAG ``build_spec`` (a spec) or
+    ``build_registered`` (a registered DAG's spec) makes must pass every submit check for the
+    target's tenant, a factory must be importable and declared. Raises ``error`` /
+    :class:`ValidationError` naming the problem; writes nothing."""
+    tenant = orc.tenant or DEFAULT_TENANT
+    if spec is not None:
+        snap = snapshot(spec, error)
+        check_placeholders(snap)
+        tenant = orc.tenant or str(snap.get("tenant") or DEFAULT_TENANT)
+        orc.check(build_spec(snap), tenant=tenant)
+        target = Target(tenant, spec=snap)
+    elif registered is not None:
+        ref, built = registered_spec(orc, registered, tenant, error)
+        orc.check(build_registered(built), tenant=tenant)
+        target = Target(tenant, registered=ref)
+    else:
+        assert dag is not None
+        load_factory(dag, factory_modules)
+        target = Target(tenant, factory=dag)
+    if not TENANT_RE.fullmatch(tenant):
+        raise ValidationError(f"tenant {tenant!r} must be 1-64 letters, digits, '_' or '-'")
+    return target

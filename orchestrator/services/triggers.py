@@ -31,7 +31,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..core.dag import (
     DAG,
     MAX_NAME_CHARS,
-    TENANT_RE,
     check_json,
     dag_from_spec,
-    load_spec,
     parse_spec,
     read_spec_text,
     text_problem,
@@ -54,7 +51,7 @@ from ..core.waits import check_event_key, check_match
 from ..store.schedules import iso
 from ..store.triggers import TriggerRows, idempotency_key
 from .alerts import raise_alert
-from .targets import check_placeholders, load_factory, render, spec_hash
+from .targets import load_factory, render, resolve, snapshot, spec_hash
 
 if TYPE_CHECKING:
     from ..core.config import Settings
@@ -263,35 +260,19 @@ class Triggers:
                 f"trigger {name!r}: give what to run: a spec, a DAG factory module:function or a registered DAG"
                 " NAME[@N] (one of them)"
             )
-        tenant = self.orc.tenant or DEFAULT_TENANT
         now = self.rows.now()
-        snapshot: dict[str, Any] | None = None
-        ref: tuple[str, int | None] | None = None
-        if spec is not None:
-            snapshot = self._snapshot(spec)
-            check_placeholders(snapshot)
-            tenant = self.orc.tenant or str(snapshot.get("tenant") or DEFAULT_TENANT)
-            self.orc.check(_build_spec(snapshot, now, params), tenant=tenant)
-        elif registered is not None:
-            from .dag_registry import parse_ref
-
-            if not isinstance(registered, str):
-                raise TriggerError(f"registered must be NAME or NAME@N, not {type(registered).__name__}")
-            ref = parse_ref(registered)
-            found = self.orc.dags.version(ref[0], ref[1], tenant=tenant)
-            built = {**(found.spec or {}), "tenant": tenant}
-            check_placeholders(built)
-            self.orc.check(_build_spec(built, now, params), tenant=tenant)
-        else:
-            load_factory(dag, self._factory_modules)
-        if not TENANT_RE.fullmatch(tenant):
-            raise ValidationError(f"tenant {tenant!r} must be 1-64 letters, digits, '_' or '-'")
+        target = resolve(
+            self.orc, spec=spec, dag=dag, registered=registered, factory_modules=self._factory_modules,
+            build_spec=lambda snap: _build_spec(snap, now, params),
+            build_registered=lambda built: _build_spec(built, now, params), error=TriggerError,
+        )  # fmt: skip
+        tenant, snap, ref = target.tenant, target.spec, target.registered
         return tenant, {
             "tenant": tenant,
             "event_key": event,
             "match": match,
-            "spec": snapshot,
-            "spec_hash": spec_hash(snapshot) if snapshot is not None else None,
+            "spec": snap,
+            "spec_hash": spec_hash(snap) if snap is not None else None,
             "factory": dag if dag is not None else None,
             "registered": ref[0] if ref else None,
             "registered_version": ref[1] if ref else None,
@@ -332,17 +313,7 @@ class Triggers:
         return [self.add(name, **kwargs) for name, kwargs in prepared]
 
     def _snapshot(self, spec: str | Path | Mapping[str, Any] | DAG) -> dict[str, Any]:
-        if isinstance(spec, DAG):
-            return spec.to_spec()
-        if isinstance(spec, Mapping):
-            dag_from_spec(spec)  # the shape, before anything else
-            return json.loads(json.dumps(spec))  # type: ignore[no-any-return]
-        if not isinstance(spec, (str, os.PathLike)):
-            raise TriggerError(f"spec must be a spec file's path, a mapping or a DAG, not {type(spec).__name__}")
-        p = Path(spec)
-        if not p.is_file():
-            raise TriggerError(f"spec file {str(p)!r} does not exist")
-        return load_spec(p).to_spec()
+        return snapshot(spec, TriggerError)
 
     def _row(self, name: str) -> Any:
         found = self.rows.find(name) if isinstance(name, str) else []
