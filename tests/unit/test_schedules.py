@@ -152,7 +152,10 @@ def test_a_due_schedule_fires_once_per_instant_with_its_logical_date(orc: Orches
     added = orc.schedules.add("report", cron="0 * * * *", tz="America/New_York", spec=str(spec))
     assert added.next_at > orc.store.schedule_rows.now() and added.spec_hash and len(added.spec_hash) == 64
     assert orc.schedules.tick() > 0 and runs_of(orc, "report") == []  # nothing due yet
-    rewind(orc, "report", 3600 * 3 + 60)  # beat was down for three instants
+    # beat was down for three instants: its last decision a second after the top of the hour three
+    # hours ago (a fixed 3 h + 60 s spans four instants in the first minute of an hour)
+    now = orc.store.schedule_rows.now()
+    rewind(orc, "report", 3600 * 3 + now.minute * 60 + now.second + now.microsecond / 1e6 - 1)
     orc.schedules.tick()
     orc.schedules.tick()  # a second pass (or a second beat) finds nothing more to do
     (run,) = runs_of(orc, "report")
