@@ -76,8 +76,14 @@ def test_on_deadline_cancel_cancels_the_run_with_real_workers(cluster: Cluster) 
 
     # When the deadline passes, then the worker's reconciler cancels the run, and records the miss
     assert cluster.wait_run(run.id, 15) is RunState.CANCELLED
-    tasks = {t.key: t.state for t in cluster.store.reads.get_tasks(run.id)}
-    assert tasks == {"nap": T.CANCELLED, "after": T.CANCELLED}
+    # (a cancel closes the run's row first, then its open tasks in batches: wait for those too)
+    cancelled = {"nap": T.CANCELLED, "after": T.CANCELLED}
+    cluster.wait_for(
+        lambda: {t.key: t.state for t in cluster.store.reads.get_tasks(run.id)} == cancelled,
+        15,
+        "the run's tasks cancelled",
+        run_id=run.id,
+    )
     run_events = cluster.run_events(run.id)
     cancelled = accepted(run_events, src="RUNNING", dst="CANCELLED")
     assert [e.actor for e in cancelled] == ["reconciler"]
