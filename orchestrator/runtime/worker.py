@@ -62,8 +62,6 @@ from ..services.reconciler import ReconcilerService
 from .heartbeat import Heartbeater as Heartbeater
 from .heartbeat import LeaseLost as LeaseLost
 from .heartbeat import _heartbeater
-from .heartbeat import _heartbeaters as _heartbeaters
-from .heartbeat import install_heartbeater as install_heartbeater
 from .inbox import count_drop
 from .process import all_orchestrators, current_orchestrator
 

@@ -64,7 +64,6 @@ from .schedule_model import (
     _when,
     min_interval_problem,
 )
-from .targets import FactoryNotAllowed as FactoryNotAllowed
 from .targets import (
     Target,
     load_factory,
@@ -74,7 +73,6 @@ from .targets import (
     snapshot,
     spec_hash,
 )
-from .targets import dag_factory as dag_factory
 
 log = logging.getLogger(__name__)
 
