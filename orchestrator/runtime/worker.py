@@ -189,7 +189,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         runs unclaimed): ``(args, kwargs, upstream results, resumed state, sensor)``."""
         if direct is not None and orc.settings.claim_delay > 0:
             hb.track_direct(token, lambda: orc.claim(token, worker, self.name) is not None)
-            return list(direct[0]), direct[1], {}, None, None
+            return direct[0], direct[1], {}, None, None
         claim = _claim_or_ignore(orc, token, worker, self.name)
         crash_point("after_claim_commit")
         kwargs = dict(claim.kwargs)
@@ -197,7 +197,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         if claim.wants_upstream:
             kwargs[UPSTREAM_KWARG] = upstream
         hb.track(token)
-        return list(claim.args), kwargs, upstream, claim.resumed, claim.sensor
+        return claim.args, kwargs, upstream, claim.resumed, claim.sensor
 
     def _succeed(
         self, orc: Orchestrator, token: FencingToken, worker: str, status: str | None, result: Any, sensor: Any,
