@@ -22,22 +22,17 @@ main process (:class:`OrchestratedRequest`) for a verified token only.
 
 from __future__ import annotations
 
-import contextvars
-import datetime as dt
 import json
 import logging
 import os
 import signal
 import socket
-import threading
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from celery import Celery, Task, signals
+from celery import Task, signals
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker.request import Request
 
@@ -55,52 +50,22 @@ from ..core.protocol import (
     read_token,
     verify,
 )
-from ..core.registry import RESERVED_PREFIXES
 from ..core.waits import Defer, SensorSpec
 from ..engine.facade import Orchestrator
-from ..services.reconciler import ReconcilerService
+from .context import TaskContext as TaskContext
+from .context import _context
+from .context import current_context as current_context
 from .heartbeat import Heartbeater as Heartbeater
 from .heartbeat import LeaseLost as LeaseLost
 from .heartbeat import _heartbeater
 from .inbox import count_drop
-from .process import all_orchestrators, current_orchestrator
+from .process import current_orchestrator
+from .registration import WorkerServices as WorkerServices
+from .registration import registered_names as registered_names
+from .registration import start_services as start_services
+from .registration import stop_services as stop_services
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TaskContext:
-    """What an orchestrated task body may know about itself (see :func:`current_context`)."""
-
-    run_id: str
-    key: str
-    attempt: int
-    upstream: dict[str, Any] = field(default_factory=dict)
-    #: reads the run's logical date (one query, the first time it is asked)
-    lookup: Callable[[str], str | None] | None = field(default=None, repr=False, compare=False)
-    #: a body called again after it raised :class:`orchestrator.Defer`: ``{"event": the payload
-    #: that woke it, or None; "state": what it saved; "timed_out": False}``; None on a first call
-    resumed: dict[str, Any] | None = None
-
-    @property
-    def logical_date(self) -> dt.datetime | None:
-        """The run's logical date (a schedule's instant, in UTC), or ``None`` for a run that has none."""
-        found = _logical_dates.get(self.run_id)
-        if found is None and self.lookup is not None:
-            found = _logical_dates[self.run_id] = self.lookup(self.run_id) or ""
-        return dt.datetime.fromisoformat(found) if found else None
-
-
-#: run id -> logical date ("" for none), per process: a run's logical date never changes
-_logical_dates: dict[str, str] = {}
-
-
-_context: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("orc_context", default=None)
-
-
-def current_context() -> TaskContext | None:
-    """The running orchestrated task's context, or ``None`` outside a DAG."""
-    return _context.get()
 
 
 class RetryRequested(Exception):
@@ -453,95 +418,6 @@ def _result_problem(result: Any, max_bytes: int) -> str | None:
     return None
 
 
-class WorkerServices:
-    """What runs in a worker's main process beside the pool: the registry heartbeat that
-    keeps this worker's capacity row fresh, and the reconciler service (on duty when it
-    holds the deployment-wide duty; see ``orchestrator.services.reconciler``)."""
-
-    def __init__(
-        self,
-        orchestrator: Orchestrator,
-        name: str,
-        queues: list[str],
-        concurrency: int,
-        tasks: list[str] | None = None,
-    ) -> None:
-        self.orc, self.name, self.queues, self.concurrency = orchestrator, name, queues, concurrency
-        #: the task names this worker registered (advertised, so that admission holds the others)
-        self.tasks = tasks
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="orc-registry", daemon=True)
-        settings = orchestrator.settings
-        self.reconciler: ReconcilerService | None = None
-        if settings.worker_reconciler:
-            self.reconciler = ReconcilerService(
-                orchestrator.reconciler,
-                name=name,
-                interval=settings.tick_seconds,
-                stall_seconds=settings.reconciler_stall_seconds,
-            )
-
-    def start(self) -> None:
-        self.orc.register_worker(self.name, self.queues, self.concurrency, self.tasks)
-        self._thread.start()
-        if self.reconciler is not None:
-            self.reconciler.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self.reconciler is not None:
-            self.reconciler.stop()
-        try:
-            self.orc.unregister_worker(self.name)
-        except Exception:
-            log.exception("could not unregister worker %s", self.name)
-
-    def _loop(self) -> None:
-        interval = max(min(5.0, self.orc.settings.worker_ttl / 3.0), 0.2)
-        while not self._stop.wait(interval):
-            try:
-                self.orc.touch_worker(self.name, self.queues, self.concurrency, self.tasks)
-            except Exception:
-                log.exception("worker registry heartbeat failed")
-
-
-_services: WorkerServices | None = None
-
-
-def start_services(
-    app: Celery, name: str, queues: list[str], concurrency: int, tasks: list[str] | None = None
-) -> WorkerServices:
-    """Register a worker's capacity (and the task names it registered, ``tasks``) and start its
-    reconciler service until :func:`stop_services`."""
-    global _services
-    _services = WorkerServices(current_orchestrator(app), name, queues, concurrency, tasks)
-    _services.start()
-    return _services
-
-
-def registered_names(app: Celery) -> list[str]:
-    """The task names a DAG node may name that this worker's app registered: what the worker
-    advertises (``orc_worker_tasks``)."""
-    return sorted(n for n in app.tasks.keys() if not n.startswith(RESERVED_PREFIXES))
-
-
-def stop_services() -> None:
-    global _services
-    if _services is not None:
-        _services.stop()
-        _services = None
-
-
-@signals.worker_ready.connect
-def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    app = getattr(sender, "app", None)
-    if app is None or not hasattr(app, "orchestrator_settings"):
-        return
-    queues = sorted(q.name for q in sender.task_consumer.queues)
-    concurrency = int(getattr(sender.controller, "concurrency", None) or 1)
-    start_services(app, sender.hostname, queues, concurrency, registered_names(app))
-
-
 @signals.task_unknown.connect
 def _on_task_unknown(sender: Any = None, message: Any = None, name: str | None = None, **_: Any) -> None:
     """The worker received a message of a task it has not registered (Celery logged "Received
@@ -576,17 +452,3 @@ def _on_task_unknown(sender: Any = None, message: Any = None, name: str | None =
             )
     except Exception:
         log.exception("could not record the unregistered task %s", name)
-
-
-@signals.worker_shutdown.connect
-def _on_worker_shutdown(**_: Any) -> None:
-    stop_services()
-
-
-@signals.worker_process_init.connect
-def _on_pool_process_init(**_: Any) -> None:
-    # a forked pool process must not use (or close) its parent's pooled connections
-    for orc in all_orchestrators():
-        orc.after_fork()
-    if _services is not None and _services.reconciler is not None:
-        _services.reconciler.forget_after_fork()

@@ -7,13 +7,24 @@ from __future__ import annotations
 
 from .base import TS, metadata
 from .limits import breaker_counts, breaker_events, breaker_probes, breakers, dag_limits, pools, rate_limits, tenants
-from .runs import DEADLINE_PENDING, MAP_CHILD, WAITING_DUE, WAITING_EVENT, edges, events, idempotency_keys, runs, tasks
+from .runs import (
+    DEADLINE_PENDING,
+    MAP_CHILD,
+    WAITING_DUE,
+    WAITING_EVENT,
+    edges,
+    events,
+    idempotency_keys,
+    progress,
+    runs,
+    tasks,
+)
 from .starts import dag_versions, dags, emitted, firings, schedules, trigger_firings, triggers
 from .workers import deliveries, secrets, worker_tasks, workers
 
 __all__ = [
     "DEADLINE_PENDING", "MAP_CHILD", "TS", "WAITING_DUE", "WAITING_EVENT", "breaker_counts", "breaker_events",
     "breaker_probes", "breakers", "dag_limits", "dag_versions", "dags", "deliveries", "edges", "emitted", "events",
-    "firings", "idempotency_keys", "metadata", "pools", "rate_limits", "runs", "schedules", "secrets", "tasks",
+    "firings", "idempotency_keys", "metadata", "pools", "progress", "rate_limits", "runs", "schedules", "secrets", "tasks",
     "tenants", "trigger_firings", "triggers", "worker_tasks", "workers",
 ]  # fmt: skip

@@ -54,6 +54,12 @@ runs = sa.Table(
     #: the watchdog's flag (``Recovery.watch``): why the run needs a person (a task of it no
     #: worker can take, re-published without a claim, or no transition for too long); null: none
     sa.Column("stuck", sa.Text, nullable=True),
+    #: the submitter's trace context (W3C ``traceparent``/``tracestate``, captured at submit when
+    #: OpenTelemetry is installed): every message of the run carries it, whoever publishes it
+    sa.Column("trace_context", sa.JSON, nullable=True),
+    #: the code version the run is pinned to (``submit(..., code_version=)``): its tasks go only
+    #: to workers advertising that version (``orc_workers.code_version``); null: any worker
+    sa.Column("code_version", sa.String(64), nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
     #: per tenant: two tenants' schedules may share a name (``orc_schedules`` is keyed by both)
     sa.UniqueConstraint("tenant", "schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
@@ -301,3 +307,17 @@ sa.Index("ix_orc_idempotency_keys_removed", idempotency_keys.c.removed_at)
 sa.Index("ix_orc_runs_dag_version", runs.c.dag_name, runs.c.dag_version, runs.c.created_at)
 #: the runs an event trigger started, by state (``orc_triggers``' ``max_active_runs``)
 sa.Index("ix_orc_runs_trigger_state", runs.c.tenant, runs.c.trigger, runs.c.state)
+
+#: each running attempt's latest progress (``self.update_state(state=, meta=)`` or
+#: ``current_context().progress(...)``): one row per task, overwritten by its attempt (fenced:
+#: written only while the task's row holds that attempt RUNNING), removed with its run
+progress = sa.Table(
+    "orc_progress",
+    metadata,
+    sa.Column("run_id", sa.String(32), primary_key=True),
+    sa.Column("key", sa.String(200), primary_key=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(64), nullable=False),
+    sa.Column("meta", sa.JSON, nullable=True),
+    sa.Column("updated_at", TS, nullable=False),
+)

@@ -16,6 +16,9 @@ workers = sa.Table(
     sa.Column("concurrency", sa.Integer, nullable=False),
     sa.Column("started_at", TS, nullable=False),
     sa.Column("seen_at", TS, nullable=False),
+    #: the code version the worker advertises (``ORCHESTRATOR_CODE_VERSION``, or a hash of its
+    #: task modules); it also consumes ``QUEUE@VERSION`` for each of its queues (pinned runs)
+    sa.Column("code_version", sa.String(64), nullable=True),
 )
 
 #: the task names each live worker registered, per queue it consumes (``task_name`` ``*``: a

@@ -1,0 +1,45 @@
+"""What an orchestrated task body may know about itself: :class:`TaskContext`, set by the worker
+around each attempt's body and read with :func:`current_context`."""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What an orchestrated task body may know about itself (see :func:`current_context`)."""
+
+    run_id: str
+    key: str
+    attempt: int
+    upstream: dict[str, Any] = field(default_factory=dict)
+    #: reads the run's logical date (one query, the first time it is asked)
+    lookup: Callable[[str], str | None] | None = field(default=None, repr=False, compare=False)
+    #: a body called again after it raised :class:`orchestrator.Defer`: ``{"event": the payload
+    #: that woke it, or None; "state": what it saved; "timed_out": False}``; None on a first call
+    resumed: dict[str, Any] | None = None
+
+    @property
+    def logical_date(self) -> dt.datetime | None:
+        """The run's logical date (a schedule's instant, in UTC), or ``None`` for a run that has none."""
+        found = _logical_dates.get(self.run_id)
+        if found is None and self.lookup is not None:
+            found = _logical_dates[self.run_id] = self.lookup(self.run_id) or ""
+        return dt.datetime.fromisoformat(found) if found else None
+
+
+#: run id -> logical date ("" for none), per process: a run's logical date never changes
+_logical_dates: dict[str, str] = {}
+
+
+_context: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("orc_context", default=None)
+
+
+def current_context() -> TaskContext | None:
+    """The running orchestrated task's context, or ``None`` outside a DAG."""
+    return _context.get()
