@@ -32,11 +32,8 @@ from typing import TYPE_CHECKING, Any
 from ..core.config import Settings
 from ..core.dag import (
     DAG,
-    MAX_IDEMPOTENCY_KEY_CHARS,
-    MAX_LOGICAL_DATE_CHARS,
     TENANT_RE,
     dag_from_spec,
-    text_problem,
 )
 from ..core.errors import ConfigurationError, ConflictError, OperatorError, TaskNotFound, ValidationError
 from ..core.explain import Explanation, explain
@@ -51,18 +48,19 @@ from ..core.models import (
 )
 from ..core.publisher import CeleryPublisher, Publisher
 from ..core.registry import CeleryRegistry, TaskRegistry
-from ..core.routing import DEFAULT_TENANT, route
+from ..core.routing import DEFAULT_TENANT
 from ..core.states import RunState, TaskState
 from ..services.reconciler import Reconciler
 from ..store import Store
 from ..store.operator import OperatorActions
 from ..store.reads import Reads
 from .breakers import Breakers
-from .checks import check_queues, check_time_limits, iso_problem
+from .checks import check_queues, check_time_limits
 from .events import Events
 from .limits import Limits
 from .runs import RunHandle
 from .scope import local_by
+from .submitting import submit_run
 from .tenants import Tenants
 from .worker_port import WorkerPort
 
@@ -200,8 +198,10 @@ class Orchestrator(WorkerPort):
         schedule: str | None = None,
         dag_version: int | None = None,
         trigger: str | None = None,
+        code_version: str | None = None,
     ) -> RunHandle:
-        """Validate ``dag``, store it as a run in one transaction, then admit and publish
+        """Validate ``dag`` (a :class:`DAG`, or a Celery canvas: :meth:`DAG.from_canvas`), store it
+        as a run in one transaction, then admit and publish
         what live workers can take (a second transaction, after the run is committed).
 
         Idempotent on (DAG name, tenant, ``idempotency_key``): the same key returns the
@@ -211,52 +211,17 @@ class Orchestrator(WorkerPort):
         schedule of the run's tenant, with a ``logical_date``. ``dag_version`` is the registered
         version the DAG was built from (:meth:`submit_registered`, a schedule on a registered DAG;
         recorded on the run). ``trigger`` names the event trigger that started the run
-        (:mod:`orchestrator.services.triggers`; recorded on the run). A run by hand of a DAG that is
+        (:mod:`orchestrator.services.triggers`; recorded on the run). ``code_version`` pins the
+        run to workers advertising that code version (their ``QUEUE@VERSION`` queues). The run
+        keeps the caller's trace context (OpenTelemetry's, when installed): every message of the
+        run carries it. A run by hand of a DAG that is
         registered and paused still runs; its handle's ``warnings`` say so. Raises
         :class:`ValidationError` (nothing is written or published) for bad input.
         """
-        dag = self.check(dag, tenant=tenant)
-        if idempotency_key is not None:
-            problem = text_problem(idempotency_key, MAX_IDEMPOTENCY_KEY_CHARS)
-            if problem:
-                raise ValidationError(f"idempotency key {problem}", dag=dag.name)
-        if logical_date is not None:
-            problem = text_problem(logical_date, MAX_LOGICAL_DATE_CHARS) or iso_problem(logical_date)
-            if problem:
-                raise ValidationError(f"logical_date {problem}", dag=dag.name)
-        if schedule is not None:
-            # a schedule's run: its tenant's schedule only (names are per tenant; another
-            # tenant's schedule of that name is another schedule, with runs of its own)
-            rows = self.store.schedule_rows.scoped(dag.tenant)
-            found = rows.get(schedule) if isinstance(schedule, str) else None
-            if found is None:
-                raise ValidationError(f"no schedule named {schedule!r} for tenant {dag.tenant!r}", dag=dag.name)
-            if logical_date is None:
-                raise ValidationError(f"a run of schedule {schedule!r} needs its logical_date", dag=dag.name)
-        dedicated = set(self.settings.dedicated_tenants)
-        if dag.tenant not in dedicated and dag.tenant in self.store.tenants.dedicated():
-            dedicated.add(dag.tenant)
-        queues = {n.key: route(dag.tenant, dag.priority_of(n), n.queue, dedicated) for n in dag.nodes.values()}
-        wants = {name: self.registry.wants_upstream(name) for name in {n.task for n in dag.nodes.values()}}
-        run_id, created = self.store.submission.create_run(
-            dag,
-            queues=queues,
-            wants_upstream=wants.__getitem__,
-            idempotency_key=idempotency_key,
-            logical_date=logical_date,
-            schedule=schedule,
-            dag_version=dag_version,
-            trigger=trigger,
-        )
-        if created:
-            self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
-        warnings = dag.lint()
-        if schedule is None and self.store.dags.is_paused(dag.tenant, dag.name):
-            warnings.append(
-                f"DAG {dag.name!r} is paused: schedules and events start no run of it; this submit by hand does"
-                f" (orchestrator dag unpause {dag.name})"
-            )
-        return RunHandle(self, run_id, warnings=warnings)
+        return submit_run(
+            self, dag, idempotency_key=idempotency_key, tenant=tenant, logical_date=logical_date,
+            schedule=schedule, dag_version=dag_version, trigger=trigger, code_version=code_version,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ approvals
 

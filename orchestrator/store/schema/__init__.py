@@ -25,6 +25,6 @@ from .workers import deliveries, secrets, worker_tasks, workers
 __all__ = [
     "DEADLINE_PENDING", "MAP_CHILD", "TS", "WAITING_DUE", "WAITING_EVENT", "breaker_counts", "breaker_events",
     "breaker_probes", "breakers", "dag_limits", "dag_versions", "dags", "deliveries", "edges", "emitted", "events",
-    "firings", "idempotency_keys", "metadata", "pools", "progress", "rate_limits", "runs", "schedules", "secrets", "tasks",
-    "tenants", "trigger_firings", "triggers", "worker_tasks", "workers",
+    "firings", "idempotency_keys", "metadata", "pools", "progress", "rate_limits", "runs", "schedules", "secrets",
+    "tasks", "tenants", "trigger_firings", "triggers", "worker_tasks", "workers",
 ]  # fmt: skip

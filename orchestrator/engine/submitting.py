@@ -1,0 +1,109 @@
+"""A submit: the checks beyond the DAG's own, the run's row with its tasks (one transaction), then
+admission and the first messages (:meth:`orchestrator.engine.facade.Orchestrator.submit`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..core.dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, text_problem
+from ..core.errors import ValidationError
+from ..core.routing import route
+from .checks import iso_problem
+from .runs import RunHandle
+from .tracing import capture_trace_context
+
+#: a code version (``ORCHESTRATOR_CODE_VERSION``, a pin at submit): a build id or a hash
+CODE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+
+
+def check_code_version(value: Any, dag: str | None = None) -> str:
+    """``value`` as a code version, or :class:`ValidationError` naming the problem."""
+    if not isinstance(value, str) or not CODE_VERSION.fullmatch(value):
+        raise ValidationError(
+            f"code_version must be 1-64 letters, digits or . _ + - (starting with a letter or digit), not {value!r}",
+            dag=dag,
+        )
+    return value
+
+
+def pinned_queue(queue: str, version: str) -> str:
+    """The queue a run pinned to ``version`` uses for ``queue``: ``QUEUE@VERSION``, which only
+    workers advertising that version consume."""
+    return f"{queue}@{version}"
+
+
+def as_dag(dag: Any) -> DAG:
+    """``dag`` itself, or the DAG a Celery canvas (a signature, chain, group or chord) makes."""
+    if isinstance(dag, DAG):
+        return dag
+    from ..core.canvas import is_canvas
+
+    if is_canvas(dag):
+        from ..core.canvas import canvas_dag
+
+        return canvas_dag(dag)
+    raise ValidationError(f"submit takes a DAG or a Celery canvas, not {type(dag).__name__}")
+
+
+def submit_run(
+    orc: Any,
+    dag: DAG,
+    *,
+    idempotency_key: str | None,
+    tenant: str | None,
+    logical_date: str | None,
+    schedule: str | None,
+    dag_version: int | None,
+    trigger: str | None,
+    code_version: str | None,
+) -> RunHandle:
+    """What :meth:`Orchestrator.submit` does (its docstring says it); ``orc`` is the orchestrator."""
+    dag = orc.check(as_dag(dag), tenant=tenant)
+    if code_version is not None:
+        check_code_version(code_version, dag.name)
+    if idempotency_key is not None:
+        problem = text_problem(idempotency_key, MAX_IDEMPOTENCY_KEY_CHARS)
+        if problem:
+            raise ValidationError(f"idempotency key {problem}", dag=dag.name)
+    if logical_date is not None:
+        problem = text_problem(logical_date, MAX_LOGICAL_DATE_CHARS) or iso_problem(logical_date)
+        if problem:
+            raise ValidationError(f"logical_date {problem}", dag=dag.name)
+    if schedule is not None:
+        # a schedule's run: its tenant's schedule only (names are per tenant; another
+        # tenant's schedule of that name is another schedule, with runs of its own)
+        rows = orc.store.schedule_rows.scoped(dag.tenant)
+        found = rows.get(schedule) if isinstance(schedule, str) else None
+        if found is None:
+            raise ValidationError(f"no schedule named {schedule!r} for tenant {dag.tenant!r}", dag=dag.name)
+        if logical_date is None:
+            raise ValidationError(f"a run of schedule {schedule!r} needs its logical_date", dag=dag.name)
+    dedicated = set(orc.settings.dedicated_tenants)
+    if dag.tenant not in dedicated and dag.tenant in orc.store.tenants.dedicated():
+        dedicated.add(dag.tenant)
+    queues = {n.key: route(dag.tenant, dag.priority_of(n), n.queue, dedicated) for n in dag.nodes.values()}
+    if code_version is not None:
+        queues = {key: pinned_queue(queue, code_version) for key, queue in queues.items()}
+    wants = {name: orc.registry.wants_upstream(name) for name in {n.task for n in dag.nodes.values()}}
+    run_id, created = orc.store.submission.create_run(
+        dag,
+        queues=queues,
+        wants_upstream=wants.__getitem__,
+        idempotency_key=idempotency_key,
+        logical_date=logical_date,
+        schedule=schedule,
+        dag_version=dag_version,
+        trigger=trigger,
+        trace_context=capture_trace_context(),
+        code_version=code_version,
+    )
+    if created:
+        orc.publisher.publish(orc.store.admission.admit_ready(orc.settings.dispatch_window))
+    warnings = dag.lint()
+    if schedule is None and orc.store.dags.is_paused(dag.tenant, dag.name):
+        warnings.append(
+            f"DAG {dag.name!r} is paused: schedules and events start no run of it; this submit by hand does"
+            f" (orchestrator dag unpause {dag.name})"
+        )
+    return RunHandle(orc, run_id, warnings=warnings)
