@@ -44,7 +44,7 @@ class Settings:
     database_url: str = ""
     broker_url: str = ""
     #: comma-separated modules that define the tasks DAG nodes may name
-    task_modules: tuple[str, ...] = ("tasks.probes", "tasks.etl", "tasks.dynamic")
+    task_modules: tuple[str, ...] = ("tasks.probes", "tasks.etl", "tasks.dynamic", "tasks.canvas")
     dedicated_tenants: tuple[str, ...] = ()
     #: the tenant this process acts as: reads, operator actions and idempotency lookups see
     #: that tenant's runs only, and it submits as that tenant; empty: every tenant (the

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from ..core.dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, text_problem
+from ..core.dag.canvas import is_canvas
 from ..core.errors import ValidationError
 from ..core.routing import route
 from .checks import iso_problem
@@ -37,12 +38,8 @@ def as_dag(dag: Any) -> DAG:
     """``dag`` itself, or the DAG a Celery canvas (a signature, chain, group or chord) makes."""
     if isinstance(dag, DAG):
         return dag
-    from ..core.canvas import is_canvas
-
     if is_canvas(dag):
-        from ..core.canvas import canvas_dag
-
-        return canvas_dag(dag)
+        return DAG.from_canvas(dag)
     raise ValidationError(f"submit takes a DAG or a Celery canvas, not {type(dag).__name__}")
 
 

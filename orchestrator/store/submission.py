@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..core.dag import DAG, Node, expand_resources
+from ..core.dag.passing import placeholder
 from ..core.errors import IdempotencyConflict, ValidationError
 from ..core.models import SUBMIT
 from ..core.states import RunState, TaskState, TriggerRule, check_transition
@@ -291,7 +292,7 @@ def _task_rows(
             "n_succeeded": 0,
             "n_failed": 0,
             "n_skipped": 0,
-            "wants_upstream": wants_upstream(node.task),
+            "wants_upstream": wants_upstream(node.task) or placeholder(node.args) is not None,
             "queue": queues[node.key],
             "priority": prio.value,
             "priority_rank": prio.rank,

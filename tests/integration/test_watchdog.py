@@ -29,7 +29,7 @@ from tests.integration.conftest import start_worker, stop_process
 pytestmark = pytest.mark.integration
 
 DISPATCH_TIMEOUT = 2.0
-ALL_MODULES = "tasks.probes,tasks.etl,tasks.dynamic"
+ALL_MODULES = "tasks.probes,tasks.etl,tasks.dynamic,tasks.canvas"
 
 
 def until(what: str, check: Callable[[], Any], timeout: float = 90.0, every: float = 0.1) -> Any:

@@ -14,8 +14,10 @@ from ..routing import DEFAULT_TENANT, Priority
 from ..states import TriggerRule
 from ..waits import WAIT_TASK, SensorSpec, WaitSpec
 from .bounds import DEFAULT_MAX_MAP_LENGTH, SizeLimits, label
+from .canvas import canvas_name, fill, is_canvas
 from .coerce import backoff_value, enum_value, exception_names, resource_names
 from .model import MapArg, MapSpec, Node, OnDeadline
+from .passing import result_arg
 from .signatures import task_parts, with_signature_options
 from .validation import validate_dag
 
@@ -63,7 +65,7 @@ class DAG:
         rate_limit: str | None = None, resources: Iterable[str] = (), deadline: float | None = None,
         branch: bool = False, short_circuit: bool = False, setup: bool = False, teardown: bool = False,
         fails_run: bool = False, min_success_ratio: float | None = None, mapping: MapSpec | None = None,
-        wait: WaitSpec | None = None, sensor: SensorSpec | None = None,
+        wait: WaitSpec | None = None, sensor: SensorSpec | None = None, parent_arg: bool = False,
     ) -> Node:  # fmt: skip
         """Add a node and return it (pass it in another node's ``upstream``).
 
@@ -92,12 +94,16 @@ class DAG:
         with ``fails_run=True``. ``min_success_ratio`` (with ``all_success``) lets the task run
         once that share of its upstream, a map's children counted one by one, succeeded.
         ``mapping`` is :meth:`map`'s, ``wait`` :meth:`wait`'s and ``sensor`` :meth:`sensor`'s.
+        ``parent_arg=True``: the node's single parent's result is its first positional argument,
+        as a Celery chain passes it (instead of through a parameter named ``upstream``).
 
         Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest
         of the checks run in :meth:`validate`.
         """
         parents = self._parents_of_new(key, args, kwargs, upstream)
         name, sig_args, sig_kwargs, sig_options = task_parts(task, self.name, key)
+        if parent_arg:
+            sig_args = (result_arg(self._single_parent(key, parents)), *sig_args)
         given = {"queue": queue, "priority": priority, "soft_time_limit": soft_time_limit, "time_limit": time_limit}
         fields = with_signature_options(sig_options, given, self.name, key)
         d, rule, level = self.name, trigger_rule, fields["priority"]
@@ -119,6 +125,29 @@ class DAG:
         )  # fmt: skip
         self.nodes[key] = node
         return node
+
+    @classmethod
+    def from_canvas(cls, canvas: Any, *, name: str | None = None, **options: Any) -> DAG:
+        """The DAG a Celery canvas makes (a chain, group, chord or task signature, nested as
+        Celery allows), passing results exactly as Celery does: see :mod:`.canvas`. ``name``
+        defaults to the canvas's kind and first task (``chain-extract``); ``options`` are the
+        constructor's (``tenant``, ``priority``, ``params``...). Raises :class:`ValidationError`."""
+        if not is_canvas(canvas):
+            raise ValidationError(f"a canvas must be a Celery signature, not {type(canvas).__name__}")
+        dag = cls(name if name is not None else canvas_name(canvas), **options)
+        fill(dag, canvas)
+        return dag
+
+    def _single_parent(self, key: str, parents: list[Node | str]) -> str:
+        """The one parent of a node built with ``parent_arg=True``."""
+        if len(parents) != 1:
+            raise ValidationError(
+                f"parent_arg=True passes one parent's result: give exactly one upstream, not {len(parents)}",
+                dag=self.name,
+                node=key,
+            )
+        parent = parents[0]
+        return parent.key if isinstance(parent, Node) else parent
 
     def _parents_of_new(self, key: Any, args: Any, kwargs: Any, upstream: Iterable[Node | str]) -> list[Node | str]:
         """The checks of a :meth:`task` call before its task is read: a string key not in the

@@ -45,6 +45,7 @@ from .bounds import (
     text_problem,
 )
 from .model import MapArg, MapSpec, Node, OnDeadline
+from .passing import placeholder_problem
 
 #: builds the error for one node's problem (the DAG and the node named)
 Fail = Callable[[str], ValidationError]
@@ -161,7 +162,13 @@ def validate_node(
 
     if not isinstance(k, str) or not KEY_RE.fullmatch(k):
         where = k if isinstance(k, str) and not text_problem(k, 300) else short(k)
-        raise ValidationError(f"node key {short(k)} must be 1-200 letters, digits, '_' or '-'", dag=d, node=where)
+        raise ValidationError(
+            f"node key {short(k)} must be 1-200 letters, digits, '_' or '-', optionally ending in an index [N]",
+            dag=d,
+            node=where,
+        )
+    if "[" in k and getattr(dag.nodes.get(k.split("[", 1)[0]), "map", None) is not None:
+        raise fail(f"node key {k!r} would be a child of the mapped node {k.split('[', 1)[0]!r}")
     if getattr(node, "wait", None) is not None or node.task == WAIT_TASK:
         _validate_wait(node, fail, d)
     elif known is None or not isinstance(node.task, str) or node.task not in known:
@@ -226,6 +233,9 @@ def _check_arguments(node: Node, dag: DagShape, limits: SizeLimits, fail: Fail) 
         seen.add(parent)
         if parent not in dag.nodes:
             raise fail(f"unknown upstream key {parent!r}")
+    problem = placeholder_problem(node.args, node.upstream) if node.args else None
+    if problem:
+        raise fail(f"args: {problem}")
 
 
 def _check_attempts(node: Node, fail: Fail) -> None:
@@ -338,6 +348,8 @@ def _validate_map(node: Node, dag: DagShape, limits: SizeLimits, fail: Fail) -> 
     spec = node.map
     if not isinstance(spec, MapSpec):
         raise fail(f"map must be a MapSpec, not {type(spec).__name__}")
+    if "[" in node.key:
+        raise fail("a mapped node's key takes no index: its children are keyed KEY[item]")
     if not isinstance(spec.args, tuple) or not spec.args or not all(isinstance(a, MapArg) for a in spec.args):
         raise fail("map needs at least one mapped argument")
     for what in ("branch", "short_circuit", "setup", "teardown"):

@@ -31,7 +31,7 @@ SKEWED = "chaos0"
 #: forgot it): the tasks of that module it receives it does not have
 LACKING = "chaos-lacking"
 LACKED_MODULE = "tasks.dynamic"
-DEFAULT_MODULES = ("tasks.probes", "tasks.etl", "tasks.dynamic")
+DEFAULT_MODULES = ("tasks.probes", "tasks.etl", "tasks.dynamic", "tasks.canvas")
 LIBFAKETIME = [
     Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"),
     Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1"),
