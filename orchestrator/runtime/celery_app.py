@@ -8,8 +8,10 @@ Importing this module connects the worker's signal handlers (``orchestrator.runt
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import sys
 from typing import Any
 
 from celery import Celery, signals
@@ -29,9 +31,15 @@ log = logging.getLogger(__name__)
 VISIBILITY_MARGIN = 60.0
 
 
-def create_app(settings: Settings | None = None, *, main: str = "orchestrator") -> Celery:
-    """A Celery app configured for orchestrated tasks from ``settings`` (default: environment)."""
+def create_app(settings: Settings | None = None, *, main: str | None = None) -> Celery:
+    """A Celery app configured for orchestrated tasks from ``settings`` (default: environment).
+
+    ``main`` (Celery's: the name tasks defined in the script being run get instead of
+    ``__main__``) defaults to the script's own module when ``ORCHESTRATOR_TASK_MODULES`` lists it
+    (``python myflow.py`` with ``myflow`` listed: its tasks are ``myflow.extract``, the names the
+    workers register), else ``orchestrator``."""
     settings = settings or Settings.from_env()
+    main = main or script_module(settings.task_modules) or "orchestrator"
     os.makedirs(settings.data_dir, exist_ok=True)
     transport_options = settings.broker_transport_options()
     for option in ("data_folder_in", "processed_folder"):
@@ -161,3 +169,19 @@ def default_orchestrator() -> Orchestrator:
     if _default is None:
         _default = Orchestrator(app=get_app())
     return _default
+
+
+def script_module(task_modules: tuple[str, ...]) -> str | None:
+    """The module of ``task_modules`` that the script being run (``__main__``) is, if any."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path:
+        return None
+    for name in task_modules:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = getattr(spec, "origin", None)
+        if origin and os.path.exists(origin) and os.path.samefile(origin, path):
+            return name
+    return None

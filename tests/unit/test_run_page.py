@@ -312,7 +312,8 @@ class TestMapsOnTheRunPage(WebCase):
         assert [k for k, _ in cells] == [f"resize[{i}]" for i in range(500)]
         assert [k for k, s in cells if s == "FAILED"] == ["resize[3]", "resize[7]"]
         assert self.get(f"/runs/{d.run_id}?part=map&key=join").code == 404  # not a map
-        assert self.get(f"/runs/{d.run_id}?part=map&key=resize[3]").code == 400
+        assert self.get(f"/runs/{d.run_id}?part=map&key=resize[3]").code == 404  # a child: not a map
+        assert self.get(f"/runs/{d.run_id}?part=map&key=resize[x]").code == 400  # no node key
         assert self.get(f"/runs/{d.run_id}?part=map&key=resize", anonymous=True).code == 302
         # dot and mermaid say the same
         dot = self.get(f"/api/runs/{d.run_id}/graph?format=dot", **bearer(TOKEN)).body.decode()

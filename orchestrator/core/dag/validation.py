@@ -199,7 +199,8 @@ def _check_task_name(
         raise UnknownTaskError(f"task {node.task!r} is internal to Celery", dag=dag, node=node.key)
     if is_registered is not None and not is_registered(node.task):
         raise UnknownTaskError(
-            f"task {node.task!r} is not registered in the Celery app (add its module to ORCHESTRATOR_TASK_MODULES)",
+            f"task {node.task!r} is not registered in the Celery app (add its module to ORCHESTRATOR_TASK_MODULES;"
+            " a task defined in the script being run takes that module's name only when the list names it)",
             dag=dag,
             node=node.key,
         )
