@@ -1,6 +1,7 @@
 """Self-fencing: one heartbeat thread per worker process extends the leases of the attempts it runs,
 claims the direct bodies that outlive the claim delay, and interrupts a body whose attempt lost its
-task (:class:`LeaseLost`: a signal on the main thread, an asynchronous exception elsewhere)."""
+task (:class:`LeaseLost`: a signal on the main thread, an asynchronous exception elsewhere; a
+coroutine body's asyncio task is cancelled instead, see :func:`interrupted_by`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,13 +50,36 @@ def _prepare_fencing() -> bool:
     return True
 
 
+#: thread id -> how to stop the coroutine body that thread runs (``runtime/aio.py``): its asyncio
+#: task is cancelled on its loop, neither a signal nor an asynchronous exception (either could land
+#: in the loop's own code, which logs and swallows what a callback raises)
+_interrupters: dict[int, Callable[[BaseException], object]] = {}
+
+
+@contextmanager
+def interrupted_by(stop: Callable[[BaseException], object]) -> Iterator[None]:
+    """While the block runs, a lease lost (or a delayed claim refused) for the calling thread's
+    body calls ``stop(LeaseLost())`` (from the heartbeat thread) instead of interrupting the thread."""
+    ident = threading.get_ident()
+    _interrupters[ident] = stop
+    try:
+        yield
+    finally:
+        _interrupters.pop(ident, None)
+
+
 def _interrupt(thread_id: int) -> None:
     """Raise :class:`LeaseLost` in the thread running the body.
 
     On the main thread (prefork and solo pools) a signal does it, which also breaks a
     blocking call such as ``time.sleep`` or a socket read; in other threads (the threads
-    pool) an asynchronous exception does it, taking effect at the next bytecode.
+    pool) an asynchronous exception does it, taking effect at the next bytecode. A thread
+    running a coroutine body (:func:`interrupted_by`) has its asyncio task cancelled instead.
     """
+    stop = _interrupters.get(thread_id)
+    if stop is not None:
+        stop(LeaseLost())
+        return
     if thread_id == threading.main_thread().ident and signal.getsignal(_FENCE_SIGNAL) is _on_fence_signal:
         _fence_requested.set()
         signal.pthread_kill(thread_id, _FENCE_SIGNAL)

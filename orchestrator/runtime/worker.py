@@ -52,6 +52,7 @@ from ..core.protocol import (
 )
 from ..core.waits import Defer, SensorSpec
 from ..engine.facade import Orchestrator
+from .aio import call_body, call_direct
 from .context import TaskContext as TaskContext
 from .context import _context
 from .context import current_context as current_context
@@ -81,11 +82,11 @@ class OrchestratedTask(Task):  # type: ignore[misc]
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if request.called_directly:
-            return super().__call__(*args, **kwargs)
+            return call_direct(super().__call__(*args, **kwargs))
         token = verified_token(self, request, (args, kwargs))
         if token is None:
             # a plain Celery message: Task.__call__ would push a fresh request and hide this one
-            return self.run(*args, **kwargs)
+            return call_body(self, args, kwargs)
         # a redelivered message (its worker died, or it was restored unacknowledged) may be of an
         # attempt already claimed: it claims before its body, so a stale copy never runs
         direct = getattr(request, HEADER_DIRECT, None) is True and not _redelivered(request)
@@ -109,7 +110,7 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         status: str | None = None
         try:
             try:
-                result = self.run(*args, **kwargs)
+                result = call_body(self, args, kwargs)
             finally:
                 status = hb.untrack(token)
             if status == "refused":
