@@ -9,6 +9,7 @@ traceback, then its own arguments (a file it appends a line to)."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from celery import chain, chord, group
@@ -27,7 +28,10 @@ def extract(day: str, rows: int = 12, fail: bool = False) -> list[dict[str, Any]
 
 
 @app.task
-def transform(rows: list[dict[str, Any]], part: int, parts: int = PARTS) -> dict[str, Any]:
+def transform(rows: list[dict[str, Any]], part: int, parts: int = PARTS, pause: float = 0.0) -> dict[str, Any]:
+    """Sum the ``part``-th slice of ``rows`` (after ``pause`` seconds: the fault tests kill it mid-way)."""
+    if pause:
+        time.sleep(pause)
     mine = rows[part::parts]
     return {"part": part, "count": len(mine), "amount": sum(r["amount"] for r in mine)}
 
@@ -60,12 +64,12 @@ def notify_failure(request: Any, exc: BaseException, traceback: Any, path: str) 
         out.write(json.dumps(line) + "\n")
 
 
-def workflow(day: str, *, failures: str, fail: bool = False, queue: str = "celery") -> Any:
+def workflow(day: str, *, failures: str, fail: bool = False, queue: str = "celery", pause: float = 0.0) -> Any:
     """The canvas: ``extract`` (on ``queue``) -> four ``transform`` parts -> ``aggregate`` (a chord)
     -> ``load``, then an immutable ``stamp``; an error callback on the chain."""
     return chain(
         extract.s(day, fail=fail).set(queue=queue),
-        chord(group(transform.s(part=i) for i in range(PARTS)), aggregate.s()),
+        chord(group(transform.s(part=i, pause=pause) for i in range(PARTS)), aggregate.s()),
         load.s(table="revenue"),
         stamp.si("done"),
     ).on_error(notify_failure.s(failures))

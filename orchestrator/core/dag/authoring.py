@@ -14,6 +14,7 @@ from ..routing import DEFAULT_TENANT, Priority
 from ..states import TriggerRule
 from ..waits import WAIT_TASK, SensorSpec, WaitSpec
 from .bounds import DEFAULT_MAX_MAP_LENGTH, SizeLimits, label
+from .canvas import ATTEMPTS as CANVAS_ATTEMPTS
 from .canvas import canvas_name, fill, is_canvas
 from .coerce import backoff_value, enum_value, exception_names, resource_names
 from .model import MapArg, MapSpec, Node, OnDeadline
@@ -127,15 +128,19 @@ class DAG:
         return node
 
     @classmethod
-    def from_canvas(cls, canvas: Any, *, name: str | None = None, **options: Any) -> DAG:
+    def from_canvas(
+        cls, canvas: Any, *, name: str | None = None, attempts: int = CANVAS_ATTEMPTS, **options: Any
+    ) -> DAG:
         """The DAG a Celery canvas makes (a chain, group, chord or task signature, nested as
         Celery allows), passing results exactly as Celery does: see :mod:`.canvas`. ``name``
-        defaults to the canvas's kind and first task (``chain-extract``); ``options`` are the
-        constructor's (``tenant``, ``priority``, ``params``...). Raises :class:`ValidationError`."""
+        defaults to the canvas's kind and first task (``chain-extract``); each task gets
+        ``attempts`` attempts, spent only on a lost worker and ``self.retry()`` as Celery's late
+        acks spend them; ``options`` are the constructor's (``tenant``, ``priority``,
+        ``params``...). Raises :class:`ValidationError`."""
         if not is_canvas(canvas):
             raise ValidationError(f"a canvas must be a Celery signature, not {type(canvas).__name__}")
         dag = cls(name if name is not None else canvas_name(canvas), **options)
-        fill(dag, canvas)
+        fill(dag, canvas, attempts)
         return dag
 
     def _single_parent(self, key: str, parents: list[Node | str]) -> str:

@@ -32,6 +32,12 @@ from .signatures import SIGNATURE_OPTIONS
 
 #: the options a chain, group or chord hands down to its parts (the parts' own win)
 INHERITED = ("queue", "priority", "soft_time_limit", "time_limit")
+#: attempts of a converted task: Celery with late acks (the project's app) runs a task again
+#: when its worker is lost, and again when its body calls ``self.retry()``; an exception fails
+#: it (Celery retries none without ``autoretry_for``). So a converted node retries only those:
+#: a lost lease (the reconciler's retry, which ``retry_on`` does not filter) and ``self.retry()``
+ATTEMPTS = 3
+RETRY_ON = ("RetryRequested",)
 _KINDS = ("chain", "group", "chord")
 
 
@@ -61,16 +67,18 @@ class Flow:
     many: bool = False
 
 
-def fill(dag: Any, canvas: Any) -> None:
-    """Add ``canvas``'s nodes to ``dag`` (a :class:`DAG`); raise :class:`ValidationError`."""
+def fill(dag: Any, canvas: Any, attempts: int = ATTEMPTS) -> None:
+    """Add ``canvas``'s nodes to ``dag`` (a :class:`DAG`), each with ``attempts`` attempts
+    (see :data:`ATTEMPTS`); raise :class:`ValidationError`."""
     if not is_canvas(canvas):
         raise ValidationError(f"a canvas must be a Celery signature, not {type(canvas).__name__}", dag=dag.name)
-    _Builder(dag).add(canvas, Flow(), {})
+    _Builder(dag, attempts).add(canvas, Flow(), {})
 
 
 class _Builder:
-    def __init__(self, dag: Any) -> None:
+    def __init__(self, dag: Any, attempts: int) -> None:
         self.dag = dag
+        self.retries = {"max_attempts": attempts, "retry_on": RETRY_ON}
 
     def add(self, sig: Mapping[str, Any], before: Flow, inherited: dict[str, Any], index: int | None = None) -> Flow:
         kind = sig.get("subtask_type")
@@ -123,7 +131,7 @@ class _Builder:
         if before.keys and not sig.get("immutable"):
             args.insert(0, results_arg(before.keys) if before.many else result_arg(before.keys[0]))
         part = {**sig, "args": args, "options": options, "subtask_type": None}
-        self.dag.task(key, part, upstream=list(before.keys))
+        self.dag.task(key, part, upstream=list(before.keys), **self.retries)
         for errback in errbacks:
             self.errback(errback, key)
         flow = Flow((key,))
@@ -139,7 +147,7 @@ class _Builder:
         key = self.key(f"{_short(str(sig['task']))}-{part.split('[', 1)[0]}{_index(part)}")
         args = [error_arg(part, passes=not sig.get("immutable")), *(sig.get("args") or ())]
         callback = {**sig, "args": args, "options": options}
-        self.dag.task(key, callback, upstream=[part], trigger_rule="one_failed")
+        self.dag.task(key, callback, upstream=[part], trigger_rule="one_failed", **self.retries)
 
     def callback(self, sig: Mapping[str, Any], flow: Flow) -> None:
         """``sig`` (a ``link``) runs after ``flow`` succeeded, with its result as Celery passes it."""
