@@ -38,6 +38,7 @@ from celery.worker.request import Request
 
 from ..core.crashpoints import crash_point
 from ..core.dag import UPSTREAM_KWARG, check_json
+from ..core.dag.passing import placeholder
 from ..core.errors import ResultNotSerializable, Skip, ValidationError
 from ..core.models import Claim
 from ..core.poison import exception_names, fingerprint, is_infrastructure
@@ -60,6 +61,7 @@ from .heartbeat import Heartbeater as Heartbeater
 from .heartbeat import LeaseLost as LeaseLost
 from .heartbeat import _heartbeater
 from .inbox import count_drop
+from .passing import passed_args, wants_upstream_kwarg
 from .process import current_orchestrator
 from .registration import WorkerServices as WorkerServices
 from .registration import registered_names as registered_names
@@ -160,10 +162,17 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         crash_point("after_claim_commit")
         kwargs = dict(claim.kwargs)
         upstream = claim.upstream_results
-        if claim.wants_upstream:
+        if claim.wants_upstream and wants_upstream_kwarg(self):
             kwargs[UPSTREAM_KWARG] = upstream
+        args = claim.args
+        if placeholder(args) is not None:  # a parent's result passed as Celery passes it
+            try:
+                args = passed_args(orc, self, token.run_id, args, upstream)
+            except Skip as exc:  # an error callback whose part did not fail itself
+                orc.skip_attempt(token, exc.reason)
+                raise Ignore() from None
         hb.track(token)
-        return claim.args, kwargs, upstream, claim.resumed, claim.sensor
+        return args, kwargs, upstream, claim.resumed, claim.sensor
 
     def _succeed(
         self, orc: Orchestrator, token: FencingToken, worker: str, status: str | None, result: Any, sensor: Any,
