@@ -157,3 +157,19 @@ def test_a_builder_node_takes_its_parents_result_positionally(orc: Orchestrator,
     assert results(orc, run.id)["part"] == {"part": 1, "count": 2, "amount": 11 + 13}
     with pytest.raises(ValidationError, match="exactly one upstream"):
         DAG("two").task("x", transform.s(part=0), upstream=["a", "b"], parent_arg=True)
+
+
+def test_a_canvas_run_of_a_tenant_cancelled_mid_chord_stops_and_calls_no_error_callback(
+    orc: Orchestrator, canvas_worker: None, tmp_path: Path
+) -> None:
+    failures = tmp_path / "failures"
+    dag = DAG.from_canvas(workflow(DAY, failures=str(failures), queue=QUEUE, pause=30), name="canvas", tenant="acme")
+    run = orc.submit(dag)
+    assert run.status().tenant == "acme"
+    until("a header part running", lambda: run.task("transform[0]").state.value == "RUNNING")
+    run.cancel(by="test")
+    status = run.wait(timeout=120)
+    assert status.state is RunState.CANCELLED
+    states = {t.key: t.state.value for t in run.tasks()}
+    assert states["extract"] == "SUCCEEDED" and states["transform[0]"] == "CANCELLED", states
+    assert not failures.exists()  # a cancel is not a failure: no error callback ran

@@ -21,7 +21,7 @@ from orchestrator.core import graph as drawing
 from orchestrator.core.publisher import RecordingPublisher
 from orchestrator.web.params import API_LIMIT, CHANGES_LIMIT, LEDGER_ROWS, TASK_ROWS
 from tests.store.dynamic import Fail, drive
-from tests.unit.test_web import TOKEN, WebCase, bearer
+from tests.unit.test_web import TOKEN, WebCase, bearer, finish
 
 WIDTH = 3_000
 
@@ -442,3 +442,30 @@ def test_maps_and_skips_in_the_drawing_from_task_rows() -> None:
     views = [SimpleNamespace(**{**i.__dict__, "map_counts": None}, attempt_=1) for i in infos]
     again = drawing.from_views(views, [("ls", "m"), ("m", "join")])
     assert next(b for b in again.boxes if b.keys == ("m",)).counts == m.counts
+
+
+class TestCanvasOnTheRunPage(WebCase):
+    """A converted Celery canvas's keys (``ok[0]``, ``ok-2``, ``fail-ok``) on the page, its
+    search, its drawing and the API."""
+
+    auth = TOKEN
+
+    def test_a_canvas_runs_keys_are_shown_found_and_drawn(self) -> None:
+        from celery import Signature, chain, chord
+
+        ok = Signature("t.ok")
+        sig = chain(ok.clone(), chord([ok.clone(), ok.clone()], ok.clone())).on_error(Signature("t.fail"))
+        run = self.orc.submit(DAG.from_canvas(sig, name="canvas"))
+        finish(self.orc)
+        self.session = {"Cookie": self.log_in(TOKEN)}
+        html = self.get(f"/runs/{run.id}").body.decode()
+        rows = dict(re.findall(r'<tr id="task-([^"]+)" data-key="[^"]+" data-state="([^"]+)"', html))
+        assert rows == {
+            "ok": "SUCCEEDED", "ok[0]": "SUCCEEDED", "ok[1]": "SUCCEEDED", "ok-2": "SUCCEEDED",
+            "fail-ok": "SKIPPED", "fail-ok-2": "SKIPPED",
+        }, rows  # fmt: skip
+        found = self.get(f"/runs/{run.id}?q=" + quote("ok[1]")).body.decode()
+        assert 'data-key="ok[1]"' in found
+        assert self.get(f"/runs/{run.id}?part=dag").body.decode().count('class="node') == 6
+        doc = json.loads(self.get(f"/api/runs/{run.id}", **bearer(TOKEN)).body)
+        assert {t["key"] for t in doc["tasks"]} == set(rows)
