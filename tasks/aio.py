@@ -81,6 +81,22 @@ async def forever(self: Any, marker: str) -> None:
 
 
 @app.task(bind=True)
+async def stubborn(self: Any, marker: str) -> None:
+    """Await forever, and go on awaiting once after its first cancel (noted ``ignored <why>``), as a
+    body whose clean-up outlives its soft time limit; its second cancel is noted ``cancelled <why>``."""
+    _note(self, marker, "started")
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError as exc:
+        _note(self, marker, f"ignored {' '.join(str(a) for a in exc.args)}")
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError as exc:
+        _note(self, marker, f"cancelled {' '.join(str(a) for a in exc.args)}")
+        raise
+
+
+@app.task(bind=True)
 async def remember(self: Any, marker: str, a: int, b: int) -> int:
     """Return ``a + b``, noting it (a plain Celery call has no result backend to read)."""
     await asyncio.sleep(0.01)

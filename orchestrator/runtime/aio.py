@@ -25,6 +25,9 @@ with it). :func:`call_body` runs it to completion instead, on an event loop the 
   * a terminate signal (a revoke with ``terminate=True``, a cold shutdown): billiard's
     ``SystemExit``, once the coroutine's clean-up ran; a second one acts at once.
 
+  A stronger cause replaces a weaker one (a soft limit, then a hard limit or a lost lease, then
+  a process exit), cancelling again a body that caught its soft limit's cancel.
+
   A signal whose Python handler raises is routed this way while the loop runs on the main
   thread: an exception raised inside the loop's own code would be logged and swallowed. A body
   that catches the ``CancelledError`` of a soft limit and returns keeps its result, as a sync body
@@ -82,6 +85,7 @@ def body_loop() -> asyncio.AbstractEventLoop:
     if held is not None and held[0] != pid:
         _inherited.append(held[1])
     loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # the thread's loop for sync code too (asyncio.get_event_loop())
     _local.held = (pid, loop)
     return loop
 
@@ -125,15 +129,20 @@ class _Body:
         self.where: Any = None
 
     def interrupt(self, cause: BaseException) -> bool:
-        """Cancel the body because of ``cause`` (from any thread, or a signal handler); ``False``
-        when it was already being stopped (the first cause stands)."""
-        if self.cause is not None:
+        """Stop the body because of ``cause`` (from any thread, or a signal handler); ``False``
+        when a cause at least as strong already stands. The strength: a soft time limit, then a
+        hard one, a lost lease or anything else, then a process exit. A stronger cause replaces
+        the one standing; it cancels the body again only after a soft limit (which the body may
+        have caught), a clean-up under way is left to finish."""
+        standing = self.cause
+        if standing is not None and _strength(cause) <= _strength(standing):
             return False
         self.cause = cause
-        try:
-            self.loop.call_soon_threadsafe(self._cancel)
-        except RuntimeError:  # the loop is closed: nothing runs on it any more
-            pass
+        if standing is None or isinstance(standing, SoftTimeLimitExceeded):
+            try:
+                self.loop.call_soon_threadsafe(self._cancel)
+            except RuntimeError:  # the loop is closed: nothing runs on it any more
+                pass
         return True
 
     def _cancel(self) -> None:
@@ -242,15 +251,15 @@ def _timers(
     if soft:
         timers.append(loop.call_later(soft, body.interrupt, SoftTimeLimitExceeded(soft)))
     if hard and (not soft or hard > soft):
-        timers.append(loop.call_later(hard, _hard_limit, body, hard))
+        # a body that outlived its soft limit's cancel is cancelled again
+        timers.append(loop.call_later(hard, body.interrupt, TimeLimitExceeded(hard)))
     return timers
 
 
-def _hard_limit(body: _Body, hard: float) -> None:
-    if not body.interrupt(TimeLimitExceeded(hard)) and isinstance(body.cause, SoftTimeLimitExceeded):
-        # the body outlived its soft limit's cancel: the hard limit is what stops it now
-        body.cause = TimeLimitExceeded(hard)
-        body._cancel()
+def _strength(cause: BaseException) -> int:
+    if isinstance(cause, _EXITS):
+        return 3
+    return 1 if isinstance(cause, SoftTimeLimitExceeded) else 2
 
 
 def _route_signals(body: _Body) -> Callable[[], None]:

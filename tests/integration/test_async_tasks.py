@@ -2,7 +2,8 @@
 per pool (prefork, threads, solo), each on a queue of its own: an async DAG passes results through
 ``upstream``, each worker thread keeping its loop across bodies; a soft time limit cancels the
 coroutine and FAILS the attempt with ``SoftTimeLimitExceeded`` (the pool's SIGUSR1 in prefork, the
-loop's own timer in the threads and solo pools); a cancel of the run cancels the coroutine, whose
+loop's own timer in the threads and solo pools), a hard one stops a body that caught it
+(``TimeLimitExceeded``); a cancel of the run cancels the coroutine, whose
 ``except asyncio.CancelledError`` runs once, and fences its attempt (its late outcome rejected,
 nothing committed after the cancel); ``delay()`` without the orchestrator's headers runs the
 coroutine and Celery logs its result."""
@@ -157,6 +158,33 @@ def test_a_soft_time_limit_cancels_the_coroutine_and_fails_the_attempt(
     assert row.error.startswith("SoftTimeLimitExceeded"), row.error
     assert noted(notes, marker) == ["started", "cancelled SoftTimeLimitExceeded", "finally"]
     assert run.wait(timeout=30).state is RunState.FAILED
+
+
+def test_a_body_that_outlives_its_soft_limit_is_stopped_at_the_hard_one(
+    orc: Orchestrator, worker: Worker, notes: redis.Redis
+) -> None:
+    # Given an async body that catches its soft limit's cancel and goes on awaiting
+    marker = f"hard-{worker.pool}-{uuid.uuid4().hex[:6]}"
+    dag = DAG(f"aio-hard-{worker.pool}")
+    dag.task("stuck", A + "stubborn", kwargs={"marker": marker}, soft_time_limit=1, time_limit=3, queue=worker.queue)
+
+    # When it runs past its hard limit
+    run = orc.submit(dag)
+    until("the attempt FAILED", lambda: task_row(orc, run.id, "stuck").state == "FAILED")
+
+    # Then the attempt failed with TimeLimitExceeded: recorded by the prefork worker's main process
+    # as its pool kills the body (SIGTERM, routed to a cancel, then SIGKILL 0.1 s later), by the
+    # loop's own timer elsewhere, which cancels the body a second time
+    row = task_row(orc, run.id, "stuck")
+    # "TimeLimitExceeded: hard time limit (...)" from the main process, else the exception's
+    # "billiard.exceptions.TimeLimitExceeded: ..."
+    assert row.error.split(":")[0].endswith("TimeLimitExceeded"), row.error
+    got = noted(notes, marker)
+    assert got[:2] == ["started", "ignored SoftTimeLimitExceeded"], got
+    if worker.pool == "prefork":
+        assert got[2:] in ([], ["cancelled SystemExit"]), got
+    else:
+        assert got[2:] == ["cancelled TimeLimitExceeded"], got
 
 
 def test_a_cancelled_run_cancels_its_coroutine_and_fences_its_attempt(

@@ -282,6 +282,58 @@ def test_a_terminate_signal_cancels_the_body_then_exits(restored_signals: None) 
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+def test_a_terminate_signal_cancels_again_a_body_that_caught_its_soft_limit(restored_signals: None) -> None:
+    signal.signal(signal.SIGUSR1, soft_timeout_sighandler)
+    signal.signal(signal.SIGTERM, _shutdown_cleanup)
+    notes: list[str] = []
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError as exc:
+            notes.append(f"ignored {exc.args[0]}")
+            os.kill(os.getpid(), signal.SIGTERM)  # the pool kills it at its hard limit
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError as exc:
+            notes.append(f"cancelled {exc.args[0]}")
+            raise
+
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    try:
+        with pytest.raises(SystemExit):
+            aio.run_coroutine(stubborn())
+    finally:
+        clear_terminate_handler_fired()
+    assert notes == ["ignored SoftTimeLimitExceeded", "cancelled SystemExit"]
+
+
+def test_a_second_interrupt_signal_stops_a_clean_up_at_once(restored_signals: None) -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a script's Ctrl-C, as asyncio.run takes it
+    notes: list[str] = []
+
+    async def slow_clean_up() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            notes.append("clean-up")
+            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()  # impatient: a second Ctrl-C
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                notes.append("clean-up cancelled")
+                raise
+
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        aio.run_coroutine(slow_clean_up())
+    assert notes == ["clean-up"]
+    # what was left is cancelled and runs down with the next body on the loop
+    assert aio.run_coroutine(double(2)) == 4
+    assert notes == ["clean-up", "clean-up cancelled"]
+    assert not [t for t in asyncio.all_tasks(aio.body_loop()) if not t.done()]
+
+
 # ------------------------------------------------------------------ a task's plain Celery calls
 
 
