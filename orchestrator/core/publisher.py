@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from .crashpoints import crash_point
@@ -64,10 +65,35 @@ class RecordingPublisher:
             return sent
 
 
+class RunTrace(Protocol):
+    """One run's trace context as its messages carry it (``orchestrator.runtime.tracing.RunTrace``)."""
+
+    #: what the lean publish adds to a message's headers for the run's trace context
+    headers: Mapping[str, Any]
+    #: what ``send_task`` is given in its ``headers`` for it
+    send_task_headers: Mapping[str, Any]
+
+    def active(self) -> AbstractContextManager[None]:
+        """The run's context current while one message is published and its signals fire."""
+        ...
+
+
+class RunTraces(Protocol):
+    """Each run's trace context, for the runs a publish is for (``orchestrator.runtime.tracing.RunTraces``)."""
+
+    def lookup(self, run_ids: Collection[str]) -> Mapping[str, RunTrace] | None:
+        """The runs' traces, or ``None`` while tracing is off in this process. Must not raise."""
+        ...
+
+
 class LeanSender(Protocol):
     """Publishes one dispatch's task message on a producer (``orchestrator.runtime.messages.LeanSender``)."""
 
-    def send(self, producer: Any, d: Dispatch, signature: str, priority: int | None) -> None: ...
+    traces: RunTraces
+
+    def send(
+        self, producer: Any, d: Dispatch, signature: str, priority: int | None, trace: RunTrace | None = None
+    ) -> None: ...
 
 
 class CeleryPublisher:
@@ -76,23 +102,29 @@ class CeleryPublisher:
     The message is the one ``send_task`` would make. An app made by
     :func:`orchestrator.runtime.celery_app.create_app` carries a lean sender
     (:class:`orchestrator.runtime.messages.LeanSender`: the message's constant part built once per task
-    name and stamped per attempt, without ``send_task``'s routing, signals and checks), used
-    unless task-sent events are on (``ORCHESTRATOR_TASK_EVENTS``: Flower's "sent" state, which
-    ``send_task`` emits); any other app publishes through ``send_task``.
+    name and stamped per attempt, without ``send_task``'s routing and checks; Celery's publish
+    signals sent as ``send_task`` sends them), used unless task-sent events are on
+    (``ORCHESTRATOR_TASK_EVENTS``: Flower's "sent" state, which ``send_task`` emits); any other
+    app publishes through ``send_task``.
+
+    Either way each message carries its run's trace context and is published with it current
+    (``traces``: default, the lean sender's :class:`orchestrator.runtime.tracing.RunTraces`;
+    ``None`` for an app without one), so the run is one trace whoever publishes it.
 
     ``signing_key`` returns the deployment's key (read from the database once, by the store):
     each message's fencing headers carry their signature (:func:`orchestrator.core.protocol.sign`).
     On RabbitMQ each message also carries its priority class as a message priority (on Redis,
     kombu would turn a priority into separate lists: admission's order is enough there)."""
 
-    def __init__(self, app: Any, signing_key: Callable[[], bytes]) -> None:
+    def __init__(self, app: Any, signing_key: Callable[[], bytes], traces: RunTraces | None = None) -> None:
         self.app = app
         self.signing_key = signing_key
         self.priorities = broker_has_priorities(str(app.conf.broker_url or ""))
+        sender: LeanSender | None = getattr(app, "orchestrator_lean_sender", None)
         #: the lean sender, or ``None``: every message through ``send_task``
-        self.lean: LeanSender | None = None
-        if not app.conf.task_send_sent_event:
-            self.lean = getattr(app, "orchestrator_lean_sender", None)
+        self.lean: LeanSender | None = None if app.conf.task_send_sent_event else sender
+        #: each run's trace context (``None``: messages carry none)
+        self.traces: RunTraces | None = traces if traces is not None else getattr(sender, "traces", None)
 
     def publish(self, dispatches: Sequence[Dispatch]) -> int:
         batch = list(dispatches)
@@ -100,6 +132,7 @@ class CeleryPublisher:
             return 0
         crash_point("after_dispatch_commit")
         sent = queued = 0
+        traces = self.traces.lookup({d.run_id for d in batch}) if self.traces is not None else None
         try:
             key = self.signing_key()
             with self.app.producer_or_acquire() as producer:
@@ -110,10 +143,11 @@ class CeleryPublisher:
                     for d in batch:
                         signature = sign(key, d.task_name, d.token, (d.args, d.kwargs) if d.direct else None)
                         priority = message_priority(d.priority_rank) if self.priorities else None
+                        trace = traces.get(d.run_id) if traces is not None else None
                         if self.lean is not None:
-                            self.lean.send(producer, d, signature, priority)
+                            self.lean.send(producer, d, signature, priority, trace)
                         else:
-                            self._send_task(producer, d, signature, priority)
+                            self._send_task(producer, d, signature, priority, trace)
                         queued += 1
                         if group is None:
                             sent = queued
@@ -124,22 +158,22 @@ class CeleryPublisher:
             )
         return sent
 
-    def _send_task(self, producer: Any, d: Dispatch, signature: str, priority: int | None) -> None:
-        self.app.send_task(
-            d.task_name,
-            args=d.args,
-            kwargs=d.kwargs,
-            producer=producer,
-            **send_options(
-                d.token,
-                queue=d.queue,
-                soft_time_limit=d.soft_time_limit,
-                time_limit=d.time_limit,
-                signature=signature,
-                priority=priority,
-                direct=d.direct,
-            ),
+    def _send_task(
+        self, producer: Any, d: Dispatch, signature: str, priority: int | None, trace: RunTrace | None = None
+    ) -> None:
+        options = send_options(
+            d.token,
+            queue=d.queue,
+            soft_time_limit=d.soft_time_limit,
+            time_limit=d.time_limit,
+            signature=signature,
+            priority=priority,
+            direct=d.direct,
         )
+        if trace is not None:
+            options["headers"].update(trace.send_task_headers)
+        with trace.active() if trace is not None else contextlib.nullcontext():
+            self.app.send_task(d.task_name, args=d.args, kwargs=d.kwargs, producer=producer, **options)
 
     def revoke(self, task_ids: Iterable[str]) -> None:
         ids = list(task_ids)

@@ -1,8 +1,9 @@
-"""Reads of runs: one run (its view, its state, what a rerun repeats, its logical date) and
-the runs list."""
+"""Reads of runs: one run (its view, its state, what a rerun repeats, its logical date, the
+resources its tasks use), the runs list, and runs' trace contexts (the publisher's)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
@@ -11,7 +12,7 @@ from ...core.errors import RunNotFound
 from ...core.models import RunView
 from ...core.states import RunState
 from .. import rows
-from .base import ReadsBase, t_runs
+from .base import ReadsBase, t_runs, t_tasks
 
 #: the columns of ``orc_runs`` a :class:`RunView` needs: not the DAG's snapshot (a 50,000-task
 #: run's is megabytes of JSON, decoded for nothing by every run page and runs list)
@@ -97,3 +98,28 @@ class RunReads(ReadsBase):
         query = sa.select(t_runs.c.logical_date).where(*self._run_where(run_id))
         found: str | None = self.db.read(lambda conn: conn.execute(query).scalar())
         return found
+
+    def trace_contexts(self, run_ids: Collection[str]) -> dict[str, dict[str, str] | None]:
+        """Each run's trace context as its submitter had it (``orc_runs.trace_context``: text
+        headers, W3C's and Sentry's), ``None`` for a run submitted without one; a run these reads
+        may not see, or that does not exist, is left out. One query and one try: the publisher
+        asks on its way to the broker, where an outage must not hold messages back."""
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        q = sa.select(t_runs.c.id, t_runs.c.trace_context).where(t_runs.c.id.in_(ids))
+        if self.tenant is not None:
+            q = q.where(t_runs.c.tenant == self.tenant)
+        with self.db.engine.connect() as conn:
+            found = conn.execute(q).all()
+        return {
+            run_id: {str(k): str(v) for k, v in carrier.items()} if isinstance(carrier, dict) and carrier else None
+            for run_id, carrier in found
+        }
+
+    def run_resources(self, run_id: str) -> list[str]:
+        """The resources the run's tasks use (their circuit breakers), sorted; raise
+        :class:`RunNotFound`."""
+        used = sa.func.unnest(t_tasks.c.resources).label("resource")
+        q = sa.select(used).where(t_tasks.c.run_id == run_id).distinct()
+        return sorted(str(r) for (r,) in self._of_run(run_id, q))
