@@ -15,6 +15,7 @@ from typing import Any
 
 from .dag import SizeLimits
 from .errors import ConfigurationError
+from .workers import code_version_problem
 
 # the embedded default's URL (the server itself: orchestrator.store.embedded)
 SCHEME = "embedded://"
@@ -45,6 +46,11 @@ class Settings:
     broker_url: str = ""
     #: comma-separated modules that define the tasks DAG nodes may name
     task_modules: tuple[str, ...] = ("tasks.probes", "tasks.etl", "tasks.dynamic", "tasks.canvas")
+    #: the code version this worker advertises (a build id: 1-64 letters, digits or . _ + -);
+    #: empty: a hash of the source files of its task modules. A worker of version V also
+    #: consumes ``QUEUE@V`` for each queue it consumes, where the tasks of a run submitted with
+    #: ``code_version=V`` go (``orchestrator.core.workers``)
+    code_version: str = ""
     dedicated_tenants: tuple[str, ...] = ()
     #: the tenant this process acts as: reads, operator actions and idempotency lookups see
     #: that tenant's runs only, and it submits as that tenant; empty: every tenant (the
@@ -175,6 +181,8 @@ class Settings:
         settings = cls(**values)
         if settings.db_pool_size < 1:
             raise ConfigurationError(f"{PREFIX}DB_POOL_SIZE={settings.db_pool_size} must be at least 1")
+        if settings.code_version and (problem := code_version_problem(settings.code_version)):
+            raise ConfigurationError(f"{PREFIX}CODE_VERSION {problem}")
         return settings.with_defaults()
 
     def with_defaults(self) -> Settings:

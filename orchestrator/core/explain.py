@@ -19,11 +19,12 @@ further below their weighted share, so they go first; the run's tenant's slots b
 of higher priority, or older, in any queue the workers of its queue also consume),
 ``window_full`` (the live workers of its queue have every slot in use), ``no_worker`` (no live
 worker consumes its queue), ``unregistered`` (``no live worker on queue Q has task T registered
-(workers on Q: ...)``, or a worker dropped its message as unregistered: admission holds it READY
-until a worker of Q that has T registers), ``stuck`` (the reconciler's watchdog flagged it: no
-worker can take it, its message was re-published N times without a claim, or its run had no
-transition for ``ORCHESTRATOR_STUCK_RUN_SECONDS``; ``needs_attention`` is true), ``queued``
-(published, waiting for a worker to take the message),
+(workers on Q: ...)``; for a run pinned to a code version, ``no live worker of code version V on
+queue Q has task T registered (workers on Q: w (version v1), ...)``; or a worker dropped its message
+as unregistered: admission holds it READY until a worker of Q that has T registers), ``stuck``
+(the reconciler's watchdog flagged it: no worker can take it, its message was re-published N
+times without a claim, or its run had no transition for ``ORCHESTRATOR_STUCK_RUN_SECONDS``;
+``needs_attention`` is true), ``queued`` (published, waiting for a worker to take the message),
 ``running``, ``retry_at`` (RETRYING until ``not_before``), ``waiting`` (WAITING: for which event
 and match, an instant, an approval or a sensor's next check, until when, its deadline; it holds
 no slot), ``dead_letter`` (parked, waiting for a person), ``finished`` (terminal),
@@ -52,6 +53,7 @@ from typing import Any
 from .models import RateLimit
 from .routing import DEFAULT_TENANT
 from .states import TERMINAL, TaskState
+from .workers import dropped_text, pinned_text, split_pinned, unregistered_text
 
 T = TaskState
 
@@ -134,6 +136,9 @@ class ExplainInput:
     #: registered (``None``: a worker that does not say, which takes every name); a queue absent
     #: here is not checked
     registered: dict[str, dict[str, list[str] | None]] = field(default_factory=dict)
+    #: per queue ``Q`` of the run's READY tasks pinned to a code version (their queue ``Q@V``):
+    #: each live worker consuming ``Q`` -> the code version it advertises (``None``: it did not say)
+    versions: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
 
 #: what each skip reason means (``states.SkipReason``; the ledger row says which task did it)
@@ -354,21 +359,6 @@ def _pending(t: Any, parents: list[str], by_key: dict[str, Any]) -> list[Reason]
     return reasons
 
 
-def unregistered_text(queue: str, task_name: str, workers: Sequence[str]) -> str:
-    """``no live worker on queue Q has task T registered (workers on Q: ...)``."""
-    shown = ", ".join(workers) or "none"
-    return f"no live worker on queue {queue} has task {task_name} registered (workers on {queue}: {shown})"
-
-
-def dropped_text(worker: str, task_name: str, queue: str, having: Sequence[str]) -> str:
-    """What a task a worker dropped as unregistered waits for (``dropped_by``)."""
-    return (
-        f"dropped by worker {worker}: task {task_name} is not registered there; held READY until a worker of"
-        f" queue {queue} that has it registers or {worker} goes away (workers on {queue} with it:"
-        f" {', '.join(having) or 'none'})"
-    )
-
-
 def _stuck(t: Any) -> Reason | None:
     """The watchdog's flag (``orc_tasks.stuck``): the task needs a person."""
     flag = getattr(t, "stuck", None)
@@ -402,7 +392,29 @@ def _unregistered(t: Any, data: ExplainInput) -> Reason | None:
     return Reason("unregistered", unregistered_text(t.queue, name, sorted(workers)), info)
 
 
+def _pinned(t: Any, data: ExplainInput) -> Reason | None:
+    """A READY task of a run pinned to a code version V (its queue ``Q@V``) that no live worker of
+    V consuming Q has registered: admission holds it (a worker that dropped its message is
+    :func:`_unregistered`'s)."""
+    base, version = split_pinned(t.queue)
+    name = getattr(t, "task_name", None)
+    if version is None or name is None or getattr(t, "dropped_by", None) is not None:
+        return None
+    workers = data.registered.get(t.queue, {})
+    if any(names is None or name in names for names in workers.values()):
+        return None
+    on_base = data.versions.get(base, {})
+    info = {
+        "queue": t.queue, "task_name": name, "code_version": version, "unpinned_queue": base,
+        "workers": sorted(on_base), "versions": dict(sorted(on_base.items())), "registered_on": [],
+    }  # fmt: skip
+    return Reason("unregistered", pinned_text(base, version, name, on_base), info)
+
+
 def _ready(t: Any, data: ExplainInput) -> list[Reason]:
+    pinned = _pinned(t, data)
+    if pinned is not None:  # admission does not look at it: nothing else matters
+        return [pinned]
     groups = _consumers(t.queue, data)
     if not groups:
         return [_no_worker(t.queue)]

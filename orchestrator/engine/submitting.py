@@ -3,35 +3,16 @@ admission and the first messages (:meth:`orchestrator.engine.facade.Orchestrator
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ..core.dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, text_problem
 from ..core.dag.canvas import is_canvas
 from ..core.errors import ValidationError
 from ..core.routing import route
+from ..core.workers import MAX_QUEUE_CHARS, check_code_version, pinned_queue
 from .checks import iso_problem
 from .runs import RunHandle
 from .tracing import capture_trace_context
-
-#: a code version (``ORCHESTRATOR_CODE_VERSION``, a pin at submit): a build id or a hash
-CODE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
-
-
-def check_code_version(value: Any, dag: str | None = None) -> str:
-    """``value`` as a code version, or :class:`ValidationError` naming the problem."""
-    if not isinstance(value, str) or not CODE_VERSION.fullmatch(value):
-        raise ValidationError(
-            f"code_version must be 1-64 letters, digits or . _ + - (starting with a letter or digit), not {value!r}",
-            dag=dag,
-        )
-    return value
-
-
-def pinned_queue(queue: str, version: str) -> str:
-    """The queue a run pinned to ``version`` uses for ``queue``: ``QUEUE@VERSION``, which only
-    workers advertising that version consume."""
-    return f"{queue}@{version}"
 
 
 def as_dag(dag: Any) -> DAG:
@@ -82,6 +63,12 @@ def submit_run(
     queues = {n.key: route(dag.tenant, dag.priority_of(n), n.queue, dedicated) for n in dag.nodes.values()}
     if code_version is not None:
         queues = {key: pinned_queue(queue, code_version) for key, queue in queues.items()}
+        long = sorted(q for q in set(queues.values()) if len(q) > MAX_QUEUE_CHARS)
+        if long:
+            raise ValidationError(
+                f"code_version {code_version!r}: queue {long[0]!r} is longer than {MAX_QUEUE_CHARS} characters",
+                dag=dag.name,
+            )
     wants = {name: orc.registry.wants_upstream(name) for name in {n.task for n in dag.nodes.values()}}
     run_id, created = orc.store.submission.create_run(
         dag,

@@ -19,6 +19,8 @@ from ..core.publisher import Publisher
 from ..core.states import TaskState
 from ..services.alerts import raise_alert
 from ..store import Store
+from ..store.reads import Reads
+from ..store.reads.workers import WorkerView
 
 
 class _Engine(Protocol):
@@ -29,6 +31,9 @@ class _Engine(Protocol):
 
     @property
     def store(self) -> Store: ...
+
+    @property
+    def reads(self) -> Reads: ...
 
     def _after(self, outcome: Outcome, run_id: str, key: str) -> None: ...
 
@@ -104,19 +109,32 @@ class WorkerPort:
         return accepted
 
     def register_worker(
-        self: _Engine, name: str, queues: Sequence[str], concurrency: int, tasks: Collection[str] | None = None
+        self: _Engine,
+        name: str,
+        queues: Sequence[str],
+        concurrency: int,
+        tasks: Collection[str] | None = None,
+        *,
+        code_version: str | None = None,
     ) -> None:
-        """Record a live worker's capacity and the task names it registered (``None``: it does
-        not say, and takes every name), and fill it with READY work."""
-        self.store.workers.register(name, queues, concurrency, tasks)
+        """Record a live worker's capacity on ``queues`` (every queue it consumes, its pinned
+        ``Q@VERSION`` ones included), the task names it registered (``None``: it does not say, and
+        takes every name) and the code version it advertises, and fill it with READY work."""
+        self.store.workers.register(name, queues, concurrency, tasks, code_version=code_version)
         self.publisher.publish(self.store.admission.admit_ready(self.settings.dispatch_window))
 
     def touch_worker(
-        self: _Engine, name: str, queues: Sequence[str], concurrency: int, tasks: Collection[str] | None = None
+        self: _Engine,
+        name: str,
+        queues: Sequence[str],
+        concurrency: int,
+        tasks: Collection[str] | None = None,
+        *,
+        code_version: str | None = None,
     ) -> None:
         """Refresh a live worker's capacity row (re-registering it if it was dropped)."""
-        if not self.store.workers.touch(name):
-            self.store.workers.register(name, queues, concurrency, tasks)
+        if not self.store.workers.touch(name, code_version=code_version):
+            self.store.workers.register(name, queues, concurrency, tasks, code_version=code_version)
 
     def drop_unregistered(self: _Engine, token: FencingToken, worker: str, task_name: str) -> bool:
         """``worker`` received the token's message without ``task_name`` registered: the task is
@@ -131,6 +149,11 @@ class WorkerPort:
     def live_workers(self: _Engine) -> int:
         """How many workers are registered and alive."""
         return int(self.store.workers.live())
+
+    def list_workers(self: _Engine) -> list[WorkerView]:
+        """The live workers (seen within ``worker_ttl``), by name: their queues, code version, task
+        names, concurrency and when they were last seen (``orchestrator workers``)."""
+        return self.reads.workers(self.settings.worker_ttl)
 
     def count_delivery(self: _Engine, message_id: str, task_name: str) -> int:
         """Count one more delivery of a broker message; returns how many there were."""

@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from ..core.explain import dropped_text, unregistered_text
 from ..core.models import RECONCILER, Dispatch, Outcome
 from ..core.states import STUCK, TERMINAL, RunState, TaskState
+from ..core.workers import dropped_text, pinned_text, split_pinned, unregistered_text
 from . import rows
 from . import schema as s
 from .admission import Admission
@@ -244,12 +244,17 @@ class Recovery:
 
     def _flag_unregistered(self, row: Any, conn: Connection) -> Stuck | None:
         workers = conn.execute(_WORKERS_ON, {"queue": row.queue}).scalars().all()
+        data: dict[str, Any] = {"queue": row.queue, "task_name": row.task_name, "workers": list(workers)}
+        base, version = split_pinned(row.queue)
         if row.dropped_by is not None:
             having = [w for w, names in _names(conn, row.queue).items() if names is None or row.task_name in names]
             detail = dropped_text(row.dropped_by, row.task_name, row.queue, having)
+        elif version is not None:  # a pinned run's task: which versions the workers of its queue have
+            versions = {w: v for w, v in conn.execute(_VERSIONS_ON, {"queue": base}).all()}
+            detail = pinned_text(base, version, row.task_name, versions)
+            data.update(code_version=version, unpinned_queue=base, versions=versions)
         else:
             detail = unregistered_text(row.queue, row.task_name, workers)
-        data = {"queue": row.queue, "task_name": row.task_name, "workers": list(workers)}
         return self._flag(conn, row.run_id, row.key, row.attempt, T.READY, "unregistered", detail, data)
 
     def _flag_idle(self, run_id: str, idle_seconds: float, conn: Connection) -> Stuck | None:
@@ -360,6 +365,10 @@ _UNREGISTERED = sa.text(
     f" WHERE t.state = 'READY' AND t.stuck IS NULL AND {_CONSUMED} AND NOT {_TAKES} LIMIT :limit"
 )
 _WORKERS_ON = sa.text("SELECT DISTINCT k.worker FROM orc_worker_tasks k WHERE k.queue = :queue ORDER BY 1")
+_VERSIONS_ON = sa.text(
+    "SELECT DISTINCT k.worker, w.code_version FROM orc_worker_tasks k JOIN orc_workers w ON w.name = k.worker"
+    " WHERE k.queue = :queue ORDER BY 1"
+)
 _NAMES_ON = sa.text("SELECT k.worker, k.task_name FROM orc_worker_tasks k WHERE k.queue = :queue ORDER BY 1, 2")
 #: flags whose task moved on: another state or attempt, a READY task a worker can take again, a
 #: run with a transition since the idle flag

@@ -1,6 +1,9 @@
-"""The worker registry: live workers, the queues they consume, their pool size and the task
-names they registered. Admission sizes the in-flight window from it (``admission.py``) and holds
-a READY task whose name no live worker of its queue registered (``orc_worker_tasks``)."""
+"""The worker registry: live workers, the queues they consume, their pool size, the task names
+they registered and the code version they advertise. Admission sizes the in-flight window from
+it (``admission.py``) and holds a READY task whose name no live worker of its queue registered
+(``orc_worker_tasks``). A worker of code version V registers its pinned queues ``Q@V`` among the
+queues it consumes (``orchestrator.core.workers``), with its task names: a task of a run pinned
+to V is held the same way until a live worker of V that has it registers."""
 
 from __future__ import annotations
 
@@ -32,10 +35,19 @@ class WorkerRegistry:
         self.db = db
         self.worker_ttl = worker_ttl
 
-    def register(self, name: str, queues: Sequence[str], concurrency: int, tasks: Collection[str] | None = None) -> int:
-        """Insert or refresh a live worker's capacity (its pool size on its queues) and the task
-        names it registered (``None``: it does not say, and counts as having every name). The
-        tasks of its queues that a worker dropped as unregistered and that this one has are
+    def register(
+        self,
+        name: str,
+        queues: Sequence[str],
+        concurrency: int,
+        tasks: Collection[str] | None = None,
+        *,
+        code_version: str | None = None,
+    ) -> int:
+        """Insert or refresh a live worker's capacity (its pool size on its queues: every queue it
+        consumes, its pinned ``Q@VERSION`` ones included), the task names it registered (``None``:
+        it does not say, and counts as having every name) and the ``code_version`` it advertises.
+        The tasks of its queues that a worker dropped as unregistered and that this one has are
         released to admission; returns how many."""
         names = sorted(set(tasks)) if tasks is not None else [ANY_TASK]
 
@@ -43,7 +55,12 @@ class WorkerRegistry:
             conn.execute(t_workers.delete().where(t_workers.c.name == name))
             conn.execute(
                 t_workers.insert().values(
-                    name=name, queues=sorted(queues), concurrency=concurrency, started_at=db_now(), seen_at=db_now()
+                    name=name,
+                    queues=sorted(set(queues)),
+                    concurrency=concurrency,
+                    started_at=db_now(),
+                    seen_at=db_now(),
+                    code_version=code_version,
                 )
             )
             conn.execute(t_worker_tasks.delete().where(t_worker_tasks.c.worker == name))
@@ -57,13 +74,17 @@ class WorkerRegistry:
 
         return self.db.transaction(tx)
 
-    def touch(self, name: str) -> bool:
-        """Refresh a live worker's row; ``False`` when it has to register again: its row is gone,
-        or its task names are (the reconciler's :meth:`prune` removed them while it was past the
-        TTL), so that a worker never goes on without its names."""
+    def touch(self, name: str, *, code_version: str | None = None) -> bool:
+        """Refresh a live worker's row (and the code version it advertises); ``False`` when it has
+        to register again: its row is gone, or its task names are (the reconciler's :meth:`prune`
+        removed them while it was past the TTL), so that a worker never goes on without its
+        names."""
         named = sa.exists().where(t_worker_tasks.c.worker == name)
+        values: dict[str, Any] = {"seen_at": db_now()}
+        if code_version is not None:
+            values["code_version"] = code_version
         with self.db.engine.begin() as conn:
-            res = conn.execute(t_workers.update().where(t_workers.c.name == name, named).values(seen_at=db_now()))
+            res = conn.execute(t_workers.update().where(t_workers.c.name == name, named).values(**values))
             return res.rowcount == 1
 
     def unregister(self, name: str) -> None:
@@ -132,6 +153,20 @@ class WorkerRegistry:
                 out[queue][worker] = None
             elif names is not None:
                 names.append(task_name)
+        return out
+
+    def versions(self, conn: Connection, queues: Collection[str]) -> dict[str, dict[str, str | None]]:
+        """Per queue of ``queues``: each live worker consuming it -> the code version it
+        advertises (``None``: it did not say)."""
+        found = conn.execute(
+            sa.select(t_worker_tasks.c.queue, t_workers.c.name, t_workers.c.code_version)
+            .join(t_workers, t_workers.c.name == t_worker_tasks.c.worker)
+            .where(t_worker_tasks.c.queue.in_(sorted(set(queues))), t_workers.c.seen_at > db_after(-self.worker_ttl))
+            .distinct()
+        ).all()
+        out: dict[str, dict[str, str | None]] = {q: {} for q in queues}
+        for queue, worker, version in found:
+            out[queue][worker] = version
         return out
 
     def drop(self, ledger: Ledger, run_id: str, key: str, attempt: int, worker: str, task_name: str) -> bool:

@@ -1,7 +1,9 @@
 """What ``explain`` (:mod:`orchestrator.core.explain`) needs about a run, read in one
 connection: the run, its tasks (or those a page asks about, with their parents), the ledger
-rows that decided them, the live workers, the READY tasks ahead of each, and the limits that
-hold them (as a caller bound to a tenant may read them: other tenants are not named)."""
+rows that decided them, the live workers (with the task names they registered, and for a run
+pinned to a code version the versions of its queues' workers), the READY tasks ahead of each,
+and the limits that hold them (as a caller bound to a tenant may read them: other tenants are
+not named)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from sqlalchemy.engine import Connection
 from ...core.errors import RunNotFound
 from ...core.explain import ExplainInput, LimitUse
 from ...core.models import RateLimit
+from ...core.workers import split_pinned
 from .. import schema as s
 from ..breakers import breaker_row
 from ..dbtime import db_after, db_now
@@ -69,10 +72,13 @@ class ExplainReads(ReadsBase):
             now = conn.execute(sa.select(db_now())).scalar_one()
             ready = [t for t in tasks if t.state == "READY"]
             limits = self._limits(conn, run_id, (str(tenant), str(dag_name), max_active), ready, groups, now)
-            registered = WorkerRegistry(self.db, worker_ttl=worker_ttl).registered(conn, {t.queue for t in ready})
+            registry = WorkerRegistry(self.db, worker_ttl=worker_ttl)
+            registered = registry.registered(conn, {t.queue for t in ready})
+            pinned = {base for base, version in map(split_pinned, registered) if version is not None}
+            versions = registry.versions(conn, pinned) if pinned else {}
         return ExplainInput(
             run_state, tasks, edges, workers, ahead, in_flight, depth, now, tenant=str(tenant), dag=str(dag_name),
-            ledger=ledger, registered=registered, **limits,
+            ledger=ledger, registered=registered, versions=versions, **limits,
         )  # fmt: skip
 
     def _limits(
