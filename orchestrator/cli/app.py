@@ -61,6 +61,7 @@ COMMANDS: list[click.Command] = [
     runs.graph,
     serve.serve,
     workers.reconcile,
+    workers.workers,
     runs.events,
     tenants.tenant,
     limits.pool,

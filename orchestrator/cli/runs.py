@@ -41,6 +41,12 @@ def _param(values: tuple[str, ...]) -> dict[str, Any] | None:
 @click.option("--tenant", help="Run for this tenant instead of the spec's.")
 @click.option("--idempotency-key", help="Submitting the same key again returns the same run.")
 @click.option(
+    "--code-version",
+    metavar="VERSION",
+    help="Pin the run to workers advertising this code version (their QUEUE@VERSION queues; see `orchestrator"
+    " workers`): its tasks wait until such a worker that has them is live.",
+)
+@click.option(
     "--wait",
     "wait_",
     is_flag=True,
@@ -53,6 +59,7 @@ def submit(
     params: tuple[str, ...],
     tenant: str | None,
     idempotency_key: str | None,
+    code_version: str | None,
     wait_: bool,
     timeout: float | None,
 ) -> None:
@@ -71,14 +78,20 @@ def submit(
     if registered is not None:
         name, version = parse_ref(registered)
         orc = base._ready_store()
-        run = orc.submit_registered(
-            name, version, params=_param(params), idempotency_key=idempotency_key, tenant=tenant
-        )
+        if code_version is None:
+            run = orc.submit_registered(
+                name, version, params=_param(params), idempotency_key=idempotency_key, tenant=tenant
+            )
+        else:  # what submit_registered does, pinned
+            built, found = orc.dags.build(name, version, params=_param(params), tenant=tenant)
+            run = orc.submit(
+                built, idempotency_key=idempotency_key, dag_version=found.version, code_version=code_version
+            )
     else:
         assert file is not None
         dag = load_spec(file)
         orc = base._ready_store()
-        run = orc.submit(dag, tenant=tenant, idempotency_key=idempotency_key)
+        run = orc.submit(dag, tenant=tenant, idempotency_key=idempotency_key, code_version=code_version)
     click.echo(run.id)
     for warning in run.warnings:
         click.echo(f"warning: {warning}", err=True)

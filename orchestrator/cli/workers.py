@@ -1,6 +1,9 @@
-"""The long-running processes beside the database: ``worker``, ``beat`` and ``reconcile``."""
+"""The long-running processes beside the database: ``worker``, ``beat`` and ``reconcile``; and
+``workers``, the live workers listed."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 
@@ -15,7 +18,9 @@ def worker(ctx: click.Context) -> None:
     Without -Q it consumes every queue the orchestrator routes to by default. `--tenant NAME`
     (this command's own option) consumes only that tenant's dedicated queues
     (orchestrator.tenant.NAME.high/default/low: see `orchestrator tenant set NAME --dedicated`).
-    Beside its pool the worker's main process keeps its capacity registered and runs the
+    It advertises a code version (ORCHESTRATOR_CODE_VERSION, else a hash of its task modules) and
+    also consumes QUEUE@VERSION for each queue, where the runs submitted with that
+    --code-version go. Beside its pool the worker's main process keeps its capacity registered and runs the
     reconciler service (one worker on duty at a time across the deployment;
     ORCHESTRATOR_WORKER_RECONCILER=0 to turn it off), so a deployment of workers alone retries
     and recovers.
@@ -100,3 +105,43 @@ def reconcile(once: bool, interval: float | None, name: str | None) -> None:
         click.echo(" ".join(f"{k}={v}" for k, v in orc.reconcile().items()))
         return
     service.run(echo=lambda report: click.echo(" ".join(f"{k}={v}" for k, v in report.items())))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help='Print {"workers": [...]}, with each worker\'s task names.')
+def workers(as_json: bool) -> None:
+    """List the live workers: name, code version, pool size, task names registered, when last
+    seen, queues.
+
+    A worker is live while its registry heartbeat is younger than ORCHESTRATOR_WORKER_TTL. Its
+    queues include QUEUE@VERSION for each queue it consumes (runs pinned to its version); TASKS
+    is how many task names it registered (`*`: a worker that does not say, which takes every
+    name). `orchestrator explain` says which worker, version or task a held task waits for.
+    """
+    orc = base._ready_store()
+    found = orc.list_workers()
+    if as_json:
+        base._dump({"workers": [w.to_json() for w in found]})
+        return
+    if not found:
+        click.echo("no live worker (start one: orchestrator worker)")
+        return
+    click.echo(format_workers(found))
+
+
+def format_workers(found: list[Any]) -> str:
+    """A plain-text table of workers (:class:`~orchestrator.store.reads.WorkerView`)."""
+    header = ("NAME", "VERSION", "CONCURRENCY", "TASKS", "LAST SEEN", "QUEUES")
+    rows = [
+        (
+            w.name,
+            w.code_version or "-",
+            str(w.concurrency),
+            "*" if w.task_count is None else str(w.task_count),
+            f"{w.seen_ago:.1f}s ago",
+            ",".join(w.queues),
+        )
+        for w in found
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(n) for c, n in zip(r, widths, strict=True)).rstrip() for r in [header, *rows])
