@@ -29,7 +29,9 @@ with it). :func:`call_body` runs it to completion instead, on an event loop the 
   a process exit), cancelling again a body that caught its soft limit's cancel.
 
   A signal whose Python handler raises is routed this way while the loop runs on the main
-  thread: an exception raised inside the loop's own code would be logged and swallowed. A body
+  thread: an exception raised inside the loop's own code would be logged and swallowed. (The
+  handler is wrapped once and the wrapper left in place, calling it alone outside a body; its
+  ``__wrapped__`` is the handler.) A body
   that catches the ``CancelledError`` of a soft limit and returns keeps its result, as a sync body
   may catch ``SoftTimeLimitExceeded``; any other cause is raised whatever the body does.
 
@@ -240,7 +242,8 @@ def _pool_enforces_limits() -> bool:
         from billiard.pool import soft_timeout_sighandler
     except ImportError:  # pragma: no cover - billiard comes with Celery
         return False
-    return signal.getsignal(signal.SIGUSR1) is soft_timeout_sighandler
+    handler = signal.getsignal(signal.SIGUSR1)
+    return getattr(handler, "__wrapped__", handler) is soft_timeout_sighandler  # routed or not
 
 
 def _timers(
@@ -262,36 +265,47 @@ def _strength(cause: BaseException) -> int:
     return 1 if isinstance(cause, SoftTimeLimitExceeded) else 2
 
 
+#: the coroutine body the main thread runs now, where the signal routers send what a handler raises
+_main_body: _Body | None = None
+
+
 def _route_signals(body: _Body) -> Callable[[], None]:
     """On the main thread, route what the signal handlers raise to ``body.interrupt`` while the
-    loop runs; returns what restores them (unless a handler replaced itself meanwhile, as
-    billiard's terminate handler does)."""
+    loop runs; returns what ends it. A handler is wrapped once in a router that is left in place
+    (installing and restoring the handlers of a prefork pool process around every body would
+    cost more than the loop saves); outside a body the router only calls the handler it wraps.
+    A handler installed since, or one that replaced itself (billiard's terminate handler sets
+    its signal back to the default), is wrapped anew at the next body."""
+    global _main_body
     if threading.current_thread() is not threading.main_thread():
         return _nothing
-    routed = []
     for signum in _ROUTED:
-        previous = signal.getsignal(signum)
-        if callable(previous):
-            handler = _router(body, previous)
-            signal.signal(signum, handler)
-            routed.append((signum, previous, handler))
-
-    def restore() -> None:
-        for signum, previous, handler in routed:
-            if signal.getsignal(signum) is handler:
-                signal.signal(signum, previous)
-
-    return restore
+        handler = signal.getsignal(signum)
+        if callable(handler) and not hasattr(handler, "routed_by_aio"):
+            signal.signal(signum, _router(handler))
+    _main_body = body
+    return _end_routing
 
 
-def _router(body: _Body, previous: Callable[[int, Any], Any]) -> Callable[[int, Any], None]:
-    def route(signum: int, frame: Any) -> None:
+def _end_routing() -> None:
+    global _main_body
+    _main_body = None
+
+
+def _router(handler: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
+    def route(signum: int, frame: Any) -> Any:
+        body = _main_body
+        if body is None:
+            return handler(signum, frame)
         try:
-            previous(signum, frame)
+            return handler(signum, frame)
         except BaseException as exc:
             if not body.interrupt(exc) and isinstance(exc, _EXITS):
                 raise  # a second terminate or interrupt: no more clean-up
+        return None
 
+    route.__wrapped__ = handler  # type: ignore[attr-defined]
+    route.routed_by_aio = True  # type: ignore[attr-defined]
     return route
 
 

@@ -41,11 +41,18 @@ def _on_fence_signal(signum: int, frame: Any) -> None:
         raise LeaseLost()
 
 
+def _fence_handler() -> Any:
+    """The fence signal's handler, seen through the router a coroutine body wraps it in (its
+    ``__wrapped__``, ``runtime/aio.py``)."""
+    handler = signal.getsignal(_FENCE_SIGNAL)
+    return getattr(handler, "__wrapped__", handler)
+
+
 def _prepare_fencing() -> bool:
     """Install the fence signal handler when bodies run on the main thread (prefork, solo)."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    if signal.getsignal(_FENCE_SIGNAL) is not _on_fence_signal:
+    if _fence_handler() is not _on_fence_signal:
         signal.signal(_FENCE_SIGNAL, _on_fence_signal)
     return True
 
@@ -80,7 +87,7 @@ def _interrupt(thread_id: int) -> None:
     if stop is not None:
         stop(LeaseLost())
         return
-    if thread_id == threading.main_thread().ident and signal.getsignal(_FENCE_SIGNAL) is _on_fence_signal:
+    if thread_id == threading.main_thread().ident and _fence_handler() is _on_fence_signal:
         _fence_requested.set()
         signal.pthread_kill(thread_id, _FENCE_SIGNAL)
         return

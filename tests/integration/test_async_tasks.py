@@ -158,6 +158,8 @@ def test_a_soft_time_limit_cancels_the_coroutine_and_fails_the_attempt(
     assert row.error.startswith("SoftTimeLimitExceeded"), row.error
     assert noted(notes, marker) == ["started", "cancelled SoftTimeLimitExceeded", "finally"]
     assert run.wait(timeout=30).state is RunState.FAILED
+    if worker.pool == "prefork":  # the pool's SIGUSR1 did it (the loop's timer says its seconds)
+        assert f"forever[{run.id}.stuck.1] raised unexpected: SoftTimeLimitExceeded()\n" in worker.text()
 
 
 def test_a_body_that_outlives_its_soft_limit_is_stopped_at_the_hard_one(

@@ -264,7 +264,31 @@ def test_prefork_soft_limit_signal_cancels_the_body_on_the_main_thread(restored_
     assert body.notes == ["started", "cancelled SoftTimeLimitExceeded", "finally"]
     # raised from where the coroutine was (a poison fingerprint tells one place from another)
     assert any(entry.name == "__call__" for entry in info.traceback)
-    assert signal.getsignal(signal.SIGUSR1) is soft_timeout_sighandler  # restored
+    # the handler stays wrapped, and outside a body the wrapper is the handler alone
+    router = signal.getsignal(signal.SIGUSR1)
+    assert router.__wrapped__ is soft_timeout_sighandler  # type: ignore[union-attr]
+    with pytest.raises(SoftTimeLimitExceeded):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(5)  # the handler raises in this frame first
+    aio.run_coroutine(double(1))
+    assert signal.getsignal(signal.SIGUSR1) is router  # wrapped once
+    assert aio._pool_enforces_limits()  # seen through its router
+
+
+def test_the_fence_signal_is_still_the_heartbeats_through_its_router(restored_signals: None) -> None:
+    from orchestrator.runtime import heartbeat
+
+    assert heartbeat._prepare_fencing()
+    aio.run_coroutine(double(1))  # wraps it
+    assert signal.getsignal(heartbeat._FENCE_SIGNAL) is not heartbeat._on_fence_signal
+    assert heartbeat._fence_handler() is heartbeat._on_fence_signal
+    router = signal.getsignal(heartbeat._FENCE_SIGNAL)
+    heartbeat._prepare_fencing()  # the next attempt's track(): the router stays
+    assert signal.getsignal(heartbeat._FENCE_SIGNAL) is router
+    # a sync body on the main thread is still fenced by the signal, through the router
+    with pytest.raises(LeaseLost):
+        _interrupt(threading.main_thread().ident or 0)
+        time.sleep(5)
 
 
 def test_a_terminate_signal_cancels_the_body_then_exits(restored_signals: None) -> None:
