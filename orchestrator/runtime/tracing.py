@@ -266,7 +266,8 @@ def export_run_ledger(orc: Orchestrator, run_id: str, tracer: Any = None) -> Any
     )
     for e in events:
         span.add_event(event_name(e), event_attributes(e), timestamp=_ns(e.at))
-    end = view.finished_at or max((e.at for e in events if e.at is not None), default=None)
+    # the run's end, or a later row (a late result rejected after it ended)
+    end = max((t for t in (view.finished_at, *(e.at for e in events)) if t is not None), default=None)
     for b in _breaker_events(orc, run_id, view.created_at, end):
         attrs = {"orchestrator.breaker": b.name, "orchestrator.from": b.from_state, "orchestrator.to": b.to_state,
                  "orchestrator.actor": b.actor, "orchestrator.reason": b.reason}  # fmt: skip

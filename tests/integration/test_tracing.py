@@ -242,13 +242,18 @@ def test_the_ledger_exporter_writes_what_lost(traced: Traced, client_run: tuple[
     exported = [s for s in traced.exporter.get_finished_spans() if s.name == "orchestrator.run traced"]
     assert len(exported) == 1
     events = [(e.name, e.attributes) for e in exported[0].events]
+    for n, a in events:  # shown by pytest -s
+        what = f"{a.get('orchestrator.key') or '-'} {a.get('orchestrator.attempt')}"
+        move = f"{a.get('orchestrator.from')} -> {a.get('orchestrator.to')}"
+        print(f"  {n:28s} {what:8s} {move} ({a.get('orchestrator.actor')})")
     names = [n for n, _ in events]
     assert "orchestrator.republished" in names and "orchestrator.rejected" in names
     rejected = [a for n, a in events if n == "orchestrator.rejected"]
     assert any(a["orchestrator.key"] == "b" and a["orchestrator.attempt"] == 1 for a in rejected), rejected
     retried = [a for n, a in events if a.get("orchestrator.to") == "RETRYING"]
     assert retried and retried[0]["orchestrator.key"] == "b" and "FlakyError" in str(retried[0]["orchestrator.reason"])
-    assert [e.timestamp for e in exported[0].events] == sorted(e.timestamp for e in exported[0].events)
+    stamps = [e.timestamp for e in exported[0].events]
+    assert stamps == sorted(stamps) and exported[0].start_time <= stamps[0] and stamps[-1] <= exported[0].end_time
     assert exported[0].attributes["orchestrator.state"] == "SUCCEEDED"
 
 
