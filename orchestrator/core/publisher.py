@@ -85,6 +85,10 @@ class RunTraces(Protocol):
         """The runs' traces, or ``None`` while tracing is off in this process. Must not raise."""
         ...
 
+    def bound(self, read: Callable[[Collection[str]], Mapping[str, Any]]) -> RunTraces:
+        """The same, reading each run's context with ``read``."""
+        ...
+
 
 class LeanSender(Protocol):
     """Publishes one dispatch's task message on a producer (``orchestrator.runtime.messages.LeanSender``)."""
@@ -108,15 +112,22 @@ class CeleryPublisher:
     app publishes through ``send_task``.
 
     Either way each message carries its run's trace context and is published with it current
-    (``traces``: default, the lean sender's :class:`orchestrator.runtime.tracing.RunTraces`;
-    ``None`` for an app without one), so the run is one trace whoever publishes it.
+    (``traces``: default, the lean sender's :class:`orchestrator.runtime.tracing.RunTraces`,
+    reading with ``trace_read`` when given (the orchestrator's own store); ``None`` for an app
+    without one), so the run is one trace whoever publishes it.
 
     ``signing_key`` returns the deployment's key (read from the database once, by the store):
     each message's fencing headers carry their signature (:func:`orchestrator.core.protocol.sign`).
     On RabbitMQ each message also carries its priority class as a message priority (on Redis,
     kombu would turn a priority into separate lists: admission's order is enough there)."""
 
-    def __init__(self, app: Any, signing_key: Callable[[], bytes], traces: RunTraces | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        signing_key: Callable[[], bytes],
+        traces: RunTraces | None = None,
+        trace_read: Callable[[Collection[str]], Mapping[str, Any]] | None = None,
+    ) -> None:
         self.app = app
         self.signing_key = signing_key
         self.priorities = broker_has_priorities(str(app.conf.broker_url or ""))
@@ -125,6 +136,8 @@ class CeleryPublisher:
         self.lean: LeanSender | None = None if app.conf.task_send_sent_event else sender
         #: each run's trace context (``None``: messages carry none)
         self.traces: RunTraces | None = traces if traces is not None else getattr(sender, "traces", None)
+        if traces is None and self.traces is not None and trace_read is not None:
+            self.traces = self.traces.bound(trace_read)  # the caller's own database, not the app's
 
     def publish(self, dispatches: Sequence[Dispatch]) -> int:
         batch = list(dispatches)

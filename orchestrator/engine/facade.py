@@ -110,7 +110,9 @@ class Orchestrator(WorkerPort):
                 "Orchestrator needs a Celery app (app=...) or both a publisher and a task registry;"
                 " orchestrator.default() builds one from the environment"
             )
-        self.publisher: Publisher = publisher or CeleryPublisher(app, lambda: self.store.signing_key)
+        self.publisher: Publisher = publisher or CeleryPublisher(
+            app, lambda: self.store.signing_key, trace_read=lambda ids: self.store.reads.trace_contexts(ids)
+        )
         self.registry: TaskRegistry = registry or CeleryRegistry(app)
         self._store = store
 

@@ -161,6 +161,11 @@ class RunTraces:
     def _read(self, run_ids: Collection[str]) -> Mapping[str, Mapping[str, str] | None]:
         return current_orchestrator(self.app).store.reads.trace_contexts(run_ids)
 
+    def bound(self, read: Read) -> RunTraces:
+        """Another cache of the same app that reads with ``read`` (an orchestrator's own store:
+        a submitter whose database is not the app's default one)."""
+        return RunTraces(self.app, read=read, size=self.size)
+
     def lookup(self, run_ids: Collection[str]) -> dict[str, RunTrace] | None:
         """The runs' traces; ``None`` while tracing is off in this process (:func:`tracing_on`).
         A read that fails is logged and its runs published without a context; none is tried for
