@@ -413,6 +413,8 @@ def _terminated_by(exc: BaseException) -> str | None:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, SoftTimeLimitExceeded):
         return "SoftTimeLimitExceeded: soft time limit exceeded"
+    if isinstance(exc, TimeLimitExceeded):  # an async body's hard limit (threads, solo): as prefork's
+        return f"TimeLimitExceeded: hard time limit ({exc})"
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     return text[:4000]
 
