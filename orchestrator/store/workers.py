@@ -52,17 +52,14 @@ class WorkerRegistry:
         names = sorted(set(tasks)) if tasks is not None else [ANY_TASK]
 
         def tx(conn: Connection) -> int:
-            conn.execute(t_workers.delete().where(t_workers.c.name == name))
-            conn.execute(
-                t_workers.insert().values(
-                    name=name,
-                    queues=sorted(set(queues)),
-                    concurrency=concurrency,
-                    started_at=db_now(),
-                    seen_at=db_now(),
-                    code_version=code_version,
-                )
-            )
+            # one statement: two registrations of one name at once (a restart racing its old
+            # process's heartbeat) cannot both insert
+            row = {
+                "queues": sorted(set(queues)), "concurrency": concurrency, "started_at": db_now(), "seen_at": db_now(),
+                "code_version": code_version,
+            }  # fmt: skip
+            upsert = postgresql.insert(t_workers).values(name=name, **row)
+            conn.execute(upsert.on_conflict_do_update(index_elements=[t_workers.c.name], set_=row))
             conn.execute(t_worker_tasks.delete().where(t_worker_tasks.c.worker == name))
             pairs = [{"queue": q, "task_name": n, "worker": name} for q in sorted(set(queues)) for n in names]
             if pairs:

@@ -6,6 +6,7 @@ names the version; the workers listing (``orchestrator workers``: ``test_workers
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -166,3 +167,26 @@ def test_the_workers_listing(orc: Orchestrator) -> None:
     assert bravo == [("a-any", [Q]), ("b-v1", [Q, f"{Q}@v1"])]
     acme = {w.name: w.queues for w in orc.store.reads.scoped("acme").workers(orc.settings.worker_ttl)}
     assert acme["c-acme"] == sorted([*tenant_queues("acme"), *pinned_queues(tenant_queues("acme"), "v1")])
+
+
+def test_two_registrations_of_one_worker_at_once_never_collide(orc: Orchestrator) -> None:
+    # a worker restarting while its old process's heartbeat re-registers it: one row, no error
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def register_often(version: str) -> None:
+        try:
+            for _ in range(20):
+                barrier.wait(timeout=30)
+                orc.store.workers.register("w", [Q, f"{Q}@{version}"], 1, ["t"], code_version=version)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=register_often, args=(v,)) for v in ("v1", "v2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    [view] = orc.list_workers()
+    assert view.name == "w" and view.queues == [Q, f"{Q}@{view.code_version}"] and view.tasks == ["t"]
