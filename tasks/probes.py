@@ -53,6 +53,21 @@ def sleep(self: Any, seconds: float = 1.0) -> float:
     return float(seconds)
 
 
+@app.task(bind=True)
+def report(self: Any, steps: int = 3, gate: str = "", timeout: float = 120.0) -> int:
+    """Report ``steps`` progress steps with Celery's ``update_state`` (``{"done", "total"}``), then
+    wait until the file ``gate`` exists (at most ``timeout`` seconds) before reporting ``"last"``
+    and returning ``steps``: a test reads the progress while the task still runs."""
+    _effect()
+    for done in range(1, steps + 1):
+        self.update_state(state="PROGRESS", meta={"done": done, "total": steps})
+    deadline = time.monotonic() + timeout
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    self.update_state(state="FINISHING", meta={"done": steps, "total": steps, "last": True})
+    return steps
+
+
 class FlakyError(RuntimeError):
     """Raised by :func:`flaky` on its odd early attempts."""
 

@@ -119,8 +119,10 @@ def status(run_id: str, as_json: bool) -> None:
     orc = base._ready_store()
     view = orc.visible(run_id)
     tasks = orc.tasks(run_id)
+    progress = orc.progress(run_id)
     if as_json:
-        _dump({"run": view.to_json(), "tasks": [t.to_json() for t in tasks]})
+        docs = [t.to_json() | {"progress": p.to_json() if (p := progress.get(t.key)) else None} for t in tasks]
+        _dump({"run": view.to_json(), "tasks": docs})
         return
     attention = "  (needs attention)" if view.needs_attention else ""
     fired = f"  schedule {view.schedule}" if view.schedule else ""
@@ -133,6 +135,8 @@ def status(run_id: str, as_json: bool) -> None:
         f"{logical}{again}"
     )
     click.echo(format_task_table(tasks))
+    for key, p in sorted(progress.items()):  # what each body last reported (update_state)
+        click.echo(f"progress  {key}  {p.state}  {json.dumps(p.meta, separators=(',', ':'))[:200]}")
 
 
 @click.command()

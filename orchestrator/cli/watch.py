@@ -9,6 +9,7 @@ terminal; piped, both print one line per change instead (:func:`orchestrator.cli
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from ..core.models import EventView, RunView, TaskView
+from ..core.models import EventView, ProgressView, RunView, TaskView
 from ..core.states import RunState, TaskState
 
 if TYPE_CHECKING:
@@ -46,8 +47,13 @@ RUNNING_ROWS = 12
 MAP_ROWS = 8
 
 
-def view(run: RunView, tasks: list[TaskView], events: list[EventView], now: dt.datetime | None = None) -> Group:
-    """One frame: header, progress bar, counts per state, running tasks, recent events."""
+def view(
+    run: RunView, tasks: list[TaskView], events: list[EventView], now: dt.datetime | None = None,
+    progress: dict[str, ProgressView] | None = None,
+) -> Group:  # fmt: skip
+    """One frame: header, progress bar, counts per state, running tasks (with what each body last
+    reported, ``update_state``'s ``progress``), recent events."""
+    progress = progress or {}
     now = now or dt.datetime.now(dt.UTC)
     total = len(tasks) or 1
     done = sum(t.state.terminal for t in tasks)
@@ -71,14 +77,16 @@ def view(run: RunView, tasks: list[TaskView], events: list[EventView], now: dt.d
         if counts.get(state.value)
     )
     running = Table(title="running", title_justify="left", show_edge=False, expand=False)
-    for column in ("task", "attempt", "worker", "for"):
+    for column in ("task", "attempt", "worker", "for", "progress"):
         running.add_column(column)
     busy = [t for t in tasks if t.state is TaskState.RUNNING]
     for t in busy[:RUNNING_ROWS]:
         since = (now - t.started_at).total_seconds() if t.started_at else 0.0
-        running.add_row(Text(t.key), str(t.attempt), Text(t.worker or ""), f"{since:.1f}s")
+        said = progress.get(t.key)
+        told = f"{said.state} {json.dumps(said.meta, separators=(',', ':'))}"[:60] if said else ""
+        running.add_row(Text(t.key), str(t.attempt), Text(t.worker or ""), f"{since:.1f}s", Text(told))
     if len(busy) > RUNNING_ROWS:
-        running.add_row(f"... {len(busy) - RUNNING_ROWS} more", "", "", "")
+        running.add_row(f"... {len(busy) - RUNNING_ROWS} more", "", "", "", "")
     maps = [t for t in tasks if t.map_counts is not None and t.map_counts["total"]]
     mapped = Table(title="maps", title_justify="left", show_edge=False, expand=False)
     for column in ("map", "state", "children"):
@@ -115,7 +123,8 @@ def watch(
 
     def frame() -> tuple[Group, RunState]:
         run = orc.visible(run_id)
-        return view(run, orc.tasks(run_id), orc.ledger(run_id, newest=RECENT_EVENTS)), run.state
+        tasks, events = orc.tasks(run_id), orc.ledger(run_id, newest=RECENT_EVENTS)
+        return view(run, tasks, events, progress=orc.progress(run_id)), run.state
 
     shown, state = frame()
     with Live(shown, console=console, refresh_per_second=4, transient=False) as live:

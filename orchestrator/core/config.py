@@ -158,6 +158,12 @@ class Settings:
     max_node_bytes: int = 64 * 1024
     max_params_bytes: int = 256 * 1024
     max_result_bytes: int = 1024 * 1024
+    #: most bytes of JSON in one progress report (``update_state``'s ``meta``): a bigger one is
+    #: refused with a ValidationError raised in the body
+    max_progress_bytes: int = 8 * 1024
+    #: least seconds between two progress writes of one attempt: reports in between keep only
+    #: the latest, written when the interval is up or before the attempt's outcome
+    progress_interval: float = 0.5
 
     @property
     def embedded(self) -> bool:

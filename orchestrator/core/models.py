@@ -382,3 +382,18 @@ class MetricsSnapshot:
     breaker_transitions: dict[tuple[str, str], int] = field(default_factory=dict)
     #: tasks the watchdog flagged (``orc_tasks.stuck``): (kind, tenant) -> count
     stuck: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProgressView:
+    """A running attempt's latest progress: what its body last reported with Celery's
+    ``update_state(state=..., meta=...)`` (or ``current_context().progress``)."""
+
+    key: str
+    attempt: int
+    state: str
+    meta: Any
+    updated_at: dt.datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "state": self.state, "meta": self.meta, "at": self.updated_at.isoformat()}

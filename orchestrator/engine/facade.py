@@ -42,6 +42,7 @@ from ..core.models import (
     EventView,
     MetricsSnapshot,
     Outcome,
+    ProgressView,
     RunView,
     TaskView,
     operator,
@@ -478,6 +479,11 @@ class Orchestrator(WorkerPort):
     def tasks(self, run_id: str) -> list[TaskView]:
         """The run's tasks; raises :class:`RunNotFound`."""
         return self.reads.get_tasks(run_id)
+
+    def progress(self, run_id: str) -> dict[str, ProgressView]:
+        """The latest progress each task's current attempt reported (``update_state``), by key;
+        raises :class:`RunNotFound`."""
+        return self.reads.progress(run_id)
 
     def task(self, run_id: str, key: str) -> TaskView:
         """One task of the run; raises :class:`RunNotFound` or :class:`TaskNotFound`."""

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.errors import RunTimeout
-from ..core.models import EventView, RunView, TaskView
+from ..core.models import EventView, ProgressView, RunView, TaskView
 from ..core.states import RunState, TaskState
 from ..store.waits import Emitted
 
@@ -23,6 +23,7 @@ class RunOwner(Protocol):
     def visible(self, run_id: str) -> RunView: ...
     def run_state(self, run_id: str) -> RunState: ...
     def tasks(self, run_id: str) -> list[TaskView]: ...
+    def progress(self, run_id: str) -> dict[str, ProgressView]: ...
     def task(self, run_id: str, key: str) -> TaskView: ...
     def ledger(self, run_id: str, *, newest: int | None = None) -> list[EventView]: ...
     def cancel(self, run_id: str, *, by: str | None = None) -> int: ...
@@ -119,6 +120,11 @@ class RunHandle:
     def reject(self, key: str, *, by: str | None = None, comment: str | None = None) -> None:
         """Reject this run's approval node ``key`` (see :meth:`Orchestrator.reject`)."""
         self.orchestrator.reject(self.id, key, by=by, comment=comment)
+
+    def progress(self) -> dict[str, ProgressView]:
+        """The latest progress each task's current attempt reported with ``update_state`` (or
+        ``current_context().progress``), by key: ``state``, ``meta``, ``attempt``, ``updated_at``."""
+        return self.orchestrator.progress(self.id)
 
     def results(self) -> dict[str, Any]:
         """The stored JSON result of every task that succeeded, by node key."""

@@ -65,6 +65,14 @@ class WorkerPort:
         self._after(outcome, token.run_id, token.key)
         return outcome
 
+    def record_progress(self: _Engine, token: FencingToken, state: str, meta: Any) -> bool:
+        """Store the attempt's latest progress (fenced: ``False`` and nothing written when the
+        task no longer holds the attempt RUNNING). Raises :class:`ValidationError` for a state
+        that is not 1-64 characters of text, or a ``meta`` that is not plain JSON within
+        ``ORCHESTRATOR_MAX_PROGRESS_BYTES``."""
+        check_progress(state, meta, self.settings.max_progress_bytes)
+        return self.store.progress.record(token.run_id, token.key, token.attempt, state, meta)
+
     def skip_attempt(self: _Engine, token: FencingToken, reason: str) -> Outcome:
         """Commit the attempt as SKIPPED (fenced; the body raised :class:`orchestrator.Skip`),
         then publish what its children made ready."""
@@ -177,3 +185,16 @@ class WorkerPort:
                 "fingerprint": task.fingerprint,
             }
             raise_alert(alert, webhook=self.settings.alert_webhook or None, actor="orchestrator")
+
+
+def check_progress(state: Any, meta: Any, max_bytes: int) -> None:
+    """A progress report's ``state`` (1-64 characters of text) and ``meta`` (plain JSON of at
+    most ``max_bytes``, ``ORCHESTRATOR_MAX_PROGRESS_BYTES``); raise :class:`ValidationError`."""
+    if not isinstance(state, str) or not 0 < len(state) <= 64:
+        raise ValidationError(f"progress state must be 1-64 characters of text, not {state!r}"[:200])
+    check_json(meta, "progress meta")
+    size = len(json.dumps(meta, separators=(",", ":")))
+    if size > max_bytes:
+        raise ValidationError(
+            f"progress meta is {size} bytes of JSON, over ORCHESTRATOR_MAX_PROGRESS_BYTES={max_bytes}"
+        )

@@ -182,6 +182,6 @@ def script_module(task_modules: tuple[str, ...]) -> str | None:
         except (ImportError, ValueError):
             continue
         origin = getattr(spec, "origin", None)
-        if origin and os.path.exists(origin) and os.path.samefile(origin, path):
+        if origin and os.path.exists(origin) and os.path.exists(path) and os.path.samefile(origin, path):
             return name
     return None

@@ -23,6 +23,19 @@ class TaskContext:
     #: a body called again after it raised :class:`orchestrator.Defer`: ``{"event": the payload
     #: that woke it, or None; "state": what it saved; "timed_out": False}``; None on a first call
     resumed: dict[str, Any] | None = None
+    #: records a progress report of this attempt (:mod:`orchestrator.runtime.progress`)
+    reporter: Callable[[str, Any], None] | None = field(default=None, repr=False, compare=False)
+
+    def progress(self, meta: Any = None, *, state: str = "PROGRESS") -> None:
+        """Report this attempt's progress, as Celery's ``self.update_state(state=state, meta=meta)``
+        does: ``meta`` plain JSON (at most ``ORCHESTRATOR_MAX_PROGRESS_BYTES``), ``state`` 1-64
+        characters. The latest report is shown by ``status``, ``watch``, the run page and the API;
+        reports closer together than ``ORCHESTRATOR_PROGRESS_INTERVAL`` keep only the latest,
+        written when the interval is up or before the attempt's outcome. Raises
+        :class:`~orchestrator.ValidationError` for bad input; a report the database cannot take
+        is logged, never raised."""
+        if self.reporter is not None:
+            self.reporter(state, meta)
 
     @property
     def logical_date(self) -> dt.datetime | None:

@@ -63,6 +63,8 @@ from .heartbeat import _heartbeater
 from .inbox import count_drop
 from .passing import passed_args, wants_upstream_kwarg
 from .process import current_orchestrator
+from .progress import finish as finish_progress
+from .progress import reporter_for
 from .registration import WorkerServices as WorkerServices
 from .registration import registered_names as registered_names
 from .registration import start_services as start_services
@@ -94,6 +96,15 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         direct = getattr(request, HEADER_DIRECT, None) is True and not _redelivered(request)
         return self._run_attempt(token, (list(args), dict(kwargs)) if direct else None)
 
+    def update_state(self, task_id: str | None = None, state: str | None = None, meta: Any = None, **kw: Any) -> None:
+        """Inside an orchestrated attempt (its own id): record its progress in the database
+        (:meth:`TaskContext.progress`); anywhere else Celery's, through the result backend."""
+        ctx = current_context()
+        if ctx is not None and ctx.reporter is not None and task_id in (None, self.request.id):
+            ctx.progress(meta, state=state or "PROGRESS")
+            return
+        super().update_state(task_id, state, meta, **kw)
+
     def retry(self, *args: Any, exc: BaseException | None = None, **kwargs: Any) -> Any:
         if current_context() is not None:
             raise RetryRequested(str(exc) if exc else "retry requested") from exc
@@ -108,12 +119,17 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         hb = _heartbeater(orc)
         started = time.monotonic()
         args, kwargs, upstream, resumed, sensor = self._begin(orc, hb, token, worker, direct)
-        context = _context.set(TaskContext(token.run_id, token.key, token.attempt, upstream, orc.logical_date, resumed))
+        context = _context.set(
+            TaskContext(
+                token.run_id, token.key, token.attempt, upstream, orc.logical_date, resumed, reporter_for(orc, token)
+            )
+        )
         status: str | None = None
         try:
             try:
                 result = call_body(self, args, kwargs)
             finally:
+                finish_progress(orc, token)  # its last report, before its outcome
                 status = hb.untrack(token)
             if status == "refused":
                 raise Ignore()

@@ -56,6 +56,7 @@ from .deliveries import Deliveries
 from .ledger import Ledger
 from .limits import Limits
 from .operator import OperatorActions
+from .progress import ProgressRows
 from .reads import Reads
 from .recovery import Recovery
 from .schedules import ScheduleRows
@@ -116,6 +117,7 @@ class Store:
         self.reads = Reads(self.db)
         self.workers = WorkerRegistry(self.db, worker_ttl=worker_ttl)
         self.deliveries = Deliveries(self.db)
+        self.progress = ProgressRows(self.db)
         self.tenants = Tenants(self.db)
         self.limits = Limits(self.db)
         self.breakers = Breakers(self.db)

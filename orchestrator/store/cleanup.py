@@ -249,6 +249,7 @@ class Cleanup:
             done.keys_kept = self._keep_keys(conn, rows)
             done.events = conn.execute(t_events.delete().where(t_events.c.run_id.in_(ids))).rowcount or 0
             done.edges = conn.execute(t_edges.delete().where(t_edges.c.run_id.in_(ids))).rowcount or 0
+            conn.execute(s.progress.delete().where(s.progress.c.run_id.in_(ids)))  # live status: not archived
             done.tasks = conn.execute(t_tasks.delete().where(t_tasks.c.run_id.in_(ids))).rowcount or 0
             done.runs = conn.execute(t_runs.delete().where(t_runs.c.id.in_(ids))).rowcount or 0
             for r in rows:

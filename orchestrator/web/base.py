@@ -265,6 +265,13 @@ def _status_of(exc: BaseException) -> int | None:
     return None
 
 
+def progress_text(progress: dict[str, Any]) -> str:
+    """A task's last progress report as its row shows it: ``STATE {meta}`` (bounded)."""
+    meta = progress.get("meta")
+    told = "" if meta is None else " " + json.dumps(meta, separators=(",", ":"))
+    return f"{progress.get('state')}{told}"[:120]
+
+
 TEMPLATES = Loader(str(Path(__file__).parent / "templates"), autoescape="xhtml_escape")
 
 
@@ -278,5 +285,6 @@ def render(name: str, **values: Any) -> bytes:
         nonce=handler.nonce,
         ceil=math.ceil,
         map_text=mapped_text,
+        progress_text=progress_text,
         **values,
     )

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from ..engine.facade import Orchestrator
 
 
+#: the most running tasks whose progress a poll of the run page answers
+PROGRESS_ROWS = 200
+
+
 def _event_json(event_id: int, event: Any) -> dict[str, Any]:
     return {"id": event_id, **event.to_json()}
 
@@ -51,10 +55,11 @@ def run_document(
     else:
         found, _ = reads.event_page(run_id, limit=1)
         newest = found[-1][0] if found else 0
+    progress = reads.progress(run_id, [t.key for t in page.tasks])
     return {
         "run": view.to_json(),
         "counts": dict(sorted(view.counts.items())),
-        "tasks": [t.to_json() for t in page.tasks],
+        "tasks": [t.to_json() | {"progress": p.to_json() if (p := progress.get(t.key)) else None} for t in page.tasks],
         "edges": [list(e) for e in edges],
         "waiting": _waiting(orc, run_id, page.tasks),
         "events": [_event_json(i, e) for i, e in ledger],
@@ -87,13 +92,15 @@ def run_page_data(
 def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[str, Any]:
     """What changed in the run since the ledger id ``after``: at most ``limit`` new ledger rows
     (oldest first; ``more``: others wait, ask again from ``last``), the current state of every
-    task they name, the run's state and counts per state, and the counts of the collapsed
-    boxes of the drawing those tasks are in."""
+    task they name, the run's state and counts per state, the counts of the collapsed boxes of
+    the drawing those tasks are in, and what the running tasks' bodies last reported
+    (``progress``: a report writes no ledger row, so it is answered whole on every poll)."""
     reads = orc.reads
     ledger, more = reads.event_page(run_id, limit=limit, after=after)
     view = orc.visible(run_id)
     keys = sorted({e.key for _, e in ledger if e.key is not None})
     tasks = reads.tasks_by_key(run_id, keys) if keys else []
+    progress = reads.progress(run_id, running=True, limit=PROGRESS_ROWS) | reads.progress(run_id, keys)
     boxes: dict[str, Any] = {}
     skeleton = None
     if keys:
@@ -126,6 +133,9 @@ def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[
             for t in tasks
         },
         "boxes": boxes,
+        #: what the running tasks' bodies last reported (update_state), the freshest first, and
+        #: the last reports of the tasks that changed (a body's last report comes just before its end)
+        "progress": {k: p.to_json() for k, p in progress.items()},
         "last": ledger[-1][0] if ledger else after,
         "more": more,
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -158,3 +159,23 @@ def browser() -> Iterator[object]:
         yield driver
     finally:
         driver.quit()
+
+
+@dataclass
+class Server:
+    base: str
+    #: the login URL ``serve`` printed: http://127.0.0.1:PORT/login?token=TOKEN
+    login: str
+
+
+@pytest.fixture
+def server(orc: Orchestrator, tmp_path: Path) -> Iterator[Server]:
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k != "ORCHESTRATOR_UI_AUTH"}
+    with serving(log, env) as (proc, base):
+        deadline = time.monotonic() + 30
+        while not (found := re.search(rf"{re.escape(base)}/login\?token=[A-Za-z0-9_-]+", log.read_text())):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"orchestrator serve printed no login URL:\n{log.read_text()}")
+            time.sleep(0.1)
+        yield Server(base, found.group(0))

@@ -15,42 +15,19 @@ it is also copied there (how ``docs/run-page.png`` in the README was made).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from orchestrator import DAG, Orchestrator
 from orchestrator.core.states import RunState, TaskState
-from tests.integration.conftest import WorkerProcess, serving
+from tests.integration.conftest import Server, WorkerProcess
 
 P = "tasks.probes."
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@dataclass
-class Server:
-    base: str
-    #: the login URL ``serve`` printed: http://127.0.0.1:PORT/login?token=TOKEN
-    login: str
-
-
-@pytest.fixture
-def server(orc: Orchestrator, tmp_path: Path) -> Iterator[Server]:
-    log = tmp_path / "serve.log"
-    env = {k: v for k, v in os.environ.items() if k != "ORCHESTRATOR_UI_AUTH"}
-    with serving(log, env) as (proc, base):
-        deadline = time.monotonic() + 30
-        while not (found := re.search(rf"{re.escape(base)}/login\?token=[A-Za-z0-9_-]+", log.read_text())):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"orchestrator serve printed no login URL:\n{log.read_text()}")
-            time.sleep(0.1)
-        yield Server(base, found.group(0))
 
 
 def wait_for(what: str, check: object, timeout: float = 60.0) -> None:

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from ...core.errors import TaskNotFound
-from ...core.models import EventView, TaskView
+from ...core.models import EventView, ProgressView, TaskView
 from .. import rows
+from .. import schema as s
+from ..dbtime import aware
 from .base import ReadsBase, t_edges, t_events, t_tasks
 
 
@@ -41,6 +43,32 @@ class TaskReads(ReadsBase):
         if row is None:
             raise TaskNotFound(f"run {run_id!r} has no task {key!r}")
         return rows.task_view(row)
+
+    def progress(
+        self, run_id: str, keys: Sequence[str] | None = None, *, running: bool = False, limit: int | None = None
+    ) -> dict[str, ProgressView]:
+        """The latest progress of the run's tasks (of ``keys`` when given; only those RUNNING with
+        ``running``; the ``limit`` freshest), each only while the task holds the attempt that
+        reported it, by key; raise :class:`RunNotFound`."""
+        p, t = s.progress.c, t_tasks.c
+        q = (
+            sa.select(p.key, p.attempt, p.state, p.meta, p.updated_at)
+            .join(t_tasks, sa.and_(t.run_id == p.run_id, t.key == p.key, t.attempt == p.attempt))
+            .where(p.run_id == run_id)
+            .order_by(p.updated_at.desc())
+        )
+        if keys is not None:
+            if not keys:
+                return {}
+            q = q.where(p.key.in_(sorted(set(keys))))
+        if running:
+            q = q.where(t.state == "RUNNING")
+        if limit is not None:
+            q = q.limit(limit)
+        return {
+            r.key: ProgressView(r.key, r.attempt, r.state, r.meta, aware(r.updated_at))  # type: ignore[arg-type]
+            for r in self._of_run(run_id, q)
+        }
 
     def events(self, run_id: str, *, newest: int | None = None) -> list[EventView]:
         """The run's ledger, oldest first: task events and the run's own (``key`` None);

@@ -9,6 +9,7 @@
 (function () {
   'use strict';
   var POLL_MS = 3000;
+  var PROGRESS_POLL_MS = 700;
   var LEDGER_KEEP = 500;
   var COLOURS = {
     PENDING: '#f0f0f0', READY: '#d6e4f0', QUEUED: '#b0c4de', RUNNING: '#7fd67f', RETRYING: '#f5d742',
@@ -115,6 +116,10 @@
     var row = document.getElementById('task-' + key);
     if (!row) return;  // not on this page of the table
     row.setAttribute('data-state', t.state);
+    if (row.getAttribute('data-attempt') !== String(t.attempt)) {  // another attempt: not its progress
+      row.setAttribute('data-attempt', String(t.attempt));
+      text(row.querySelector('.c-progress'), '');
+    }
     var why = t.skip_reason ? ' skipped: ' + t.skip_reason : '';
     if (t.map) {
       why = ' mapped into ' + fmt(t.map.total) + ' task(s): ' + fmt(t.map.done) + ' done (' + fmt(t.map.succeeded) +
@@ -132,6 +137,13 @@
     row.querySelectorAll('form.approval').forEach(function (f) {
       f.hidden = !(t.state === 'WAITING' && t.waiting && t.waiting.kind === 'approval');
     });
+  }
+
+  function paintProgress(key, p) {
+    var row = document.getElementById('task-' + key);
+    if (!row) return;
+    var meta = p.meta === null || p.meta === undefined ? '' : ' ' + JSON.stringify(p.meta);
+    text(row.querySelector('.c-progress'), short(p.state + meta, 120));
   }
 
   function paintCounts(counts) {
@@ -180,6 +192,8 @@
       .then(function (c) {
         Object.keys(c.tasks).forEach(function (key) { paintTask(key, c.tasks[key]); paintRow(key, c.tasks[key]); });
         Object.keys(c.boxes).forEach(function (id) { paintBox(id, c.boxes[id]); });
+        var reporting = Object.keys(c.progress || {});
+        reporting.forEach(function (key) { paintProgress(key, c.progress[key]); });
         paintCounts(c.counts);
         addEvents(c.events);
         text(document.getElementById('run-state'), c.run.state);
@@ -192,7 +206,9 @@
           document.querySelectorAll('#cancel-run').forEach(function (b) { b.disabled = true; });
           return;
         }
-        setTimeout(function () { poll(root); }, POLL_MS);
+        // while tasks run, what their bodies report (update_state) is shown within a second
+        var busy = reporting.length || (c.run && c.counts && c.counts.RUNNING);
+        setTimeout(function () { poll(root); }, busy ? PROGRESS_POLL_MS : POLL_MS);
       })
       .catch(function () { setTimeout(function () { poll(root); }, POLL_MS * 3); });
   }
@@ -245,7 +261,8 @@
       // the marker a browser test waits for: the page and its drawing are drawn, the script runs
       root.setAttribute('data-ready', '1');
       root.setAttribute('data-ready-ms', String(Math.round(performance.now())));
-      if (root.getAttribute('data-final') !== '1') setTimeout(function () { poll(root); }, POLL_MS);
+      var running = document.querySelector('tr[data-state="RUNNING"]') ? PROGRESS_POLL_MS : POLL_MS;
+      if (root.getAttribute('data-final') !== '1') setTimeout(function () { poll(root); }, running);
     }
   }
 

@@ -1,0 +1,61 @@
+"""``self.update_state`` progress from a real prefork worker, seen while the task runs: in the
+database (``RunHandle.progress``), ``orchestrator status --json``, ``/api/runs/RUN_ID`` and the
+run page in a real browser (its live poll), then the last report before the outcome."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from orchestrator import DAG, Orchestrator, RunState
+from tests.integration.conftest import ROOT, Server, WorkerProcess
+from tests.integration.test_browser import wait_for
+
+P = "tasks.probes."
+
+
+def status_json(run_id: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "status", run_id, "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return dict(json.loads(out.stdout))
+
+
+def test_update_state_progress_is_shown_while_the_task_runs(
+    orc: Orchestrator, worker: WorkerProcess, server: Server, browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    gate = tmp_path / "gate"
+    dag = DAG("progress_probe")
+    dag.task("report", P + "report", kwargs={"steps": 5, "gate": str(gate)})
+    run = orc.submit(dag)
+
+    # the body reported five steps in a tight loop; the last one is written (throttled, not lost)
+    wait_for("the last step recorded", lambda: (p := run.progress().get("report")) and p.meta["done"] == 5)
+    assert run.task("report").state.value == "RUNNING"
+    doc = status_json(run.id)
+    (task,) = doc["tasks"]
+    assert task["progress"]["state"] == "PROGRESS" and task["progress"]["meta"] == {"done": 5, "total": 5}
+
+    browser.get(server.login)
+    browser.get(f"{server.base}/runs/{run.id}")
+    cell = browser.find_element(By.CSS_SELECTOR, 'tr[data-key="report"] .c-progress')
+    assert cell.text == 'PROGRESS {"done":5,"total":5}'
+    cookie = "; ".join(f"{c['name']}={c['value']}" for c in browser.get_cookies())
+    request = urllib.request.Request(f"{server.base}/api/runs/{run.id}", headers={"Cookie": cookie})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        api = json.loads(r.read())
+    assert api["tasks"][0]["progress"]["meta"] == {"done": 5, "total": 5}
+
+    # the body reports again: the open page shows it through its poll, the outcome follows it
+    gate.touch()
+    wait_for("the page's live update", lambda: cell.text.startswith("FINISHING"), timeout=30)
+    assert run.wait(timeout=60).state is RunState.SUCCEEDED
+    shown = run.progress()["report"]
+    assert shown.state == "FINISHING" and shown.meta["last"] is True
