@@ -1,4 +1,5 @@
-"""The project's Celery app: JSON only, late acks, one message per attempt, no result backend.
+"""The project's Celery app: JSON only, late acks, one message per attempt, results ignored (the
+database holds them; the result backend only answers ``AsyncResult`` of an attempt from there).
 
 Importing this module connects the worker's signal handlers (``orchestrator.runtime.worker``): on
 ``worker_ready`` a worker registers its capacity and starts its reconciler service.
@@ -71,6 +72,8 @@ def create_app(settings: Settings | None = None, *, main: str | None = None) -> 
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
+        # stores nothing; answers AsyncResult(id).state/.info of an orchestrated attempt from the database
+        result_backend="orchestrator.runtime.results:OrchestratorBackend",
         # every message's envelope is checked before Celery handles it (orchestrator.inbox)
         worker_consumer="orchestrator.runtime.inbox:GuardedConsumer",
         # off by default: 4 of the ~14 Redis commands of a task; Flower enables worker events

@@ -11,6 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from orchestrator import DAG, Orchestrator, RunState
 from tests.integration.conftest import ROOT, Server, WorkerProcess
 from tests.integration.test_browser import wait_for
@@ -53,9 +55,28 @@ def test_update_state_progress_is_shown_while_the_task_runs(
         api = json.loads(r.read())
     assert api["tasks"][0]["progress"]["meta"] == {"done": 5, "total": 5}
 
+    # Celery's AsyncResult of the attempt's id answers it too (the app's result backend)
+    attempt = orc.app.AsyncResult(f"{run.id}.report.1")
+    assert (attempt.state, attempt.info) == ("PROGRESS", {"done": 5, "total": 5})
+
     # the body reports again: the open page shows it through its poll, the outcome follows it
     gate.touch()
     wait_for("the page's live update", lambda: cell.text.startswith("FINISHING"), timeout=30)
     assert run.wait(timeout=60).state is RunState.SUCCEEDED
     shown = run.progress()["report"]
     assert shown.state == "FINISHING" and shown.meta["last"] is True
+    done = orc.app.AsyncResult(f"{run.id}.report.1")
+    assert (done.state, done.result) == ("SUCCESS", 5)
+
+
+def test_async_result_of_a_failed_attempt_and_of_a_plain_id(orc: Orchestrator, worker: WorkerProcess) -> None:
+    dag = DAG("async_result_probe")
+    dag.task("boom", P + "fail", kwargs={"message": "no rows"})
+    run = orc.submit(dag)
+    assert run.wait(timeout=60).state is RunState.FAILED
+    failed = orc.app.AsyncResult(f"{run.id}.boom.1")
+    assert failed.state == "FAILURE"
+    assert type(failed.result).__name__ == "ProbeFailure" and "no rows" in str(failed.result)
+    assert orc.app.AsyncResult(f"{run.id}.boom.9").state == "PENDING"  # not reached
+    with pytest.raises(NotImplementedError):  # not an orchestrated id: no result backend, as before
+        _ = orc.app.AsyncResult("9f1c0000-0000-0000-0000-000000000000").state

@@ -70,6 +70,19 @@ class TaskReads(ReadsBase):
             for r in self._of_run(run_id, q)
         }
 
+    def attempt_outcome(self, run_id: str, key: str, attempt: int) -> tuple[str, str | None]:
+        """The state one attempt of a task ended in (its last accepted ledger row's, with its
+        reason), or ``("PENDING", None)`` when the ledger has none; raise :class:`RunNotFound`."""
+        e = t_events.c
+        q = (
+            sa.select(e.to_state, e.reason)
+            .where(e.run_id == run_id, e.key == key, e.attempt == attempt, e.accepted)
+            .order_by(e.id.desc())
+            .limit(1)
+        )
+        found = self._of_run(run_id, q)
+        return (found[0].to_state, found[0].reason) if found else ("PENDING", None)
+
     def events(self, run_id: str, *, newest: int | None = None) -> list[EventView]:
         """The run's ledger, oldest first: task events and the run's own (``key`` None);
         only the ``newest`` rows when given (live views). Raise :class:`RunNotFound`."""
