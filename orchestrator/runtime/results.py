@@ -3,8 +3,10 @@
 (``result_backend``) is :class:`OrchestratorBackend`.
 
 It stores nothing (the orchestrator commits every outcome itself; the app ignores results) and,
-for any other id, is Celery's disabled backend. Only reads are answered, one task row (and its
-progress) per call: ``.get()`` and chords still need a real result backend.
+for any other id, is Celery's disabled backend. Only reads are answered, through the process's
+orchestrator's reads (a process bound to a tenant answers its own runs only; another's attempt is
+``PENDING``): two to four primary-key queries per call (the task row, its progress or its
+attempt's last ledger row). ``.get()`` and chords still need a real result backend.
 
 ============================ =======================================================
 the task's row               Celery's state (``info`` / ``result``)
@@ -55,20 +57,20 @@ class OrchestratorBackend(DisabledBackend):  # type: ignore[misc]
         if parsed is None:
             return self._is_disabled()  # type: ignore[no-any-return]
         run_id, key, attempt = parsed
-        orc = current_orchestrator(self.app)
+        reads = current_orchestrator(self.app).reads  # scoped: a tenant's process sees its own runs
         try:
-            view = orc.store.reads.get_task(run_id, key)
+            view = reads.get_task(run_id, key)
         except (RunNotFound, TaskNotFound):
             return _meta(task_id, states.PENDING, None)
         state, result, error = view.state.value, view.result, view.error
         if attempt != view.attempt:  # an attempt the task moved past (or not reached yet)
             if attempt > view.attempt:
                 return _meta(task_id, states.PENDING, None)
-            state, error = orc.store.reads.attempt_outcome(run_id, key, attempt)
+            state, error = reads.attempt_outcome(run_id, key, attempt)
             result = None
         status = CELERY_STATES.get(state, states.PENDING)
         if status == states.STARTED and attempt == view.attempt:
-            said = orc.store.reads.progress(run_id, [key]).get(key)
+            said = reads.progress(run_id, [key]).get(key)
             if said is not None:
                 return _meta(task_id, said.state, said.meta)
             return _meta(task_id, status, {"worker": view.worker})

@@ -78,5 +78,9 @@ def test_async_result_of_a_failed_attempt_and_of_a_plain_id(orc: Orchestrator, w
     assert failed.state == "FAILURE"
     assert type(failed.result).__name__ == "ProbeFailure" and "no rows" in str(failed.result)
     assert orc.app.AsyncResult(f"{run.id}.boom.9").state == "PENDING"  # not reached
+    orc.clear(run.id, "boom")  # attempt 2 runs (and fails again): attempt 1 answers from its ledger rows
+    assert run.wait(timeout=60).state is RunState.FAILED and run.task("boom").attempt == 2
+    again = orc.app.AsyncResult(f"{run.id}.boom.1")
+    assert again.state == "FAILURE" and "no rows" in str(again.result)
     with pytest.raises(NotImplementedError):  # not an orchestrated id: no result backend, as before
         _ = orc.app.AsyncResult("9f1c0000-0000-0000-0000-000000000000").state
