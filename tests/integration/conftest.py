@@ -12,9 +12,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,25 @@ from orchestrator import Orchestrator
 from tests.conftest import DATA_DIR, IT_DATABASE_URL, IT_DB, ensure_database, reset_schema
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def until(what: str, check: Callable[[], Any], timeout: float = 90.0, every: float = 0.05) -> Any:
+    """Poll ``check`` until it returns something truthy (returned); fail the test after ``timeout``
+    seconds (the database decides, not the machine's speed: the timeout only bounds a hang)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{what}: not after {timeout}s")
+        time.sleep(every)
+
+
+def sql(orc: Orchestrator, query: Any) -> list[Any]:
+    """The rows of ``query`` on the orchestrator's database."""
+    with orc.store.engine.connect() as conn:
+        return list(conn.execute(query).all())
 
 
 @dataclass

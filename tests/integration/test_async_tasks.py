@@ -14,9 +14,8 @@ import os
 import re
 import socket
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,29 +29,13 @@ from orchestrator.store.schema import events as ev
 from orchestrator.store.schema import tasks as t
 from orchestrator.store.schema import workers as w
 from tests.conftest import DATA_DIR, IT_BROKER_URL
-from tests.integration.conftest import start_worker, stop_process
+from tests.integration.conftest import sql, start_worker, stop_process, until
 
 pytestmark = pytest.mark.integration
 
 A = "tasks.aio."
 POOLS = ("prefork", "threads", "solo")
 MODULES = "tasks.probes,tasks.etl,tasks.dynamic,tasks.aio"
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{what}: not after {timeout}s")
-        time.sleep(every)
-
-
-def sql(orc: Orchestrator, query: Any) -> list[Any]:
-    with orc.store.engine.connect() as conn:
-        return list(conn.execute(query).all())
 
 
 class Worker:

@@ -9,27 +9,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from orchestrator import DAG, Orchestrator, RunState
-from tests.integration.conftest import WorkerProcess
+from tests.integration.conftest import WorkerProcess, until
 
 pytestmark = pytest.mark.integration
 P = "tasks.probes."
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{what}: not after {timeout}s")
-        time.sleep(every)
 
 
 def other_work(orc: Orchestrator, n: int) -> float:

@@ -23,8 +23,7 @@ from orchestrator.core.routing import default_queues
 from tasks.canvas import extract, stamp, transform, workflow
 from tests import conftest
 from tests.conftest import DATA_DIR, IT_BROKER_URL, REDIS_BASE, ensure_database, reset_schema
-from tests.integration.conftest import ROOT, start_worker, stop_process, wait_until_ready
-from tests.integration.test_watchdog import until
+from tests.integration.conftest import ROOT, start_worker, stop_process, until, wait_until_ready
 
 DAY = "2026-11-28"
 QUEUE = "canvas-io"

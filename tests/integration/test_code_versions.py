@@ -26,8 +26,7 @@ from orchestrator import DAG, Orchestrator, RunState
 from orchestrator.store.schema import tasks as t
 from orchestrator.store.schema import workers as w
 from tests.conftest import DATA_DIR
-from tests.integration.conftest import ROOT, start_worker, stop_process
-from tests.integration.test_watchdog import sql, until
+from tests.integration.conftest import ROOT, sql, start_worker, stop_process, until
 
 pytestmark = pytest.mark.integration
 

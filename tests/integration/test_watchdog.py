@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,28 +23,12 @@ from orchestrator.store.schema import events as ev
 from orchestrator.store.schema import tasks as t
 from orchestrator.store.schema import workers as w
 from tests.conftest import DATA_DIR
-from tests.integration.conftest import start_worker, stop_process
+from tests.integration.conftest import sql, start_worker, stop_process, until
 
 pytestmark = pytest.mark.integration
 
 DISPATCH_TIMEOUT = 2.0
 ALL_MODULES = "tasks.probes,tasks.etl,tasks.dynamic,tasks.canvas"
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 90.0, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{what}: not after {timeout}s")
-        time.sleep(every)
-
-
-def sql(orc: Orchestrator, query: Any) -> list[Any]:
-    with orc.store.engine.connect() as conn:
-        return list(conn.execute(query).all())
 
 
 @pytest.fixture
