@@ -1,12 +1,13 @@
 """Pruning finished runs (``orchestrator db clean``, the shape of ``airflow db clean``).
 
-A run is removed with its tasks, edges and ledger rows once it is final (SUCCEEDED, FAILED or
-CANCELLED) and was created and finished before the cut-off; a RUNNING run is never touched. The
-work goes in batches of runs, one transaction each: the batch's run rows are locked ``FOR UPDATE
-SKIP LOCKED`` (an operator's clear, which takes the run's row lock to reopen it, either waits and
-then finds no run, or holds it and the batch leaves that run), optionally written to an archive
-(one JSON object per run, with its tasks, edges and ledger), then deleted. Each batch is short, so
-the hot path's transactions never wait behind one long delete and vacuum keeps up.
+A run is removed with its tasks, edges, ledger rows and progress reports (``orc_progress``) once it
+is final (SUCCEEDED, FAILED or CANCELLED) and was created and finished before the cut-off; a
+RUNNING run is never touched. The work goes in batches of runs, one transaction each: the batch's
+run rows are locked ``FOR UPDATE SKIP LOCKED`` (an operator's clear, which takes the run's row lock
+to reopen it, either waits and then finds no run, or holds it and the batch leaves that run),
+optionally written to an archive (one JSON object per run, with its tasks, edges, ledger and each
+task's last progress report), then deleted. Each batch is short, so the hot path's transactions
+never wait behind one long delete and vacuum keeps up.
 
 The archive is the record of what was removed, so it is written first: a batch's lines are
 written and flushed to the disk (``fsync``) inside the batch's transaction, before its delete
@@ -45,6 +46,7 @@ from . import schema as s
 from .database import Database
 
 t_runs, t_tasks, t_edges, t_events, t_keys = s.runs, s.tasks, s.edges, s.events, s.idempotency_keys
+t_progress = s.progress
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 #: how long a removed run's idempotency key is kept by default (``db clean --keep-keys``)
 KEEP_KEYS = dt.timedelta(days=90)
@@ -249,7 +251,7 @@ class Cleanup:
             done.keys_kept = self._keep_keys(conn, rows)
             done.events = conn.execute(t_events.delete().where(t_events.c.run_id.in_(ids))).rowcount or 0
             done.edges = conn.execute(t_edges.delete().where(t_edges.c.run_id.in_(ids))).rowcount or 0
-            conn.execute(s.progress.delete().where(s.progress.c.run_id.in_(ids)))  # live status: not archived
+            conn.execute(t_progress.delete().where(t_progress.c.run_id.in_(ids)))
             done.tasks = conn.execute(t_tasks.delete().where(t_tasks.c.run_id.in_(ids))).rowcount or 0
             done.runs = conn.execute(t_runs.delete().where(t_runs.c.id.in_(ids))).rowcount or 0
             for r in rows:
@@ -323,19 +325,23 @@ class Cleanup:
 
     @staticmethod
     def _archive(conn: Connection, rows: Sequence[Any], ids: list[str]) -> str:
-        """The batch's runs as JSON lines, each with its tasks, edges and ledger."""
+        """The batch's runs as JSON lines, each with its tasks, edges, ledger and progress (each
+        task's last report, ``orc_progress``: its attempt, state, meta and time)."""
         tasks: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
         edges: dict[str, list[list[str]]] = {i: [] for i in ids}
         events: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
+        progress: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
         for r in conn.execute(sa.select(t_tasks).where(t_tasks.c.run_id.in_(ids)).order_by(t_tasks.c.key)):
             tasks[r.run_id].append(_plain(r))
         for r in conn.execute(sa.select(t_edges).where(t_edges.c.run_id.in_(ids))):
             edges[r.run_id].append([r.parent_key, r.child_key])
         for r in conn.execute(sa.select(t_events).where(t_events.c.run_id.in_(ids)).order_by(t_events.c.id)):
             events[r.run_id].append(_plain(r))
-        return "".join(
-            json.dumps({"run": _plain(run), "tasks": tasks[r], "edges": edges[r], "events": events[r]}, default=str)
-            + "\n"
-            for run in rows
-            for r in (run.id,)
-        )
+        for r in conn.execute(sa.select(t_progress).where(t_progress.c.run_id.in_(ids)).order_by(t_progress.c.key)):
+            progress[r.run_id].append(_plain(r))
+        lines = []
+        for run in rows:
+            i = run.id
+            doc = {"run": _plain(run), "tasks": tasks[i], "edges": edges[i], "events": events[i]}
+            lines.append(json.dumps(doc | {"progress": progress[i]}, default=str) + "\n")
+        return "".join(lines)

@@ -5,6 +5,8 @@ with their run by ``db clean``."""
 from __future__ import annotations
 
 import datetime as dt
+import io
+import json
 import time
 
 import pytest
@@ -89,11 +91,16 @@ def test_the_pending_report_is_written_when_its_interval_is_up(orc: Orchestrator
     reporter.finish(orc, token)
 
 
-def test_db_clean_removes_a_runs_progress(orc: Orchestrator) -> None:
+def test_db_clean_removes_a_runs_progress_and_archives_it(orc: Orchestrator) -> None:
     run_id, token = running(orc)
     assert orc.record_progress(token, "PROGRESS", {"done": 1})
     orc.cancel(run_id)
-    cleaned = orc.store.cleanup.clean(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5))
+    out = io.StringIO()
+    cleaned = orc.store.cleanup.clean(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5), archive=out)
     assert cleaned.runs == 1
     with orc.store.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM orc_progress")).scalar_one() == 0
+    # the archive holds everything removed, the last report too
+    (line,) = out.getvalue().splitlines()
+    (kept,) = json.loads(line)["progress"]
+    assert (kept["key"], kept["attempt"], kept["state"], kept["meta"]) == ("a", 1, "PROGRESS", {"done": 1})
