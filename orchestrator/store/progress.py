@@ -5,8 +5,7 @@ One row per task, overwritten by each report. A report is fenced by its attempt 
 write is: it is written only while the task's row holds that attempt RUNNING, so a stale
 attempt (cleared, cancelled, taken over) cannot overwrite what the current one reports. Reads
 show a task's progress only while its row holds the attempt that reported it. ``db clean``
-removes a run's rows with the run, without archiving them: a report is a live status (the latest
-only), not part of the record, which is the ledger."""
+removes a run's rows with the run, after writing them into its archive line (``"progress"``)."""
 
 from __future__ import annotations
 
