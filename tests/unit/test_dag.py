@@ -241,3 +241,23 @@ def test_unreadable_spec(tmp_path: Path) -> None:
     bad.write_text("name: [unclosed\n")
     with pytest.raises(SpecError, match="cannot parse YAML"):
         load_spec(bad)
+
+
+def test_the_branch_linter_stops_at_a_join_that_absorbs_the_skip() -> None:
+    """Airflow's example_branch_operator: ``branching`` picks one of branch_a..d, each followed by
+    ``follow_<x>``, all joined by ``join`` (none_failed_min_one_success), then more work below the
+    join with the default all_success: no warning (the join runs whichever branch is taken, so
+    nothing below it is skipped). A node that joins the branches itself with all_success still is."""
+    dag = DAG("example_branch_operator")
+    dag.task("run_this_first", "t.a")
+    dag.task("branching", "t.a", upstream=["run_this_first"], branch=True)
+    dag.task("join", "t.a", upstream=[f"follow_{x}" for x in "abcd"], trigger_rule="none_failed_min_one_success")
+    for x in "abcd":
+        dag.task(f"branch_{x}", "t.a", upstream=["branching"])
+        dag.task(f"follow_{x}", "t.a", upstream=[f"branch_{x}"])
+    dag.task("after_join", "t.a", upstream=["join"])
+    dag.task("last", "t.a", upstream=["after_join", "join"])
+    assert dag.lint() == []
+    dag.task("bad_join", "t.a", upstream=["follow_a", "follow_b"])
+    (warning,) = dag.lint()
+    assert "'bad_join' joins branches of 'branching'" in warning

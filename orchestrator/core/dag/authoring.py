@@ -22,6 +22,14 @@ from .passing import result_arg
 from .signatures import task_parts, with_signature_options
 from .validation import validate_dag
 
+#: the trigger rules under which a node runs although one of its parents was SKIPPED (a branch
+#: not taken), so long as another path reached it (``store/sql/decide.sql``): a skip does not
+#: travel through such a node
+ABSORBS_SKIPS = frozenset({
+    TriggerRule.ALL_DONE, TriggerRule.ONE_SUCCESS, TriggerRule.ONE_DONE, TriggerRule.NONE_FAILED,
+    TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS, TriggerRule.ALL_DONE_SETUP_SUCCESS, TriggerRule.ALWAYS,
+})  # fmt: skip
+
 
 class DAG:
     """A named graph of :class:`Node` objects for one tenant.
@@ -311,7 +319,9 @@ class DAG:
     def lint(self) -> list[str]:
         """Warnings about a DAG that is valid but likely not what was meant (returned with the
         run handle, printed by the CLI): a node that joins the paths of a branch and keeps
-        ``all_success`` is SKIPPED whenever one of those paths is not taken."""
+        ``all_success`` is SKIPPED whenever one of those paths is not taken. A path stops at a node
+        whose rule absorbs a skipped parent (:data:`ABSORBS_SKIPS`: it runs, so nothing below it is
+        skipped by that branch), so a node below such a join is not warned about."""
         warnings: list[str] = []
         children: dict[str, list[str]] = {}
         for node in self.nodes.values():
@@ -325,7 +335,10 @@ class DAG:
                 seen = {child}
                 todo = [child]
                 while todo:
-                    for nxt in children.get(todo.pop(), []):
+                    here = todo.pop()
+                    if here != child and self.nodes[here].trigger_rule in ABSORBS_SKIPS:
+                        continue  # it runs when a branch above it is not taken: the skip stops here
+                    for nxt in children.get(here, []):
                         if nxt not in seen:
                             seen.add(nxt)
                             todo.append(nxt)
