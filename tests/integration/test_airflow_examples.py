@@ -1,0 +1,95 @@
+"""Airflow's own example DAGs ported to this project's API and run on a real worker: every
+task's final state must be the state Airflow gives it (0 mismatches), and the branch linter
+raises no false warning on them. The expected states are derived from Airflow's trigger-rule
+semantics (``airflow/ti_deps/deps/trigger_rule_dep.py``; the examples are in
+``airflow/example_dags/``) and the reason for each is written beside it. The branch choices are
+fixed (Airflow's ``example_branch_operator`` picks at random) so that the states are known.
+
+Airflow's operators become: ``EmptyOperator`` -> ``tasks.probes.noop``; a
+``BranchPythonOperator`` -> ``tasks.dynamic.choose`` with ``branch=True`` (it returns the key to
+follow); a task raising ``AirflowSkipException`` -> ``tasks.dynamic.skip`` (raises
+``orchestrator.Skip``)."""
+
+from __future__ import annotations
+
+from orchestrator import DAG, Orchestrator, RunState
+from tests.integration.conftest import WorkerProcess
+
+NOOP, CHOOSE, SKIP = "tasks.probes.noop", "tasks.dynamic.choose", "tasks.dynamic.skip"
+OK, SKIPPED = "SUCCEEDED", "SKIPPED"
+
+
+def run(orc: Orchestrator, dag: DAG) -> tuple[RunState, dict[str, str]]:
+    assert dag.lint() == [], dag.lint()  # no false warning from the branch linter
+    handle = orc.submit(dag)
+    state = handle.wait(timeout=120).state
+    return state, {t.key: t.state.value for t in handle.tasks()}
+
+
+def test_example_branch_operator(orc: Orchestrator, worker: WorkerProcess) -> None:
+    dag = DAG("example_branch_operator")
+    dag.task("run_this_first", NOOP)
+    dag.task("branching", CHOOSE, kwargs={"pick": "branch_b"}, upstream=["run_this_first"], branch=True)
+    follows = []
+    for x in "abcd":
+        dag.task(f"branch_{x}", NOOP, upstream=["branching"])
+        follows.append(dag.task(f"follow_branch_{x}", NOOP, upstream=[f"branch_{x}"]))
+    dag.task("join", NOOP, upstream=follows, trigger_rule="none_failed_min_one_success")
+    state, states = run(orc, dag)
+    expected = {
+        "run_this_first": OK,
+        "branching": OK,  # a branch task succeeds; it skips the children it did not follow
+        "branch_b": OK,  # followed
+        "follow_branch_b": OK,  # all_success: its one parent succeeded
+        **{f"branch_{x}": SKIPPED for x in "acd"},  # not followed (Airflow: skipped by the branch)
+        **{f"follow_branch_{x}": SKIPPED for x in "acd"},  # all_success with a skipped parent: skipped
+        "join": OK,  # none_failed_min_one_success: no failure, one success (follow_branch_b)
+    }
+    assert states == expected and state is RunState.SUCCEEDED
+
+
+def test_example_nested_branch_dag(orc: Orchestrator, worker: WorkerProcess) -> None:
+    dag = DAG("example_nested_branch_dag")
+    dag.task("branch_1", CHOOSE, kwargs={"pick": "true_1"}, branch=True)
+    dag.task("true_1", NOOP, upstream=["branch_1"])
+    dag.task("false_1", NOOP, upstream=["branch_1"])
+    dag.task("branch_2", CHOOSE, kwargs={"pick": "true_2"}, upstream=["false_1"], branch=True)
+    dag.task("true_2", NOOP, upstream=["branch_2"])
+    dag.task("false_2", NOOP, upstream=["branch_2"])
+    dag.task("join_2", NOOP, upstream=["true_2", "false_2"], trigger_rule="none_failed_min_one_success")
+    dag.task("false_3", NOOP, upstream=["join_2"])
+    dag.task("join_1", NOOP, upstream=["true_1", "false_3"], trigger_rule="none_failed_min_one_success")
+    state, states = run(orc, dag)
+    expected = {
+        "branch_1": OK,
+        "true_1": OK,  # followed
+        "false_1": SKIPPED,  # not followed
+        "branch_2": SKIPPED,  # all_success with its parent skipped: it never runs, so it picks nothing
+        "true_2": SKIPPED,  # all_success, parent skipped
+        "false_2": SKIPPED,  # all_success, parent skipped
+        "join_2": SKIPPED,  # none_failed_min_one_success with every parent skipped: skipped (the docstring's point)
+        "false_3": SKIPPED,  # all_success, parent skipped
+        "join_1": OK,  # none_failed_min_one_success: true_1 succeeded, false_3 skipped, nothing failed
+    }
+    assert states == expected and state is RunState.SUCCEEDED
+
+
+def test_example_skip_dag(orc: Orchestrator, worker: WorkerProcess) -> None:
+    dag = DAG("example_skip_dag")
+    for suffix, rule in (("1", "all_success"), ("2", "one_success")):
+        dag.task(f"skip_operator_{suffix}", SKIP)  # raises AirflowSkipException there, Skip here
+        dag.task(f"always_true_{suffix}", NOOP)
+        dag.task(rule, NOOP, upstream=[f"skip_operator_{suffix}", f"always_true_{suffix}"], trigger_rule=rule)
+        dag.task(f"final_{suffix}", NOOP, upstream=[rule])
+    state, states = run(orc, dag)
+    expected = {
+        "skip_operator_1": SKIPPED,  # skipped itself
+        "always_true_1": OK,
+        "all_success": SKIPPED,  # all_success with a skipped parent: skipped
+        "final_1": SKIPPED,  # all_success, parent skipped
+        "skip_operator_2": SKIPPED,
+        "always_true_2": OK,
+        "one_success": OK,  # one_success: always_true_2 succeeded
+        "final_2": OK,  # all_success: its parent succeeded
+    }
+    assert states == expected and state is RunState.SUCCEEDED  # skips are not failures
