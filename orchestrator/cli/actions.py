@@ -48,17 +48,25 @@ def skip(run_id: str, key: str) -> None:
 @click.option("--upstream", is_flag=True, help="Also every task above them.")
 @click.option("--only-failed", is_flag=True, help="Only those FAILED or UPSTREAM_FAILED.")
 @click.option("--dry-run", is_flag=True, help="List what would be cleared; write nothing.")
+@click.option(
+    "--no-setup", "no_setup", is_flag=True,
+    help="Not the setups whose scope holds them and their teardowns (cleared with them by default, as in Airflow).",
+)  # fmt: skip
 def clear(
-    run_id: str, keys: tuple[str, ...], downstream: bool, upstream: bool, only_failed: bool, dry_run: bool
-) -> None:
+    run_id: str, keys: tuple[str, ...], downstream: bool, upstream: bool, only_failed: bool, dry_run: bool,
+    no_setup: bool,
+) -> None:  # fmt: skip
     """Run tasks again: KEYs (and with the flags their descendants / ancestors) go back with
     attempt + 1, each with a ledger row naming who asked; a running attempt among them is fenced
     (its late result refused and recorded) and revoked; a finished run reopens. Exits 2 with an
     `error:` line for an unknown task, a CANCELLED run or nothing to clear. A map is cleared with its
-    children; cleared with the task it maps over, it is expanded again (old children removed)."""
+    children; cleared with the task it maps over, it is expanded again (old children removed). As in
+    Airflow, a task is cleared with the setups it works under (a setup above it whose teardown is
+    below it, or that has none) and their teardowns, unless --no-setup."""
     cleared = base._ready_store().clear(
-        run_id, *keys, downstream=downstream, upstream=upstream, only_failed=only_failed, dry_run=dry_run, by=_by()
-    )
+        run_id, *keys, downstream=downstream, upstream=upstream, only_failed=only_failed, dry_run=dry_run, by=_by(),
+        setup=not no_setup,
+    )  # fmt: skip
     verb = "would clear" if dry_run else "cleared"
     click.echo(f"{run_id}: {verb} {len(cleared)} task(s): {', '.join(cleared)}")
 

@@ -358,9 +358,11 @@ class Orchestrator(WorkerPort):
         only_failed: bool = False,
         dry_run: bool = False,
         by: str | None = None,
+        setup: bool = True,
     ) -> list[str]:
         """Send the tasks ``keys`` (with ``downstream``, their descendants; with ``upstream``,
-        their ancestors; ``only_failed``: only those FAILED or UPSTREAM_FAILED) back to be run
+        their ancestors; with ``setup``, as Airflow's clear, the setups whose scope holds them and
+        those setups' teardowns; ``only_failed``: only those FAILED or UPSTREAM_FAILED) back to be run
         again, each with ``attempt + 1`` and a ledger row naming ``by``: a QUEUED or RUNNING
         attempt among them is fenced (its late result is refused and recorded) and revoked, a
         finished run reopens, and what can run is admitted. Returns the keys cleared (with
@@ -369,7 +371,7 @@ class Orchestrator(WorkerPort):
         cleared with its children; cleared with the task it maps over, it is expanded again."""
         cleared, fenced, dispatches = self._operator.clear_tasks(
             run_id, list(keys), operator(by or local_by()), self.settings.dispatch_window,
-            downstream=downstream, upstream=upstream, only_failed=only_failed, dry_run=dry_run,
+            downstream=downstream, upstream=upstream, only_failed=only_failed, dry_run=dry_run, setup=setup,
         )  # fmt: skip
         self.publisher.publish(dispatches)
         self.publisher.revoke(fenced)

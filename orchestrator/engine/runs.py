@@ -32,7 +32,7 @@ class RunOwner(Protocol):
     def fail_task(self, run_id: str, key: str, *, by: str | None = None) -> None: ...
     def clear(
         self, run_id: str, *keys: str, downstream: bool = False, upstream: bool = False, only_failed: bool = False,
-        dry_run: bool = False, by: str | None = None,
+        dry_run: bool = False, by: str | None = None, setup: bool = True,
     ) -> list[str]: ...  # fmt: skip
     def mark(self, run_id: str, key: str, state: TaskState | str, *, by: str | None = None) -> TaskState: ...
     def rerun(self, run_id: str) -> RunHandle: ...
@@ -92,10 +92,11 @@ class RunHandle:
         upstream: bool = False,
         only_failed: bool = False,
         by: str | None = None,
+        setup: bool = True,
     ) -> list[str]:
         """:meth:`Orchestrator.clear` on this run."""
         return self.orchestrator.clear(
-            self.id, *keys, downstream=downstream, upstream=upstream, only_failed=only_failed, by=by
+            self.id, *keys, downstream=downstream, upstream=upstream, only_failed=only_failed, by=by, setup=setup
         )
 
     def mark(self, key: str, state: TaskState | str, *, by: str | None = None) -> TaskState:

@@ -238,8 +238,10 @@ class OperatorActions:
         upstream: bool = False,
         only_failed: bool = False,
         dry_run: bool = False,
+        setup: bool = True,
     ) -> tuple[list[str], list[str], list[Any]]:
-        """Send ``keys`` (with their descendants / ancestors in the run) back to be run again:
+        """Send ``keys`` (with their descendants / ancestors in the run, and with ``setup`` the
+        setups and teardowns of their scope: :func:`setup_scope`) back to be run again:
         ``orc_clear_v2``. Returns (the keys cleared, or that would be with ``dry_run``, in key
         order; the Celery task ids of the attempts it fenced, to revoke; the dispatches to
         publish). Raises :class:`TaskNotFound` for a key the run does not have,
@@ -257,7 +259,7 @@ class OperatorActions:
                 r.key: r
                 for r in conn.execute(
                     sa.select(t_tasks.c.key, t_tasks.c.state, t_tasks.c.attempt, t_tasks.c.children,
-                              t_tasks.c.map_spec.is_not(None).label("mapped"), t_tasks.c.map_parent)
+                              t_tasks.c.map_spec.is_not(None).label("mapped"), t_tasks.c.map_parent, t_tasks.c.role)
                     .where(t_tasks.c.run_id == run_id)
                 )
             }  # fmt: skip
@@ -273,6 +275,9 @@ class OperatorActions:
                     for child in r.children or []:
                         parents.setdefault(child, []).append(k)
                 chosen |= _reach(chosen, parents)
+            if setup:  # Airflow's: the setups a cleared task works under, and their teardowns
+                chosen |= setup_scope(chosen, {k: list(r.children or []) for k, r in rows.items()},
+                                      {k: r.role for k, r in rows.items() if r.role})  # fmt: skip
             # a map runs its children again (or, cleared with what it maps over, is expanded again)
             chosen |= {k for k, r in rows.items() if r.map_parent is not None and r.map_parent in chosen}
             if only_failed:
@@ -506,3 +511,26 @@ def _reach(start: set[str], links: dict[str, list[str]]) -> set[str]:
                 seen.add(nxt)
                 todo.append(nxt)
     return seen
+
+
+def setup_scope(keys: set[str], children: dict[str, list[str]], roles: dict[str, str]) -> set[str]:
+    """The setups and teardowns a clear of ``keys`` takes along, as Airflow's clear does
+    (``BaseOperator.get_upstreams_only_setups_and_teardowns``): for each key, every setup upstream
+    of it that has a teardown downstream of the key, or has no teardown at all, and that setup's
+    teardowns (its direct children that are teardowns), so the work runs again against a resource
+    set up again and torn down after it. ``roles``: ``setup`` / ``teardown`` by key."""
+    parents: dict[str, list[str]] = {}
+    for parent, kids in children.items():
+        for kid in kids:
+            parents.setdefault(kid, []).append(parent)
+    found: set[str] = set()
+    for key in keys:
+        below_teardowns = {k for k in _reach({key}, children) if roles.get(k) == "teardown"}
+        for up in _reach({key}, parents):
+            if roles.get(up) != "setup":
+                continue
+            teardowns = [c for c in children.get(up, []) if roles.get(c) == "teardown"]
+            if not teardowns or below_teardowns & set(teardowns):
+                found.add(up)
+                found.update(t for t in teardowns if t != key)
+    return found - keys

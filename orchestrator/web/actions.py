@@ -63,7 +63,8 @@ class ActionHandler(BaseHandler):
             return Done(f"run cancelled; {revoked} task(s) revoked", run_id)
         if action == "clear":
             downstream = flag(self, "downstream")
-            cleared: list[str] = await self.blocking(orc.clear, run_id, key, downstream=downstream, by=by)
+            setup = not flag(self, "no_setup")  # the setups it works under and their teardowns, as Airflow
+            cleared: list[str] = await self.blocking(orc.clear, run_id, key, downstream=downstream, by=by, setup=setup)
             shown = ", ".join(cleared[:CLEARED_SHOWN]) + (
                 f" and {len(cleared) - CLEARED_SHOWN:,} more" if len(cleared) > CLEARED_SHOWN else ""
             )

@@ -25,7 +25,8 @@ JSON for scripts (the pages' data, same addresses under ``/api``):
   polls it instead of reloading);
 * ``GET /api/runs/RUN_ID/graph?format=svg|dot|mermaid`` - the picture;
 * ``POST /api/runs/RUN_ID/cancel|rerun`` and ``POST /api/runs/RUN_ID/tasks/KEY/retry|skip|fail|clear|mark``
-  (``clear``: ``downstream=1`` to clear the task's descendants too; ``mark``:
+  (``clear``: ``downstream=1`` to clear the task's descendants too, ``no_setup=1`` to leave out
+  the setups it works under and their teardowns, cleared with it by default; ``mark``:
   ``state=success|failed|skipped``, as form fields or query parameters) - ``{"ok": true, ...}``
   (a clear adds ``cleared``, the keys; a mark ``was``, the state the task held; a rerun
   ``rerun``, the new run's id, and ``url``, its page), or ``{"error": ...}`` with 400/403/404/409;
