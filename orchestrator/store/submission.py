@@ -332,7 +332,7 @@ def _dynamic_columns(dag: DAG, node: Node, setups: set[str], map_sources: set[st
         "n_setup": sum(1 for p in node.upstream if p in setups),
         "role": "setup" if node.setup else "teardown" if node.teardown else None,
         "decides_run": node.map is None and not (node.teardown and not node.fails_run),
-        "flow": "branch" if node.branch else "short_circuit" if node.short_circuit else "wait" if node.wait else None,
+        "flow": _flow(node),
         "feeds_map": node.key in map_sources,
         "min_success_ratio": node.min_success_ratio,
         "map_spec": None if node.map is None else node.map.to_row(dag.per_item(node)),
@@ -402,3 +402,13 @@ def _run_row(
         deadline_at=due.get(None),
         on_deadline=dag.on_deadline.value if dag.has_deadlines else None,
     )
+
+
+def _flow(node: Node) -> str | None:
+    """A task row's ``flow``: what its success leaves out (``orc_follow_v1``), or a wait."""
+    if node.branch:
+        return "branch"
+    if node.short_circuit:
+        # Airflow's ignore_downstream_trigger_rules=False: only the direct children are skipped
+        return "short_circuit" if node.ignore_downstream_trigger_rules else "circuit_direct"
+    return "wait" if node.wait else None

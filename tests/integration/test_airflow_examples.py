@@ -93,3 +93,36 @@ def test_example_skip_dag(orc: Orchestrator, worker: WorkerProcess) -> None:
         "final_2": OK,  # all_success: its parent succeeded
     }
     assert states == expected and state is RunState.SUCCEEDED  # skips are not failures
+
+
+def test_example_short_circuit_operator(orc: Orchestrator, worker: WorkerProcess) -> None:
+    """Airflow's ``@task.short_circuit``: a falsy result skips what is below; with
+    ``ignore_downstream_trigger_rules=False`` only the direct children, the rest by their rules."""
+    dag = DAG("example_short_circuit_operator")
+    dag.task("condition_is_true", CHOOSE, kwargs={"pick": "yes"}, short_circuit=True)  # truthy
+    dag.task("condition_is_false", CHOOSE, kwargs={"pick": ""}, short_circuit=True)  # falsy
+    for side, up in (("true", "condition_is_true"), ("false", "condition_is_false")):
+        dag.task(f"{side}_1", NOOP, upstream=[up])
+        dag.task(f"{side}_2", NOOP, upstream=[f"{side}_1"])
+    # chain(task_1, [task_2, short_circuit], [task_3, task_4], [task_5, task_6], task_7)
+    dag.task("task_1", NOOP)
+    dag.task("task_2", NOOP, upstream=["task_1"])
+    dag.task("short_circuit", CHOOSE, kwargs={"pick": ""}, upstream=["task_1"], short_circuit=True,
+             ignore_downstream_trigger_rules=False)  # fmt: skip
+    dag.task("task_3", NOOP, upstream=["task_2"])
+    dag.task("task_4", NOOP, upstream=["short_circuit"])
+    dag.task("task_5", NOOP, upstream=["task_3"])
+    dag.task("task_6", NOOP, upstream=["task_4"])
+    dag.task("task_7", NOOP, upstream=["task_5", "task_6"], trigger_rule="all_done")
+    state, states = run(orc, dag)
+    expected = {
+        "condition_is_true": OK, "true_1": OK, "true_2": OK,  # a truthy result skips nothing
+        "condition_is_false": OK,  # a short circuit succeeds; its falsy result skips what is below
+        "false_1": SKIPPED, "false_2": SKIPPED,  # ignore_downstream_trigger_rules=True: all below, whatever their rules
+        "task_1": OK, "task_2": OK, "task_3": OK, "task_5": OK,
+        "short_circuit": OK,
+        "task_4": SKIPPED,  # its direct child: skipped by the short circuit
+        "task_6": SKIPPED,  # all_success with a skipped parent: skipped by its own rule
+        "task_7": OK,  # all_done: every parent done (task_5 succeeded, task_6 skipped): runs
+    }  # fmt: skip
+    assert states == expected and state is RunState.SUCCEEDED

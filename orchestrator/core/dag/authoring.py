@@ -75,6 +75,7 @@ class DAG:
         branch: bool = False, short_circuit: bool = False, setup: bool = False, teardown: bool = False,
         fails_run: bool = False, min_success_ratio: float | None = None, mapping: MapSpec | None = None,
         wait: WaitSpec | None = None, sensor: SensorSpec | None = None, parent_arg: bool = False,
+        ignore_downstream_trigger_rules: bool = True,
     ) -> Node:  # fmt: skip
         """Add a node and return it (pass it in another node's ``upstream``).
 
@@ -97,7 +98,9 @@ class DAG:
         task returns the key of the direct child to follow, or a list of them, and the other
         children are SKIPPED (``branch_not_taken``) unless a followed child reaches them.
         ``short_circuit=True``: a falsy result (``None``, ``False``, ``0``, ``""``, ``[]``,
-        ``{}``) skips every task downstream. ``setup=True`` / ``teardown=True`` are Airflow's
+        ``{}``) skips every task downstream; with ``ignore_downstream_trigger_rules=False``
+        (Airflow's option) only its direct children, and the tasks below them follow their own
+        trigger rules. ``setup=True`` / ``teardown=True`` are Airflow's
         setup and teardown tasks: a teardown runs once its upstream is done if a setup upstream
         of it succeeded, whatever the tasks between did, and its failure fails the run only
         with ``fails_run=True``. ``min_success_ratio`` (with ``all_success``) lets the task run
@@ -129,7 +132,8 @@ class DAG:
             retry_on=exception_names(retry_on, "retry_on", d, key),
             no_retry_on=exception_names(no_retry_on, "no_retry_on", d, key),
             pool=pool, pool_slots=pool_slots, rate_limit=rate_limit, resources=resource_names(resources, d, key),
-            deadline=deadline, map=mapping, branch=branch, short_circuit=short_circuit, setup=setup,
+            deadline=deadline, map=mapping, branch=branch, short_circuit=short_circuit,
+            ignore_downstream_trigger_rules=ignore_downstream_trigger_rules, setup=setup,
             teardown=teardown, fails_run=fails_run, min_success_ratio=min_success_ratio, wait=wait, sensor=sensor,
         )  # fmt: skip
         self.nodes[key] = node

@@ -134,6 +134,9 @@ class Node:
     branch: bool = False
     #: a falsy result skips everything downstream
     short_circuit: bool = False
+    #: with ``short_circuit``: ``False`` (Airflow's option) skips only the direct children and lets
+    #: the tasks below follow their own trigger rules
+    ignore_downstream_trigger_rules: bool = True
     #: Airflow's setup and teardown tasks; a teardown decides its run's state only with ``fails_run``
     setup: bool = False
     teardown: bool = False
@@ -184,6 +187,8 @@ class Node:
         for flag in ("branch", "short_circuit", "setup", "teardown", "fails_run"):
             if getattr(self, flag):
                 spec[flag] = True
+        if not self.ignore_downstream_trigger_rules:
+            spec["ignore_downstream_trigger_rules"] = False
         if self.min_success_ratio is not None:
             spec["min_success_ratio"] = self.min_success_ratio
         if self.wait is not None:

@@ -42,6 +42,7 @@ NODE_FIELDS = {
     "map",
     "branch",
     "short_circuit",
+    "ignore_downstream_trigger_rules",
     "setup",
     "teardown",
     "fails_run",
@@ -106,6 +107,18 @@ def _dag_of(spec: Any) -> DAG:
     )
 
 
+#: a node's yes/no options (and ``min_success_ratio``) as a spec gives them to :meth:`DAG.task`
+SPEC_FLAGS = (
+    "branch",
+    "short_circuit",
+    "ignore_downstream_trigger_rules",
+    "setup",
+    "teardown",
+    "fails_run",
+    "min_success_ratio",
+)
+
+
 def _add_node(dag: DAG, i: int, raw: Any) -> None:
     """``nodes[i]`` of a spec added to ``dag`` through :meth:`DAG.task`."""
     name = dag.name
@@ -113,11 +126,7 @@ def _add_node(dag: DAG, i: int, raw: Any) -> None:
     upstream = raw.get("upstream", [])
     if not all(isinstance(u, str) for u in upstream):
         raise SpecError("'upstream' must be a list of node keys", dag=name, node=key)
-    options: dict[str, Any] = {
-        flag: raw[flag]
-        for flag in ("branch", "short_circuit", "setup", "teardown", "fails_run", "min_success_ratio")
-        if flag in raw
-    }
+    options: dict[str, Any] = {flag: raw[flag] for flag in SPEC_FLAGS if flag in raw}
     if "wait" in raw:
         options["wait"] = wait_from_spec(raw["wait"], (name, key))
     if "sensor" in raw:
@@ -242,6 +251,7 @@ _SPEC_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
     ("trigger_rule", (str, type(None)), "a trigger rule name"),
     ("branch", (bool,), "true or false"),
     ("short_circuit", (bool,), "true or false"),
+    ("ignore_downstream_trigger_rules", (bool,), "true or false"),
     ("setup", (bool,), "true or false"),
     ("teardown", (bool,), "true or false"),
     ("fails_run", (bool,), "true or false"),

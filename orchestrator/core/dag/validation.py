@@ -303,6 +303,10 @@ def _check_flags(node: Node, fail: Fail) -> None:
             raise fail(f"{flag} must be true or false, not {short(getattr(node, flag))}")
     if node.branch and node.short_circuit:
         raise fail("a node is a branch or a short circuit, not both")
+    if not isinstance(node.ignore_downstream_trigger_rules, bool):
+        raise fail("ignore_downstream_trigger_rules must be true or false")
+    if not node.ignore_downstream_trigger_rules and not node.short_circuit:
+        raise fail("ignore_downstream_trigger_rules is a short circuit's option (short_circuit=True)")
     if node.setup and node.teardown:
         raise fail("a node is a setup or a teardown, not both")
     if node.fails_run and not node.teardown:

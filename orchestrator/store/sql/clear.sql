@@ -195,9 +195,11 @@ $$;
 -- task of p_keys and their children is decided by its rule (orc_decide_v2; a root or an
 -- "always" is READY; a child that a branch not cleared did not follow is SKIPPED again,
 -- branch_not_taken; a task below a short circuit not cleared that returned a falsy result is
--- SKIPPED again, short_circuit, whatever its rule, as orc_follow_v1 skipped it), a terminal
+-- SKIPPED again, short_circuit, whatever its rule, as orc_follow_v1 skipped it; below one that
+-- ignores no downstream rule, 'circuit_direct', only its direct children), a terminal
 -- verdict settled (orc_settle_v2 cascades it and closes the run when nothing is left open).
--- v2: v1 knew no short circuit (a task cleared below one ran).
+-- v2: v1 knew no short circuit (a task cleared below one ran). Changed in place by 0025: the
+-- direct short circuit.
 
 CREATE OR REPLACE FUNCTION orc_redecide_v2(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
  RETURNS integer
@@ -293,7 +295,10 @@ BEGIN
         UPDATE orc_tasks t SET state = 'SKIPPED', finished_at = now(), skip_reason = 'short_circuit'
         WHERE t.run_id = p_run AND t.state = 'PENDING' AND t.key IN (
             SELECT up.origin FROM up JOIN orc_tasks p ON p.run_id = p_run AND p.key = up.key
-            WHERE p.flow = 'short_circuit' AND p.state = 'SUCCEEDED' AND p.result IS NOT NULL
+            WHERE p.state = 'SUCCEEDED' AND p.result IS NOT NULL
+              AND (p.flow = 'short_circuit' OR p.flow = 'circuit_direct' AND EXISTS (
+                  SELECT 1 FROM orc_edges d
+                  WHERE d.run_id = p_run AND d.parent_key = p.key AND d.child_key = up.origin))
               AND CASE json_typeof(p.result)
                   WHEN 'null' THEN true WHEN 'boolean' THEN NOT (p.result #>> '{}')::boolean
                   WHEN 'number' THEN (p.result #>> '{}')::numeric = 0 WHEN 'string' THEN p.result #>> '{}' = ''

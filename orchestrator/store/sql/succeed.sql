@@ -120,7 +120,9 @@ $$;
 -- that is still PENDING and is not reachable from a followed one is SKIPPED (reason
 -- branch_not_taken) and settled, so its own children follow their trigger rules. A short
 -- circuit ('short_circuit') whose result is falsy (null, false, 0, "", [], {}) skips every
--- PENDING task downstream of it (reason short_circuit), whatever their trigger rules. Called
+-- PENDING task downstream of it (reason short_circuit), whatever their trigger rules; one with
+-- ignore_downstream_trigger_rules=False ('circuit_direct', Airflow's option) skips only its
+-- direct children, each settled so the tasks below follow their own trigger rules. Called
 -- before the node's own settlement; returns how many tasks the settlements made READY.
 
 CREATE OR REPLACE FUNCTION orc_follow_v1(p_run text, p_key text, p_flow text, p_children json, p_result json,
@@ -162,6 +164,20 @@ BEGIN
         WHEN 'number' THEN (p_result #>> '{}')::numeric = 0 WHEN 'string' THEN p_result #>> '{}' = ''
         WHEN 'array' THEN json_array_length(p_result) = 0
         ELSE NOT EXISTS (SELECT 1 FROM json_object_keys(p_result)) END);
+    IF p_flow = 'circuit_direct' AND falsy THEN
+        FOR m IN
+            UPDATE orc_tasks t SET state = 'SKIPPED', finished_at = now(), skip_reason = 'short_circuit'
+            WHERE t.run_id = p_run AND t.key IN (SELECT json_array_elements_text(p_children)) AND t.state = 'PENDING'
+            RETURNING t.key, t.attempt, t.children
+        LOOP
+            INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+            VALUES (p_run, m.key, m.attempt, 'PENDING', 'SKIPPED', p_actor, p_by,
+                    'short_circuit: ' || p_key || ' returned ' || left(coalesce(p_result::text, 'null'), 40),
+                    true, now());
+            readied := readied + orc_settle_v2(p_run, m.key, 'SKIPPED', m.children, p_actor, p_by);
+        END LOOP;
+        RETURN readied;
+    END IF;
     IF p_flow = 'short_circuit' AND falsy THEN
         WITH RECURSIVE below(key) AS (
             SELECT json_array_elements_text(p_children)
