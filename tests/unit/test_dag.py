@@ -261,3 +261,10 @@ def test_the_branch_linter_stops_at_a_join_that_absorbs_the_skip() -> None:
     dag.task("bad_join", "t.a", upstream=["follow_a", "follow_b"])
     (warning,) = dag.lint()
     assert "'bad_join' joins branches of 'branching'" in warning
+
+
+def test_a_dotted_key_is_refused_when_the_node_is_added() -> None:
+    dag = DAG("groups")
+    with pytest.raises(ValidationError, match="no task groups yet"):
+        dag.task("section_1.normal", "t.a")
+    assert dag.nodes == {}

@@ -172,6 +172,13 @@ class DAG:
         keys (returned as a list)."""
         if not isinstance(key, str):
             raise ValidationError(f"node key must be a string, not {type(key).__name__}", dag=label(self.name))
+        if "." in key:  # refused here, with the reason, not only at submit
+            raise ValidationError(
+                "a node key holds no '.' (it separates the key in a task id; there are no task groups yet:"
+                " prefix the key instead, as section_1__normal)",
+                dag=label(self.name),
+                node=key[:200],
+            )
         if key in self.nodes:
             raise ValidationError("duplicate node key", dag=self.name, node=key)
         if args is not None and not isinstance(args, (list, tuple)):
