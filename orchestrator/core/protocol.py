@@ -34,11 +34,15 @@ def task_id(run_id: str, key: str, attempt: int) -> str:
 
 
 def parse_task_id(value: str) -> tuple[str, str, int] | None:
-    """Invert :func:`task_id`; ``None`` when ``value`` is not an orchestrator task id."""
-    parts = value.split(".")
-    if len(parts) != 3 or not parts[2].isdigit():
+    """Invert :func:`task_id`; ``None`` when ``value`` is not an orchestrator task id.
+
+    Splits on the first and the last dot: a run id is hex and an attempt digits, so a key may
+    itself hold dots (a task group's ``section_1.normal``)."""
+    run_id, _, rest = value.partition(".")
+    key, _, attempt = rest.rpartition(".")
+    if not run_id or not key or not attempt.isdigit():
         return None
-    return parts[0], parts[1], int(parts[2])
+    return run_id, key, int(attempt)
 
 
 @dataclass(frozen=True)

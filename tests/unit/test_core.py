@@ -49,6 +49,8 @@ def test_routing() -> None:
 def test_task_id_round_trip() -> None:
     assert parse_task_id(task_id("abc", "extract_1", 3)) == ("abc", "extract_1", 3)
     assert parse_task_id("8c1f1a0e-uuid-like") is None
+    assert parse_task_id(task_id("abc", "section_1.sub.normal[2]", 4)) == ("abc", "section_1.sub.normal[2]", 4)
+    assert parse_task_id("abc..4") is None and parse_task_id(".k.4") is None and parse_task_id("abc.k.x") is None
 
 
 def test_settings_from_env_and_errors(tmp_path: object) -> None:
