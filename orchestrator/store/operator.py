@@ -518,13 +518,18 @@ def setup_scope(keys: set[str], children: dict[str, list[str]], roles: dict[str,
     (``BaseOperator.get_upstreams_only_setups_and_teardowns``): for each key, every setup upstream
     of it that has a teardown downstream of the key, or has no teardown at all, and that setup's
     teardowns (its direct children that are teardowns), so the work runs again against a resource
-    set up again and torn down after it. ``roles``: ``setup`` / ``teardown`` by key."""
+    set up again and torn down after it; a setup key takes its own teardowns, and a setup or
+    teardown key no setups above it (``DAG.partial_subset``). ``roles``: ``setup`` / ``teardown``."""
     parents: dict[str, list[str]] = {}
     for parent, kids in children.items():
         for kid in kids:
             parents.setdefault(kid, []).append(parent)
     found: set[str] = set()
     for key in keys:
+        if roles.get(key) == "setup":  # partial_subset: a setup cleared takes its teardowns
+            found.update(c for c in children.get(key, []) if roles.get(c) == "teardown")
+        if key in roles:  # a setup or teardown takes no setups above it (partial_subset)
+            continue
         below_teardowns = {k for k in _reach({key}, children) if roles.get(k) == "teardown"}
         for up in _reach({key}, parents):
             if roles.get(up) != "setup":

@@ -59,8 +59,10 @@ def test_clearing_a_task_takes_its_setups_and_their_teardowns_as_airflow_does(or
     # inner_setup is a plain task (not a setup): not taken; outer_setup is, with outer_teardown below
     # the task; inner_teardown is no teardown of a setup taken, so it stays
     assert cleared("section_1__inner_normal_task") == {"outer_setup", "section_1__inner_normal_task", "outer_teardown"}
-    # a setup cleared alone takes nothing above it (no setup upstream)
-    assert cleared("my_first_task") == {"my_first_task"}
+    # partial_subset: a setup cleared takes its teardowns ("if t.is_setup and not include_downstream")
+    assert cleared("my_first_task") == {"my_first_task", "my_third_task"}
+    # and a teardown takes no setups above it ("if not t.is_setup and not t.is_teardown")
+    assert cleared("my_third_task") == {"my_third_task"}
     # opting out, as Airflow's UI allows
     assert cleared("my_second_task", setup=False) == {"my_second_task"}
 
