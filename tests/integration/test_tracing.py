@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from orchestrator import DAG, Orchestrator, RunState
 from orchestrator.core.config import Settings
@@ -78,8 +80,17 @@ class Dropping:
 class Traced:
     """What the module shares: the client, its in-memory spans, the worker's files."""
 
-    def __init__(self, orc: Orchestrator, provider: Any, exporter: Any, spans: Path, sentry: Path) -> None:
+    def __init__(
+        self,
+        orc: Orchestrator,
+        provider: Any,
+        exporter: Any,
+        spans: Path,
+        sentry: Path,
+        worker: subprocess.Popen[bytes],
+    ) -> None:
         self.orc, self.provider, self.exporter, self.spans, self.sentry = orc, provider, exporter, spans, sentry
+        self.worker = worker
 
     def worker_spans(self) -> list[dict[str, Any]]:
         return _lines(self.spans)
@@ -136,7 +147,7 @@ def traced(redis_client: object, tmp_path_factory: pytest.TempPathFactory) -> It
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         _until("the traced worker's registry row", lambda: proc.poll() is None and orc.store.workers.live(), 60)
-        yield Traced(orc, provider, exporter, spans, sentry)
+        yield Traced(orc, provider, exporter, spans, sentry, proc)
     finally:
         CeleryInstrumentor().uninstrument()
         stop_process(proc)
@@ -175,6 +186,25 @@ def _descends(span: dict[str, Any], ancestor: str, by_id: dict[str, dict[str, An
     return []
 
 
+#: the admission lock's key (store/sql/admit.sql: pg_advisory_xact_lock(1869767425))
+ADMISSION_LOCK = sa.text(
+    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = 1869767425 AND granted"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+def _pause_between_passes(traced: Traced) -> None:
+    """SIGSTOP the worker's process group at a moment its reconciler holds no admission lock (a
+    worker stopped inside its pass would keep the lock the submit's admission waits for)."""
+    while True:
+        os.killpg(traced.worker.pid, signal.SIGSTOP)
+        with traced.orc.store.engine.connect() as conn:
+            if conn.execute(ADMISSION_LOCK).first() is None:
+                return
+        os.killpg(traced.worker.pid, signal.SIGCONT)
+        time.sleep(0.01)
+
+
 @pytest.fixture(scope="module")
 def client_run(traced: Traced) -> tuple[str, dict[str, Any]]:
     """A DAG submitted inside a client span: a -> (b: fails once, retried; c) and lost (its
@@ -188,11 +218,16 @@ def client_run(traced: Traced) -> tuple[str, dict[str, Any]]:
     dag.task("d", P + "echo", upstream=[b, c, lost], queue=QUEUE)
     orc = traced.orc
     publisher, orc.publisher = orc.publisher, Dropping(orc.publisher, "lost")
+    # the worker is paused while the run is submitted: its reconciler's admission pass must not
+    # take a READY root between the submit's transactions (then the submitter would publish
+    # neither a.1 nor the lost message, and no re-publish would happen)
+    _pause_between_passes(traced)
     try:
         with traced.provider.get_tracer("client").start_as_current_span("client") as span:
             run = orc.submit(dag)
             ctx = span.get_span_context()
     finally:
+        os.killpg(traced.worker.pid, signal.SIGCONT)
         orc.publisher = publisher
     assert run.wait(timeout=90).state is RunState.SUCCEEDED
     return run.id, {"trace_id": _hex(ctx.trace_id, 32), "span_id": _hex(ctx.span_id, 16)}
