@@ -25,9 +25,15 @@ from tests.conftest import DATA_DIR, IT_DATABASE_URL, IT_DB, ensure_database, re
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: how much longer a loaded machine may take before a wait fails (CI: ORCHESTRATOR_TEST_WAIT_SCALE=6)
+WAIT_SCALE = float(os.environ.get("ORCHESTRATOR_TEST_WAIT_SCALE", "1"))
+
+
 def until(what: str, check: Callable[[], Any], timeout: float = 90.0, every: float = 0.05) -> Any:
     """Poll ``check`` until it returns something truthy (returned); fail the test after ``timeout``
-    seconds (the database decides, not the machine's speed: the timeout only bounds a hang)."""
+    seconds times :data:`WAIT_SCALE` (the database decides, not the machine's speed: the timeout
+    only bounds a hang)."""
+    timeout *= WAIT_SCALE
     deadline = time.monotonic() + timeout
     while True:
         found = check()
