@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from orchestrator import Orchestrator
 from tests.conftest import DATA_DIR, IT_DATABASE_URL, IT_DB, ensure_database, reset_schema
@@ -101,6 +102,39 @@ def wait_until_ready(orc: Orchestrator, proc: subprocess.Popen[bytes], log: Path
         if orc.app.control.ping(timeout=0.5):
             return
     pytest.fail(f"worker not ready after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+#: starts a worker of the test's own: ``(tag, queue, **env)`` -> ``(name, process)``
+OwnWorker = Callable[..., tuple[str, subprocess.Popen[bytes]]]
+
+
+@pytest.fixture
+def own_worker(orc: Orchestrator) -> Iterator[OwnWorker]:
+    """Starts a worker of the test's own (``-c 1 -Q queue``, ``env`` over this process's
+    environment: ``ORCHESTRATOR_TASK_MODULES``, ``ORCHESTRATOR_CODE_VERSION``...) and waits until
+    its registry row is written; returns its name and process. Every one is stopped afterwards
+    (by its process group)."""
+    from orchestrator.store.schema import workers as w
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(tag: str, queue: str, **env: str) -> tuple[str, subprocess.Popen[bytes]]:
+        name = f"{tag}@{socket.gethostname()}"
+        log = Path(DATA_DIR) / f"worker-{tag}.log"
+        proc = start_worker(log, "-c", "1", "-Q", queue, "-n", name, env={**os.environ, **env})
+        started.append(proc)
+        until(
+            f"worker {name} registered",
+            lambda: proc.poll() is not None or sql(orc, sa.select(w.c.name).where(w.c.name == name)),
+        )
+        assert proc.poll() is None, log.read_text()[-3000:]
+        return name, proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            stop_process(proc)
 
 
 @pytest.fixture(scope="session")

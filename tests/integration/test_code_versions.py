@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,8 +23,7 @@ import sqlalchemy as sa
 from orchestrator import DAG, Orchestrator, RunState
 from orchestrator.store.schema import tasks as t
 from orchestrator.store.schema import workers as w
-from tests.conftest import DATA_DIR
-from tests.integration.conftest import ROOT, sql, start_worker, stop_process, until
+from tests.integration.conftest import ROOT, OwnWorker, sql, until
 
 pytestmark = pytest.mark.integration
 
@@ -34,30 +31,13 @@ Start = Callable[[str, str, str], str]
 
 
 @pytest.fixture
-def versioned(orc: Orchestrator) -> Iterator[Start]:
-    """Starts a worker of its own on ``-Q queue`` advertising ``ORCHESTRATOR_CODE_VERSION=version``
-    and waits until its registry row is written; returns its name. Every one is stopped
-    afterwards (by its process group)."""
-    started: list[subprocess.Popen[bytes]] = []
+def versioned(own_worker: OwnWorker) -> Start:
+    """A worker of the test's own on ``queue`` advertising ``ORCHESTRATOR_CODE_VERSION=version``."""
 
     def start(tag: str, queue: str, version: str) -> str:
-        name = f"{tag}@{socket.gethostname()}"
-        env = {**os.environ, "ORCHESTRATOR_CODE_VERSION": version}
-        log = Path(DATA_DIR) / f"versions-{tag}.log"
-        proc = start_worker(log, "-c", "1", "-Q", queue, "-n", name, env=env)
-        started.append(proc)
-        until(
-            f"worker {name} registered",
-            lambda: proc.poll() is not None or sql(orc, sa.select(w.c.name).where(w.c.name == name)),
-        )
-        assert proc.poll() is None, log.read_text()[-3000:]
-        return name
+        return own_worker(tag, queue, ORCHESTRATOR_CODE_VERSION=version)[0]
 
-    try:
-        yield start
-    finally:
-        for proc in started:
-            stop_process(proc)
+    return start
 
 
 def task_row(orc: Orchestrator, run_id: str) -> Any:

@@ -7,12 +7,9 @@ never re-published in a loop; once a worker with the module starts, the run fini
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,9 +18,7 @@ import sqlalchemy as sa
 from orchestrator import DAG, Orchestrator, RunState
 from orchestrator.store.schema import events as ev
 from orchestrator.store.schema import tasks as t
-from orchestrator.store.schema import workers as w
-from tests.conftest import DATA_DIR
-from tests.integration.conftest import sql, start_worker, stop_process, until
+from tests.integration.conftest import OwnWorker, sql, stop_process, until
 
 pytestmark = pytest.mark.integration
 
@@ -32,34 +27,15 @@ ALL_MODULES = "tasks.probes,tasks.etl,tasks.dynamic,tasks.canvas"
 
 
 @pytest.fixture
-def workers(orc: Orchestrator) -> Iterator[Callable[..., tuple[str, subprocess.Popen[bytes]]]]:
-    """Starts a worker of its own (``-Q queue``, ``ORCHESTRATOR_TASK_MODULES=modules``) and waits
-    until its registry row is written; returns its name and process. Every one is stopped
-    afterwards (by its process group)."""
-    started: list[subprocess.Popen[bytes]] = []
+def workers(own_worker: OwnWorker) -> OwnWorker:
+    """A worker of the test's own on ``queue`` with ``ORCHESTRATOR_TASK_MODULES=modules``."""
 
     def start(tag: str, queue: str, modules: str) -> tuple[str, subprocess.Popen[bytes]]:
-        name = f"{tag}@{socket.gethostname()}"
-        env = {
-            **os.environ,
-            "ORCHESTRATOR_TASK_MODULES": modules,
-            "ORCHESTRATOR_DISPATCH_TIMEOUT": str(DISPATCH_TIMEOUT),
-        }
-        log = Path(DATA_DIR) / f"watchdog-{tag}.log"
-        proc = start_worker(log, "-c", "1", "-Q", queue, "-n", name, env=env)
-        started.append(proc)
-        until(
-            f"worker {name} registered",
-            lambda: proc.poll() is not None or sql(orc, sa.select(w.c.name).where(w.c.name == name)),
+        return own_worker(
+            tag, queue, ORCHESTRATOR_TASK_MODULES=modules, ORCHESTRATOR_DISPATCH_TIMEOUT=str(DISPATCH_TIMEOUT)
         )
-        assert proc.poll() is None, log.read_text()[-3000:]
-        return name, proc
 
-    try:
-        yield start
-    finally:
-        for proc in started:
-            stop_process(proc)
+    return start
 
 
 def task_row(orc: Orchestrator, run_id: str, key: str) -> Any:
