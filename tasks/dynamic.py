@@ -70,6 +70,24 @@ def collect(self: Any, upstream: dict[str, Any] | None = None, seconds: float = 
 
 
 @app.task(bind=True)
+def times(self: Any, x: Any = 0, by: int = 2) -> Any:
+    """One map child: ``x * by``."""
+    _effect()
+    return x * int(by)
+
+
+@app.task
+def as_item_kwargs(pair: Any) -> dict[str, Any]:
+    """A map's transform (``DAG.map(transform=...)``, Airflow's ``.map(fn)``): a ``[name, value]``
+    pair as :func:`item`'s keyword arguments, ``add`` the name's length; a ``None`` value skips
+    its child (:class:`orchestrator.Skip`)."""
+    name, value = pair
+    if value is None:
+        raise Skip(f"{name} has no value")
+    return {"x": value, "add": len(name)}
+
+
+@app.task(bind=True)
 def choose(self: Any, pick: str | list[str] = "") -> str | list[str]:
     """A branch: return the child key(s) to follow."""
     _effect()

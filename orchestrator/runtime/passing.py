@@ -10,10 +10,12 @@ from __future__ import annotations
 import builtins
 import inspect
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from celery.app.task import Context
 
+from ..core.dag.model import KWARGS, MAP_MARK
 from ..core.dag.passing import ERROR, placeholder, resolve
 from ..core.errors import Skip
 from ..core.protocol import task_id
@@ -55,6 +57,32 @@ def passed_args(orc: Any, task: Any, run_id: str, args: list[Any], upstream: dic
     )  # fmt: skip
     exc, trace = rebuilt_error(view.error or "")
     return [request, exc, trace, *rest]
+
+
+def mapped_kwargs(app: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A map's child's keyword arguments as its body gets them, when its row says the worker
+    finishes its item (``MAP_MARK``: ``{"kwarg", "transform"}``): the item passed through the
+    transform's function (a registered task's ``run``, called in this attempt: its exceptions
+    are the attempt's, a :class:`Skip` skips the child), and a ``kwargs_from`` item spread as
+    keyword arguments."""
+    kwargs = dict(kwargs)
+    mark = kwargs.pop(MAP_MARK)
+    kwarg, name = mark["kwarg"], mark.get("transform")
+    item = kwargs.pop(kwarg, None)
+    if name is not None:
+        fn = app.tasks.get(name)
+        if fn is None:
+            raise LookupError(f"map transform {name!r} is not a task registered on this worker")
+        item = fn.run(item)
+    if kwarg != KWARGS:
+        kwargs[kwarg] = item
+        return kwargs
+    if not isinstance(item, Mapping) or not all(isinstance(k, str) for k in item):
+        raise TypeError(
+            f"kwargs_from: the item{' after ' + repr(name) if name else ''} is {type(item).__name__}, not a mapping"
+            " of keyword arguments"
+        )
+    return {**kwargs, **item}
 
 
 def rebuilt_error(text: str) -> tuple[BaseException, str]:

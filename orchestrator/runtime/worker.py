@@ -37,7 +37,7 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitEx
 from celery.worker.request import Request
 
 from ..core.crashpoints import crash_point
-from ..core.dag import UPSTREAM_KWARG, check_json
+from ..core.dag import MAP_MARK, UPSTREAM_KWARG, check_json
 from ..core.dag.passing import placeholder
 from ..core.errors import ResultNotSerializable, Skip, ValidationError
 from ..core.models import Claim
@@ -61,7 +61,7 @@ from .heartbeat import Heartbeater as Heartbeater
 from .heartbeat import LeaseLost as LeaseLost
 from .heartbeat import _heartbeater
 from .inbox import count_drop
-from .passing import passed_args, wants_upstream_kwarg
+from .passing import mapped_kwargs, passed_args, wants_upstream_kwarg
 from .process import current_orchestrator
 from .progress import finish as finish_progress
 from .progress import reporter_for
@@ -127,6 +127,8 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         status: str | None = None
         try:
             try:
+                if MAP_MARK in kwargs:  # a map's transform, a kwargs_from item to spread
+                    kwargs = mapped_kwargs(self.app, kwargs)
                 result = call_body(self, args, kwargs)
             finally:
                 finish_progress(orc, token)  # its last report, before its outcome

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..core.dag import DAG, Node, expand_resources
+from ..core.dag import DAG, MAP_MARK, Node, expand_resources
 from ..core.dag.passing import placeholder
 from ..core.errors import IdempotencyConflict, ValidationError
 from ..core.models import SUBMIT
@@ -257,7 +257,8 @@ def _task_rows(
         for parent in node.upstream:
             children.setdefault(parent, []).append(node.key)
     # the columns of maps, branches, skips and setups: in the rows only when a node uses one
-    dynamic = any(_dynamic(n) for n in dag.nodes.values())
+    deciders = dag.deciders()
+    dynamic = deciders is not None or any(_dynamic(n) for n in dag.nodes.values())
     setups = {n.key for n in dag.nodes.values() if n.setup}
     map_sources = {
         a.source
@@ -281,7 +282,7 @@ def _task_rows(
             "key": node.key,
             "task_name": node.task,
             "args": list(node.args) if node.args else empty_args,
-            "kwargs": dict(node.kwargs) if node.kwargs else empty_kwargs,
+            "kwargs": _row_kwargs(dag, node) if node.kwargs or node.map is not None else empty_kwargs,
             "state": (T.READY if root else T.PENDING).value,
             "attempt": 1,
             "max_attempts": node.max_attempts,
@@ -308,8 +309,18 @@ def _task_rows(
             "rate_limit": node.rate_limit,
             **({"resources": expand_resources(node.resources, dag.tenant)} if uses_resources else {}),
             **({"deadline_seconds": node.deadline, "deadline_at": due.get(node.key)} if node_deadlines else {}),
-            **(_dynamic_columns(dag, node, setups, map_sources) if dynamic else {}),
+            **(_dynamic_columns(dag, node, setups, map_sources, deciders) if dynamic else {}),
         }
+
+
+def _row_kwargs(dag: DAG, node: Node) -> dict[str, Any]:
+    """A task row's kwargs: the node's, and for a map whose worker finishes each child's item
+    (a transform, a ``kwargs_from`` item given at claim time) the :data:`MAP_MARK` entry."""
+    kwargs = dict(node.kwargs)
+    mark = None if node.map is None else node.map.worker_mark(dag.per_item(node) is not None)
+    if mark is not None:
+        kwargs[MAP_MARK] = mark
+    return kwargs
 
 
 def _dynamic(n: Node) -> bool:
@@ -326,16 +337,21 @@ def _dynamic(n: Node) -> bool:
     )
 
 
-def _dynamic_columns(dag: DAG, node: Node, setups: set[str], map_sources: set[str]) -> dict[str, Any]:
-    """A task row's columns of maps, branches, skips, setups and teardowns."""
+def _dynamic_columns(
+    dag: DAG, node: Node, setups: set[str], map_sources: set[str], deciders: set[str] | None
+) -> dict[str, Any]:
+    """A task row's columns of maps, branches, skips, setups and teardowns. ``deciders``: the
+    nodes whose failure fails the run under ``run_state="leaves"`` (``None``: every node that is
+    not a map header or a teardown)."""
+    decides = node.key in deciders if deciders is not None else not (node.teardown and not node.fails_run)
     return {
         "n_setup": sum(1 for p in node.upstream if p in setups),
         "role": "setup" if node.setup else "teardown" if node.teardown else None,
-        "decides_run": node.map is None and not (node.teardown and not node.fails_run),
+        "decides_run": node.map is None and decides,
         "flow": _flow(node),
         "feeds_map": node.key in map_sources,
         "min_success_ratio": node.min_success_ratio,
-        "map_spec": None if node.map is None else node.map.to_row(dag.per_item(node)),
+        "map_spec": None if node.map is None else node.map.to_row(dag.per_item(node), decides=decides),
         "wait_spec": node.wait.to_row() if node.wait else node.sensor.to_row() if node.sensor else None,
     }
 

@@ -126,3 +126,57 @@ def test_example_short_circuit_operator(orc: Orchestrator, worker: WorkerProcess
         "task_7": OK,  # all_done: every parent done (task_5 succeeded, task_6 skipped): runs
     }  # fmt: skip
     assert states == expected and state is RunState.SUCCEEDED
+
+
+ITEM, TIMES, COLLECT, AS_KWARGS = "tasks.dynamic.item", "tasks.dynamic.times", "tasks.dynamic.collect", \
+    "tasks.dynamic.as_item_kwargs"  # fmt: skip
+
+
+def test_example_dynamic_task_mapping(orc: Orchestrator, worker: WorkerProcess) -> None:
+    """``add_one.expand(x=[1, 2, 3])`` then ``sum_it(added_values)``: a map over a literal list and
+    a join that gets the children's results in map order."""
+    dag = DAG("example_dynamic_task_mapping")
+    dag.map("add_one", ITEM, over=[1, 2, 3], kwarg="x", kwargs={"add": 1})
+    dag.task("sum_it", COLLECT, upstream=["add_one"])
+    handle = orc.submit(dag)
+    assert handle.wait(timeout=120).state is RunState.SUCCEEDED
+    by_key = {t.key: t for t in handle.tasks()}
+    assert {k: t.state.value for k, t in by_key.items()} == {
+        "add_one": OK, "add_one[0]": OK, "add_one[1]": OK, "add_one[2]": OK, "sum_it": OK,
+    }  # fmt: skip
+    assert by_key["sum_it"].result == {"add_one": [2, 3, 4]}  # Airflow's "Total was 9"
+
+
+def test_example_task_mapping_second_order(orc: Orchestrator, worker: WorkerProcess) -> None:
+    """``add_10.expand(num=times_2.expand(num=get_nums()))``: a map over a task's result, and a map
+    over that map (here item by item; Airflow waits for the whole first map, the results are equal)."""
+    dag = DAG("example_task_mapping_second_order")
+    dag.task("get_nums", ITEM, kwargs={"x": [1, 2, 3]})  # returns its list unchanged
+    dag.map("times_2", TIMES, over="get_nums", kwarg="x")
+    dag.map("add_10", ITEM, over="times_2", kwarg="x", kwargs={"add": 10})
+    handle = orc.submit(dag)
+    assert handle.wait(timeout=120).state is RunState.SUCCEEDED
+    got = {t.key: t.result for t in handle.tasks() if "[" in t.key}
+    assert got == {"times_2[0]": 2, "times_2[1]": 4, "times_2[2]": 6, "add_10[0]": 12, "add_10[1]": 14, "add_10[2]": 16}
+
+
+def test_airflows_mapping_forms_on_a_worker(orc: Orchestrator, worker: WorkerProcess) -> None:
+    """A dict's ``[key, value]`` pairs through a transform (Airflow's ``.map(fn)``, its
+    ``AirflowSkipException`` a :class:`Skip`) into ``expand_kwargs``; a chained map's ``None``
+    results dropped (``skip_none``); a zip to the shortest; under ``run_state="leaves"``."""
+    dag = DAG("mapping_forms", run_state="leaves")
+    dag.task("sizes", ITEM, kwargs={"x": {"eu": 3, "us": None, "apac": 5}})
+    dag.map("by_region", ITEM, kwargs_from="sizes", items="pairs", transform=AS_KWARGS)
+    dag.map("odd_or_none", ITEM, over=[1, None, 3, None], kwarg="x")  # returns its item: 1, None, 3, None
+    dag.map("evens", TIMES, over="odd_or_none", kwarg="x", skip_none=True)
+    dag.map("zipped", ITEM, over={"x": [1, 2, 3], "add": [100, 200]}, combine="zip")
+    dag.task("report", COLLECT, upstream=["by_region", "evens", "zipped"], trigger_rule="all_done")
+    handle = orc.submit(dag)
+    assert handle.wait(timeout=120).state is RunState.SUCCEEDED
+    by_key = {t.key: t for t in handle.tasks()}
+    assert by_key["by_region[us]"].state.value == SKIPPED  # the transform skipped it: None value
+    assert by_key["report"].result == {
+        "by_region": [3 + 2, 5 + 4],  # x + len(name): eu, apac
+        "evens": [2, 6],  # 1 and 3 doubled: the None results were dropped
+        "zipped": [101, 202],  # zipped to the shortest
+    }

@@ -114,13 +114,14 @@ def test_zipped_and_crossed_arguments(orc: Orchestrator) -> None:
     assert d.run_state() == "SUCCEEDED"
 
 
-def test_a_zip_of_unequal_lengths_fails_the_map_with_a_map_error(orc: Orchestrator) -> None:
+def test_a_strict_zip_of_unequal_lengths_fails_the_map_with_a_map_error(orc: Orchestrator) -> None:
     dag = DAG("zip-bad")
     dag.task("ls", "t")
-    dag.map("z", "t", over={"a": "ls", "b": [10, 20]}, combine="zip")
+    dag.map("z", "t", over={"a": "ls", "b": [10, 20]}, combine="zip_strict")
     d = drive(orc, dag, lambda k, kw, up: [1, 2, 3])
     z = orc.task(d.run_id, "z")
     assert z.state.value == "FAILED" and z.error is not None and z.error.startswith("MapError: zip of 3 and 2")
+    assert "zip_strict" in z.error
     assert d.run_state() == "FAILED"
 
 

@@ -17,11 +17,13 @@ from .bounds import DEFAULT_MAX_MAP_LENGTH, SizeLimits, label
 from .canvas import ATTEMPTS as CANVAS_ATTEMPTS
 from .canvas import canvas_name, fill, is_canvas
 from .coerce import backoff_value, enum_value, exception_names, resource_names
-from .model import MapArg, MapSpec, Node, OnDeadline
+from .model import KWARGS, NO_FILL, MapArg, MapSpec, Node, OnDeadline
 from .passing import result_arg
 from .signatures import task_parts, with_signature_options
 from .validation import validate_dag
 
+#: which tasks decide a run's final state (:class:`DAG`'s ``run_state``)
+RUN_STATES = ("all", "leaves")
 #: the trigger rules under which a node runs although one of its parents was SKIPPED (a branch
 #: not taken), so long as another path reached it (``store/sql/decide.sql``): a skip does not
 #: travel through such a node
@@ -39,7 +41,11 @@ class DAG:
     RUNNING at once (admission holds the rest READY). ``deadline`` is the number of seconds after
     the run's logical date (or, without one, after its submit) by which the run must be final;
     a miss, of the run's deadline or of a node's, is recorded once in the ledger and alerted,
-    and with ``on_deadline="cancel"`` the reconciler also cancels the run.
+    and with ``on_deadline="cancel"`` the reconciler also cancels the run. ``run_state`` says
+    which tasks decide the run's final state: ``"all"`` (the default: the run fails when any task
+    that is not a teardown fails or is upstream-failed) or ``"leaves"`` (Airflow's rule: only the
+    tasks nothing depends on, a teardown leaf standing for the tasks above it unless it has
+    ``fails_run``; a failure absorbed by a leaf that ran anyway leaves the run SUCCEEDED).
     """
 
     def __init__(
@@ -52,8 +58,14 @@ class DAG:
         max_active_tasks: int | None = None,
         deadline: float | None = None,
         on_deadline: OnDeadline | str = OnDeadline.ALERT,
+        run_state: str = "all",
     ) -> None:
         self.name = name
+        if run_state not in RUN_STATES:
+            raise ValidationError(
+                f"run_state must be one of {', '.join(RUN_STATES)}, not {run_state!r}", dag=label(name)
+            )
+        self.run_state = run_state
         self.tenant = tenant
         self.max_active_tasks = max_active_tasks
         self.deadline = deadline
@@ -279,7 +291,7 @@ class DAG:
         key: str,
         task: Any,
         *,
-        over: Node | str | Sequence[Any] | Mapping[str, Node | str | Sequence[Any]],
+        over: Node | str | Sequence[Any] | Mapping[str, Node | str | Sequence[Any]] | None = None,
         kwarg: str | None = None,
         upstream: Iterable[Node | str] = (),
         combine: str | None = None,
@@ -287,6 +299,11 @@ class DAG:
         on_empty: str = "skip",
         max_map_length: int = DEFAULT_MAX_MAP_LENGTH,
         max_active: int | None = None,
+        kwargs_from: Node | str | Sequence[Any] | None = None,
+        zip_fill: Any = NO_FILL,
+        items: str = "values",
+        skip_none: bool = False,
+        transform: Any = None,
         **options: Any,
     ) -> Node:
         """Add a mapped node: one child task per item, keyed ``key[map_key]``.
@@ -304,11 +321,35 @@ class DAG:
         100,000) fails the node's parent whose result is longer, with a ``MapError``;
         ``max_active`` bounds its children QUEUED or RUNNING at once.
 
+        Airflow's mapping forms: ``combine="zip"`` ends with the shortest argument (Airflow's
+        ``zip``), ``zip_fill=VALUE`` pads the shorter ones to the longest instead, and
+        ``combine="zip_strict"`` fails the node (``MapError``) on unequal lengths.
+        ``items="pairs"`` maps a mapping (a dict result) to ``[key, value]`` pairs, its keys still
+        naming the children (Airflow maps a dict to pairs); by default its values are the items.
+        ``skip_none=True`` drops ``None`` items (Airflow drops a mapped upstream's ``None``
+        results); over a mapped node it then waits for all of that node's children and maps their
+        results (not item by item). ``kwargs_from`` (instead of ``over``, Airflow's
+        ``expand_kwargs``) maps over a node's result or a literal list whose items are each a
+        mapping of keyword arguments. ``transform`` (a registered Celery task or its name; its
+        function, not a task run) turns each item before the child gets it, in the child's
+        attempt (Airflow's ``.map(fn)``): it may raise :class:`~orchestrator.Skip` to skip that
+        child, and with ``kwargs_from`` it returns the mapping of keyword arguments.
+
         A downstream node counts each child as one upstream task for its trigger rule and gets
         ``upstream[key]``: the results of the children that succeeded, in map order. The
         other ``options`` are :meth:`task`'s.
         """
+        if kwargs_from is not None:
+            if over is not None or kwarg is not None:
+                raise ValidationError(
+                    "kwargs_from maps keyword arguments by itself: drop over and kwarg", dag=self.name, node=key
+                )
+            over, kwarg = kwargs_from, KWARGS
+        elif over is None:
+            raise ValidationError("map needs over (or kwargs_from): what to map over", dag=self.name, node=key)
         args, parents = map_args(over, kwarg, upstream, self.name, key)
+        if zip_fill is not NO_FILL and combine is None:
+            combine = "zip"  # a fill says how to zip
         spec = MapSpec(
             args=args,
             combine=combine,
@@ -316,13 +357,38 @@ class DAG:
             on_empty=on_empty,
             max_length=max_map_length,
             max_active=max_active,
+            zip_fill=zip_fill,
+            items=items,
+            skip_none=skip_none,
+            transform=transform_name(transform, self.name, key),
         )
         return self.task(key, task, upstream=parents, mapping=spec, **options)
 
+    def deciders(self) -> set[str] | None:
+        """Under ``run_state="leaves"``, the nodes whose failure fails the run: the leaves, a
+        teardown leaf without ``fails_run`` replaced by the nodes above it (Airflow's
+        ``_tis_for_dagrun_state``); ``None`` under ``"all"``."""
+        if self.run_state != "leaves":
+            return None
+        parents = {p for node in self.nodes.values() for p in node.upstream}
+        found: set[str] = set()
+        todo = [k for k in self.nodes if k not in parents]
+        seen = set(todo)
+        while todo:
+            node = self.nodes[todo.pop()]
+            if not (node.teardown and not node.fails_run):
+                found.add(node.key)
+                continue
+            for up in node.upstream:
+                if up not in seen:
+                    seen.add(up)
+                    todo.append(up)
+        return found
+
     def per_item(self, node: Node) -> str | None:
         """The mapped node that ``node`` maps item by item over (its one mapped argument comes
-        from a mapped node), or ``None``."""
-        if node.map is None or len(node.map.args) != 1 or node.map.args[0].source is None:
+        from a mapped node, and it keeps ``None`` items), or ``None``."""
+        if node.map is None or len(node.map.args) != 1 or node.map.args[0].source is None or node.map.skip_none:
             return None
         parent = self.nodes.get(node.map.args[0].source)
         return parent.key if parent is not None and parent.map is not None else None
@@ -401,6 +467,7 @@ class DAG:
             **({} if self.max_active_tasks is None else {"max_active_tasks": self.max_active_tasks}),
             **({} if self.deadline is None else {"deadline": self.deadline}),
             **({} if self.on_deadline is OnDeadline.ALERT else {"on_deadline": self.on_deadline.value}),
+            **({} if self.run_state == "all" else {"run_state": self.run_state}),
             "nodes": [n.to_spec() for n in self.nodes.values()],
         }
 
@@ -414,6 +481,7 @@ class DAG:
             max_active_tasks=self.max_active_tasks,
             deadline=self.deadline,
             on_deadline=self.on_deadline,
+            run_state=self.run_state,
         )
         # the nodes as they are (frozen): validate() judges them, whatever they hold
         other.nodes = dict(self.nodes) if isinstance(self.nodes, dict) else self.nodes
@@ -459,3 +527,15 @@ def map_args(
                 node=key,
             )
     return tuple(args), parents
+
+
+def transform_name(transform: Any, dag: str, key: str) -> str | None:
+    """A map's ``transform``: a Celery task object (its name) or a task name."""
+    if transform is None or isinstance(transform, str):
+        return transform
+    name = getattr(transform, "name", None)
+    if not isinstance(name, str) or not callable(getattr(transform, "run", None)):
+        raise ValidationError(
+            f"transform must be a registered Celery task or its name, not {type(transform).__name__}", dag=dag, node=key
+        )
+    return name

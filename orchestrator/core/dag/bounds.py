@@ -74,9 +74,13 @@ Limits = SizeLimits
 #: ``ORCHESTRATOR_MAX_NODES``'s default)
 DEFAULT_MAX_MAP_LENGTH = 10_000
 MAX_MAP_LENGTH = 100_000
-#: how a map's several mapped arguments combine: item by item (equal lengths) or every pair
-COMBINES = ("zip", "product")
+#: how a map's several mapped arguments combine: item by item (to the shortest, as Python's and
+#: Airflow's zip; to the longest with ``zip_fill``), item by item refusing unequal lengths, or
+#: every pair
+COMBINES = ("zip", "zip_strict", "product")
 ON_EMPTY = ("skip", "success")
+#: what a mapping's items are: its values (keys naming the children) or ``[key, value]`` pairs
+MAP_ITEMS = ("values", "pairs")
 #: the trigger rules a node mapped over a parent's result may not have: they can start it before
 #: that parent is done, or only when it did not succeed, so there would be nothing to map over
 MAP_REFUSED_RULES = frozenset(

@@ -26,10 +26,31 @@ class OnDeadline(enum.StrEnum):
     CANCEL = "cancel"
 
 
+#: the ``kwarg`` of a :class:`MapArg` whose items are each a mapping of keyword arguments
+KWARGS = "**"
+
+
+class _NoFill:
+    """``zip_fill``'s default: no padding (a zip ends with its shortest argument)."""
+
+    def __repr__(self) -> str:
+        return "NO_FILL"
+
+    def __reduce__(self) -> str:
+        return "NO_FILL"
+
+
+NO_FILL: Any = _NoFill()
+#: the kwargs key of a mapped node's row that tells the worker to finish each child's item (apply
+#: the map's transform, spread a ``kwargs_from`` item given at claim time); never a user's keyword
+MAP_MARK = "__orc_map__"
+
+
 @dataclass(frozen=True)
 class MapArg:
     """One mapped keyword argument: each child gets one item of ``source``'s result (a node key)
-    or of ``items`` (a literal list) as ``kwarg``."""
+    or of ``items`` (a literal list) as ``kwarg``; with ``kwarg`` :data:`KWARGS` (``kwargs_from``,
+    Airflow's ``expand_kwargs``) each item is a mapping of keyword arguments."""
 
     kwarg: str
     source: str | None = None
@@ -46,7 +67,10 @@ class MapSpec:
     default the item's index, or a dict's keys), what an empty input does (``on_empty``), the
     most children (``max_length``) and the most of them QUEUED or RUNNING at once
     (``max_active``). A node mapped over another mapped node maps item by item
-    (:meth:`DAG.per_item`)."""
+    (:meth:`DAG.per_item`). Airflow's forms: ``zip_fill`` pads a zip to its longest argument,
+    ``items="pairs"`` maps a mapping to ``[key, value]`` pairs, ``skip_none`` drops ``None``
+    items, ``transform`` (a registered task's function) turns each item before the child gets it,
+    and a :data:`KWARGS` argument spreads each item as keyword arguments."""
 
     args: tuple[MapArg, ...]
     combine: str | None = None
@@ -54,11 +78,17 @@ class MapSpec:
     on_empty: str = "skip"
     max_length: int = DEFAULT_MAX_MAP_LENGTH
     max_active: int | None = None
+    zip_fill: Any = NO_FILL
+    items: str = "values"
+    skip_none: bool = False
+    transform: str | None = None
 
     def to_spec(self) -> dict[str, Any]:
         """The spec format's ``map`` field."""
         spec: dict[str, Any]
-        if len(self.args) == 1:
+        if len(self.args) == 1 and self.args[0].kwarg == KWARGS:
+            spec = {"kwargs_from": self.args[0].to_spec()}
+        elif len(self.args) == 1:
             spec = {"over": self.args[0].to_spec(), "kwarg": self.args[0].kwarg}
         else:
             spec = {"over": {a.kwarg: a.to_spec() for a in self.args}}
@@ -72,11 +102,20 @@ class MapSpec:
             spec["max_length"] = self.max_length
         if self.max_active is not None:
             spec["max_active"] = self.max_active
+        if self.zip_fill is not NO_FILL:
+            spec["zip_fill"] = self.zip_fill
+        if self.items != "values":
+            spec["items"] = self.items
+        if self.skip_none:
+            spec["skip_none"] = True
+        if self.transform is not None:
+            spec["transform"] = self.transform
         return spec
 
-    def to_row(self, per_item: str | None) -> dict[str, Any]:
+    def to_row(self, per_item: str | None, decides: bool = True) -> dict[str, Any]:
         """The task row's ``map_spec`` (what ``orc_expand_v1`` reads); ``per_item``: the mapped
-        node this one maps item by item over."""
+        node this one maps item by item over; ``decides``: whether a failed child fails the run
+        (not under ``run_state="leaves"`` for a map that is no leaf)."""
         row: dict[str, Any] = {
             "args": [
                 {"kwarg": a.kwarg, "from": a.source} if a.source is not None
@@ -94,7 +133,27 @@ class MapSpec:
             row["max_active"] = self.max_active
         if per_item is not None:
             row["per_item"] = per_item
+        if self.zip_fill is not NO_FILL:
+            row["fill"] = {"v": self.zip_fill}
+        if self.items != "values":
+            row["items"] = self.items
+        if self.skip_none:
+            row["skip_none"] = True
+        if self.transform is not None:
+            row["transform"] = self.transform
+        if not decides:
+            row["decides"] = False
         return row
+
+    def worker_mark(self, per_item: bool) -> dict[str, Any] | None:
+        """What the worker finishes of each child's item (the :data:`MAP_MARK` entry of the node's
+        row kwargs): the transform, and a ``kwargs_from`` item spread there when it is applied first
+        or the item comes at claim time (a map item by item); ``None`` when the expansion gives
+        each child its final keyword arguments."""
+        kwarg = self.args[0].kwarg
+        if self.transform is None and not (kwarg == KWARGS and per_item):
+            return None
+        return {"kwarg": kwarg, "transform": self.transform}
 
 
 @dataclass(frozen=True)

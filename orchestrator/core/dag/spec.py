@@ -17,7 +17,7 @@ from ..routing import DEFAULT_TENANT
 from ..waits import WAIT_TASK, sensor_from_spec, wait_from_spec
 from .authoring import DAG
 from .bounds import DEFAULT_MAX_MAP_LENGTH, MAX_NAME_CHARS, MAX_SPEC_BYTES, short, text_problem
-from .model import MapArg, MapSpec, OnDeadline
+from .model import KWARGS, NO_FILL, MapArg, MapSpec, OnDeadline
 
 NODE_FIELDS = {
     "key",
@@ -50,8 +50,13 @@ NODE_FIELDS = {
     "wait",
     "sensor",
 }
-MAP_FIELDS = {"over", "kwarg", "combine", "map_key", "on_empty", "max_length", "max_active"}
-DAG_FIELDS = {"name", "tenant", "priority", "params", "max_active_tasks", "deadline", "on_deadline", "nodes"}
+MAP_FIELDS = {
+    "over", "kwarg", "combine", "map_key", "on_empty", "max_length", "max_active", "kwargs_from", "zip_fill", "items",
+    "skip_none", "transform",
+}  # fmt: skip
+DAG_FIELDS = {
+    "name", "tenant", "priority", "params", "max_active_tasks", "deadline", "on_deadline", "run_state", "nodes",
+}  # fmt: skip
 
 
 def dag_from_spec(spec: Any) -> DAG:
@@ -96,8 +101,12 @@ def _dag_of(spec: Any) -> DAG:
     on_deadline = spec.get("on_deadline")
     if on_deadline is not None and not isinstance(on_deadline, str):
         raise SpecError(f"'on_deadline' must be 'alert' or 'cancel', not {short(on_deadline)}", dag=name)
+    run_state = spec.get("run_state", "all")
+    if not isinstance(run_state, str):
+        raise SpecError(f"'run_state' must be 'all' or 'leaves', not {short(run_state)}", dag=name)
     return DAG(
         name,
+        run_state=run_state,
         tenant=spec.get("tenant", DEFAULT_TENANT),
         priority=spec.get("priority", "default"),
         params=params,
@@ -193,6 +202,12 @@ def _map_from_spec(raw: Any, dag: str, key: str) -> MapSpec:
         raise SpecError(f"unknown field(s) of 'map' {sorted(map(str, bad))}", dag=dag, node=key)
     over = raw.get("over")
     kwarg = raw.get("kwarg")
+    if "kwargs_from" in raw:
+        if over is not None or kwarg is not None:
+            raise SpecError(
+                "'map': kwargs_from maps keyword arguments by itself; drop over and kwarg", dag=dag, node=key
+            )
+        over, kwarg = raw["kwargs_from"], KWARGS
     if isinstance(over, Mapping):
         if kwarg is not None:
             raise SpecError("'map': with 'over' a mapping, its keys are the keywords; drop 'kwarg'", dag=dag, node=key)
@@ -214,9 +229,10 @@ def _map_from_spec(raw: Any, dag: str, key: str) -> MapSpec:
                 f"'map.over' of {name!r} must be a node key or a list, not {short(source)}", dag=dag, node=key
             )
     for field_name, types in (("combine", (str,)), ("map_key", (str,)), ("on_empty", (str,)),
-                              ("max_length", (int,)), ("max_active", (int,))):  # fmt: skip
+                              ("max_length", (int,)), ("max_active", (int,)), ("items", (str,)),
+                              ("skip_none", (bool,)), ("transform", (str,))):  # fmt: skip
         value = raw.get(field_name)
-        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+        if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
             raise SpecError(f"'map.{field_name}' has the wrong type: {short(value)}", dag=dag, node=key)
     return MapSpec(
         args=tuple(args),
@@ -225,6 +241,10 @@ def _map_from_spec(raw: Any, dag: str, key: str) -> MapSpec:
         on_empty=raw.get("on_empty", "skip"),
         max_length=raw.get("max_length", DEFAULT_MAX_MAP_LENGTH),
         max_active=raw.get("max_active"),
+        zip_fill=raw["zip_fill"] if "zip_fill" in raw else NO_FILL,
+        items=raw.get("items", "values"),
+        skip_none=raw.get("skip_none", False),
+        transform=raw.get("transform"),
     )
 
 

@@ -20,6 +20,7 @@ from .bounds import (
     COMBINES,
     KEY_RE,
     LIMIT_NAME_RE,
+    MAP_ITEMS,
     MAP_KEY_FIELD_RE,
     MAP_REFUSED_RULES,
     MAX_ACTIVE_TASKS,
@@ -44,7 +45,7 @@ from .bounds import (
     short,
     text_problem,
 )
-from .model import MapArg, MapSpec, Node, OnDeadline
+from .model import KWARGS, NO_FILL, MapArg, MapSpec, Node, OnDeadline
 from .passing import placeholder_problem
 
 #: builds the error for one node's problem (the DAG and the node named)
@@ -185,6 +186,7 @@ def validate_node(
     _check_flags(node, fail)
     if node.map is not None:
         _validate_map(node, dag, limits, fail)
+        _check_map_forms(node, node.map, dag, is_registered, fail)
     if node.sensor is not None:
         _check_sensor(node, fail, d)
 
@@ -378,6 +380,10 @@ def _check_map_keywords(node: Node, spec: MapSpec, fail: Fail) -> None:
     several combine, what an empty input does."""
     names = [a.kwarg for a in spec.args]
     for name in names:
+        if name == KWARGS and len(names) == 1:
+            continue  # kwargs_from: each item a mapping of keyword arguments
+        if name == KWARGS:
+            raise fail("kwargs_from maps alone: its items are all the mapped keyword arguments")
         if not isinstance(name, str) or not name.isidentifier():
             raise fail(f"mapped keyword {short(name)} is not a Python identifier")
         if name in node.kwargs:
@@ -387,11 +393,40 @@ def _check_map_keywords(node: Node, spec: MapSpec, fail: Fail) -> None:
     if len(set(names)) != len(names):
         raise fail("a mapped keyword is listed twice")
     if len(spec.args) > 1 and spec.combine not in COMBINES:
-        raise fail(f"several mapped arguments need combine='zip' or 'product', not {short(spec.combine)}")
+        raise fail(f"several mapped arguments need combine= one of {', '.join(COMBINES)}, not {short(spec.combine)}")
     if spec.combine is not None and spec.combine not in COMBINES:
-        raise fail(f"combine must be 'zip' or 'product', not {short(spec.combine)}")
+        raise fail(f"combine must be one of {', '.join(COMBINES)}, not {short(spec.combine)}")
     if spec.on_empty not in ON_EMPTY:
         raise fail(f"on_empty must be 'skip' or 'success', not {short(spec.on_empty)}")
+
+
+def _check_map_forms(
+    node: Node, spec: MapSpec, dag: DagShape, is_registered: Callable[[str], bool] | None, fail: Fail
+) -> None:
+    """Airflow's mapping forms: ``zip_fill`` (JSON, a zip of several arguments), ``items``,
+    ``skip_none``, ``transform`` (a registered task), ``kwargs_from``'s literal items (mappings)."""
+    if spec.zip_fill is not NO_FILL:
+        if len(spec.args) < 2 or (spec.combine or "zip") != "zip":
+            raise fail("zip_fill pads a zip of several mapped arguments (combine='zip')")
+        check_json(spec.zip_fill, "zip_fill", dag=dag.name, node=node.key)
+    if spec.items not in MAP_ITEMS:
+        raise fail(f"items must be one of {', '.join(MAP_ITEMS)}, not {short(spec.items)}")
+    if not isinstance(spec.skip_none, bool):
+        raise fail(f"skip_none must be true or false, not {short(spec.skip_none)}")
+    if spec.transform is not None:
+        if len(spec.args) != 1:
+            raise fail("transform applies to one mapped argument (or kwargs_from)")
+        if not isinstance(spec.transform, str) or not TASK_NAME_RE.fullmatch(spec.transform):
+            raise fail(f"transform {short(spec.transform)} is not a valid Celery task name")
+        if is_registered is not None and not is_registered(spec.transform):
+            raise UnknownTaskError(
+                f"transform {spec.transform!r} is not a task registered in the Celery app", dag=dag.name, node=node.key
+            )
+    arg = spec.args[0]
+    if arg.kwarg == KWARGS and arg.items is not None and spec.transform is None:
+        bad = next((i for i, item in enumerate(arg.items) if not isinstance(item, Mapping)), None)
+        if bad is not None:
+            raise fail(f"kwargs_from item {bad} is {short(arg.items[bad])}: each item must be a mapping of keywords")
 
 
 def _check_map_bounds(node: Node, spec: MapSpec, limits: SizeLimits, fail: Fail) -> int:
@@ -437,8 +472,8 @@ def _check_per_item(node: Node, spec: MapSpec, dag: DagShape, fail: Fail) -> Non
     """A map over a mapped node runs item by item: one mapped argument, that node its only
     upstream, its pace and keys the source's."""
     over_map = [a.source for a in spec.args if a.source is not None and dag.nodes[a.source].map is not None]
-    if not over_map:
-        return
+    if not over_map or spec.skip_none:
+        return  # skip_none: it maps the whole map's results once its children are done
     if len(spec.args) > 1:
         raise fail(f"a node mapped over the mapped node {over_map[0]!r} maps item by item: one mapped argument")
     if tuple(node.upstream) != (over_map[0],):

@@ -2,8 +2,13 @@
 --
 -- The items come from the node's map spec (orc_tasks.map_spec): each mapped argument is a
 -- parent's JSON result (a list: keys are indexes; an object: keys are its keys and items its
--- values; with "map_key", each item's own field) or a literal list; several arguments are
--- zipped (equal lengths) or crossed ("product"). The children, "<key>[<map key>]", are
+-- values, or with "items" "pairs" [key, value] pairs; with "map_key", each item's own field) or a
+-- literal list, without its null items when "skip_none" says so (a mapped parent, then: its
+-- children's results once they are all done, the parent still MAPPED); several arguments are
+-- zipped ("zip": to the shortest, or padded to the longest with "fill"; "zip_strict": equal
+-- lengths) or crossed ("product"). An argument whose kwarg is "**" (kwargs_from) gives each
+-- child its item's keys as keyword arguments (an object; with a "transform", the worker turns
+-- the item first and spreads what it returns). The children, "<key>[<map key>]", are
 -- inserted by one INSERT ... SELECT with the node's options and constant kwargs plus the
 -- item as the mapped keyword (a map wider than its window, map_spec "window": the first window,
 -- the rest later by orc_map_window_v1): READY (the first "max_active" of them when that is set, the
@@ -13,8 +18,9 @@
 -- upstream per child, and the run's task counts grow. No items: the node ends SKIPPED
 -- (on_empty "skip", reason empty_map) or SUCCEEDED with [] ("success"). A parent that did not
 -- succeed: SKIPPED when it was skipped, else UPSTREAM_FAILED. Items that cannot map (not a list
--- or object, past max_length, zip lengths that differ, a key that is not a valid map key or is
--- repeated): FAILED with a MapError, and the run fails with it. Returns {"state", "readied",
+-- or object, past max_length, zip_strict lengths that differ, a kwargs_from item that is not an
+-- object, a key that is not a valid map key or is repeated): FAILED with a MapError, and the run
+-- fails with it (unless map_spec "decides" is false: run_state "leaves"). Returns {"state", "readied",
 -- "children"} (children: the node's downstream keys, for the caller's cascade when the state
 -- is terminal), or NULL when the node is no longer PENDING.
 
@@ -52,6 +58,8 @@ DECLARE
     combine text;
     readied int;
     win int;
+    spread boolean;
+    pad jsonb := '{}'::jsonb;
 BEGIN
     SELECT t.map_spec, t.children, t.state, t.attempt INTO h FROM orc_tasks t
     WHERE t.run_id = p_run AND t.key = p_key FOR UPDATE;
@@ -65,7 +73,9 @@ BEGIN
         ELSE
             SELECT t.state, t.result, t.map_spec IS NOT NULL AS mapped INTO src FROM orc_tasks t
             WHERE t.run_id = p_run AND t.key = arg->>'from';
-            IF src.state IS DISTINCT FROM 'SUCCEEDED' THEN
+            -- a mapped parent still MAPPED: a map with skip_none waits for all its children (its
+            -- rule said READY: they are done), not item by item
+            IF src.state IS DISTINCT FROM 'SUCCEEDED' AND NOT (src.mapped AND src.state = 'MAPPED') THEN
                 outcome := CASE WHEN src.state = 'SKIPPED' THEN 'SKIPPED' ELSE 'UPSTREAM_FAILED' END;
                 problem := 'the mapped parent ' || (arg->>'from') || ' is ' || coalesce(src.state, 'missing');
                 EXIT;
@@ -78,6 +88,12 @@ BEGIN
                 FROM orc_tasks c WHERE c.run_id = p_run AND c.map_parent = arg->>'from' AND c.state = 'SUCCEEDED';
             ELSE
                 list := orc_map_items_v1(src.result, h.map_spec->>'map_key');
+                IF h.map_spec->>'items' = 'pairs' AND json_typeof(src.result) = 'object' THEN
+                    -- a mapping's [key, value] pairs (Airflow's), still keyed by its keys
+                    list := (SELECT coalesce(jsonb_agg(jsonb_build_object('k', l.x->'k',
+                                             'v', jsonb_build_array(l.x->'k', l.x->'v')) ORDER BY l.o), '[]'::jsonb)
+                             FROM jsonb_array_elements(list) WITH ORDINALITY AS l(x, o));
+                END IF;
             END IF;
         END IF;
         IF list IS NULL THEN
@@ -85,9 +101,28 @@ BEGIN
             problem := 'MapError: ' || coalesce(arg->>'from', 'the literal items') || ' is not a JSON list or object';
             EXIT;
         END IF;
+        IF (h.map_spec->>'skip_none')::boolean THEN
+            list := (SELECT coalesce(jsonb_agg(l.x ORDER BY l.o), '[]'::jsonb)
+                     FROM jsonb_array_elements(list) WITH ORDINALITY AS l(x, o)
+                     WHERE jsonb_typeof(l.x->'v') IS DISTINCT FROM 'null');
+        END IF;
+        spread := arg->>'kwarg' = '**' AND h.map_spec->>'transform' IS NULL;
+        IF spread THEN
+            problem := (SELECT 'MapError: kwargs_from item ' || (l.o - 1) || ' of '
+                               || coalesce(arg->>'from', 'the literal items') || ' is ' || left(l.x->>'v', 60)
+                               || ', not an object of keyword arguments'
+                        FROM jsonb_array_elements(list) WITH ORDINALITY AS l(x, o)
+                        WHERE jsonb_typeof(l.x->'v') IS DISTINCT FROM 'object' ORDER BY l.o LIMIT 1);
+            IF problem IS NOT NULL THEN
+                outcome := 'FAILED';
+                EXIT;
+            END IF;
+        END IF;
         IF acc IS NULL THEN
             acc := (SELECT coalesce(jsonb_agg(jsonb_build_object('k', l.x->'k', 'kw',
-                                      jsonb_build_object(arg->>'kwarg', l.x->'v')) ORDER BY l.o), '[]'::jsonb)
+                                      CASE WHEN spread THEN l.x->'v'
+                                           ELSE jsonb_build_object(arg->>'kwarg', l.x->'v') END) ORDER BY l.o),
+                                  '[]'::jsonb)
                     FROM jsonb_array_elements(list) WITH ORDINALITY AS l(x, o));
         ELSIF combine = 'product' THEN
             acc := (SELECT coalesce(jsonb_agg(jsonb_build_object(
@@ -96,13 +131,23 @@ BEGIN
                                   ORDER BY a.o, l.o), '[]'::jsonb)
                     FROM jsonb_array_elements(acc) WITH ORDINALITY AS a(x, o)
                     CROSS JOIN jsonb_array_elements(list) WITH ORDINALITY AS l(x, o));
+        ELSIF combine = 'zip_strict' AND jsonb_array_length(acc) <> jsonb_array_length(list) THEN
+            outcome := 'FAILED';
+            problem := 'MapError: zip of ' || jsonb_array_length(acc) || ' and ' || jsonb_array_length(list)
+                       || ' items (' || (arg->>'kwarg') || '): combine zip_strict needs equal lengths';
+            EXIT;
+        ELSIF h.map_spec->'fill' IS NOT NULL THEN
+            -- zip to the longest, the shorter arguments padded with the fill value
+            acc := (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                      'k', coalesce(a.x->'k', l.x->'k'),
+                                      'kw', coalesce(a.x->'kw', pad) || jsonb_build_object(arg->>'kwarg',
+                                            CASE WHEN l.o IS NULL THEN (h.map_spec->'fill'->'v')::jsonb
+                                                 ELSE l.x->'v' END))
+                                  ORDER BY coalesce(a.o, l.o)), '[]'::jsonb)
+                    FROM jsonb_array_elements(acc) WITH ORDINALITY AS a(x, o)
+                    FULL JOIN jsonb_array_elements(list) WITH ORDINALITY AS l(x, o) ON l.o = a.o);
         ELSE
-            IF jsonb_array_length(acc) <> jsonb_array_length(list) THEN
-                outcome := 'FAILED';
-                problem := 'MapError: zip of ' || jsonb_array_length(acc) || ' and ' || jsonb_array_length(list)
-                           || ' items (' || (arg->>'kwarg') || '): zipped arguments need equal lengths';
-                EXIT;
-            END IF;
+            -- zip to the shortest (Python's and Airflow's zip)
             acc := (SELECT coalesce(jsonb_agg(jsonb_build_object(
                                       'k', a.x->'k',
                                       'kw', (a.x->'kw') || jsonb_build_object(arg->>'kwarg', l.x->'v'))
@@ -110,6 +155,7 @@ BEGIN
                     FROM jsonb_array_elements(acc) WITH ORDINALITY AS a(x, o)
                     JOIN jsonb_array_elements(list) WITH ORDINALITY AS l(x, o) ON l.o = a.o);
         END IF;
+        pad := pad || jsonb_build_object(arg->>'kwarg', (h.map_spec->'fill'->'v')::jsonb);
     END LOOP;
     IF problem IS NULL THEN
         n := jsonb_array_length(acc);
@@ -142,7 +188,7 @@ BEGIN
             result = CASE WHEN outcome = 'SUCCEEDED' THEN '[]'::json ELSE t.result END,
             error = CASE WHEN outcome = 'FAILED' THEN problem ELSE t.error END,
             -- a map that could not expand fails its run (a header otherwise leaves that to its children)
-            decides_run = (outcome = 'FAILED'),
+            decides_run = (outcome = 'FAILED') AND coalesce((h.map_spec->>'decides')::boolean, true),
             skip_reason = CASE WHEN outcome <> 'SKIPPED' THEN NULL
                                WHEN left(problem, 8) = 'no items' THEN 'empty_map' ELSE 'upstream_skipped' END
         WHERE t.run_id = p_run AND t.key = p_key;
@@ -235,7 +281,7 @@ BEGIN
                           UNION ALL SELECT to_json(cc || '[' || (x->>'k') || ']') FROM unnest(chained) AS cc) AS kk)
            END,
            h.retry_on, h.no_retry_on, 0, 0, h.pool, h.pool_slots, h.rate_limit, h.deadline_seconds, h.deadline_at,
-           true, p_key, (p_offset + o - 1)::int, x->>'k',
+           coalesce((h.map_spec->>'decides')::boolean, true), p_key, (p_offset + o - 1)::int, x->>'k',
            CASE WHEN p_item_of IS NULL THEN NULL ELSE p_item_of || '[' || (x->>'k') || ']' END, 0, 0, 0, 0, 0,
            h.resources
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o);
