@@ -242,6 +242,17 @@ sa.Index(
     "ix_orc_tasks_queue_state", tasks.c.queue, tasks.c.state, tasks.c.tenant, tasks.c.priority_rank, tasks.c.ready_at
 )
 sa.Index("ix_orc_tasks_state", tasks.c.state, tasks.c.priority_rank, tasks.c.ready_at)
+#: admission's round robin across a tenant's runs: the runs with READY tasks of a queue and class,
+#: in run id order, each with its oldest first (partial: an entry only while a task is READY)
+sa.Index(
+    "ix_orc_tasks_ready_runs",
+    tasks.c.queue,
+    tasks.c.tenant,
+    tasks.c.priority_rank,
+    tasks.c.run_id,
+    tasks.c.ready_at,
+    postgresql_where=sa.text("state = 'READY'"),
+)
 
 edges = sa.Table(
     "orc_edges",

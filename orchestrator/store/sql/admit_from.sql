@@ -3,7 +3,11 @@
 -- Each pick is the best head: of each tenant's READY tasks in each queue the first (priority,
 -- then age); among the heads the highest class (a task READY for p_aging seconds counts one
 -- class higher, twice as long two), then the tenant furthest below its weighted share of the
--- tasks in flight on these queues, then round robin (last_admitted_at), then the oldest. A pick
+-- tasks in flight on these queues, then round robin (last_admitted_at), then the oldest. Within
+-- the tenant, runs share too: when another of its runs has READY tasks of the pick's queue and
+-- class, the run with the fewest tasks in flight on these queues goes first (the first one found
+-- with none; at most 16 runs looked at, from the oldest head's run on, in run id order), its
+-- oldest task of that class, so a small run is not queued behind a big map's backlog. A pick
 -- that a limit holds back (orc_limit_held_v2) is set aside with its tenant, run, pool, rate
 -- limit or breaker (its resource) and the next head is looked at: a held pick uses no room, and a pass looks at most
 -- p_room + 1000 times (a backlog too big for its pool's free slots is passed over 1,000 at a
@@ -37,6 +41,13 @@ DECLARE
     taken int := 0;
     looks int := 0;
     n int;
+    rloads jsonb;
+    best text;
+    best_load int;
+    cur text;
+    nxt text;
+    wrapped boolean;
+    alt record;
 BEGIN
     WHILE taken < p_room AND looks < p_room + 1000 LOOP
         looks := looks + 1;
@@ -49,13 +60,13 @@ BEGIN
                                  AND t.tenant > tq.tenant ORDER BY t.queue, t.state, t.tenant LIMIT 1)
             FROM tq WHERE tq.tenant IS NOT NULL
         )
-        SELECT h.run_id, h.key, h.tenant, h.pool, h.pool_slots, h.rate_limit, h.resources,
-               w.max_running AS tenant_limit,
+        SELECT h.run_id, h.key, h.tenant, h.pool, h.pool_slots, h.rate_limit, h.resources, h.queue,
+               h.priority_rank AS rank, w.max_running AS tenant_limit,
                min(h.tenant) OVER () <> max(h.tenant) OVER () AS contested INTO pick
         FROM tq
         CROSS JOIN LATERAL (
             SELECT p.run_id, p.key, p.tenant, p.priority_rank, p.ready_at, p.pool, p.pool_slots, p.rate_limit,
-                   p.resources
+                   p.resources, p.queue
             FROM orc_tasks p
             WHERE p.queue = tq.queue AND p.state = 'READY' AND p.tenant = tq.tenant
               AND NOT ((p.run_id || '/' || p.key) = ANY (skipped))
@@ -98,6 +109,72 @@ BEGIN
                 GROUP BY i.tenant
             ) AS f;
             CONTINUE;
+        END IF;
+        IF EXISTS (SELECT 1 FROM orc_tasks o WHERE o.queue = pick.queue AND o.state = 'READY'
+                       AND o.tenant = pick.tenant AND o.priority_rank = pick.rank AND o.run_id < pick.run_id)
+           OR EXISTS (SELECT 1 FROM orc_tasks o WHERE o.queue = pick.queue AND o.state = 'READY'
+                          AND o.tenant = pick.tenant AND o.priority_rank = pick.rank AND o.run_id > pick.run_id) THEN
+            -- runs of the tenant compete: the one with the fewest tasks in flight goes first
+            IF rloads IS NULL THEN
+                SELECT coalesce(jsonb_object_agg(f.run_id, f.n), '{}'::jsonb) INTO rloads
+                FROM (
+                    SELECT i.run_id, count(*) AS n
+                    FROM unnest(p_queues) AS q(name)
+                    CROSS JOIN LATERAL unnest(ARRAY['QUEUED', 'RUNNING']) AS s(state)
+                    CROSS JOIN LATERAL (
+                        SELECT t.run_id FROM orc_tasks t WHERE t.queue = q.name AND t.state = s.state
+                            AND t.state IN ('QUEUED', 'RUNNING')
+                        ORDER BY t.queue, t.state, t.tenant, t.priority_rank, t.ready_at LIMIT 1000000000
+                    ) AS i
+                    GROUP BY i.run_id
+                ) AS f;
+            END IF;
+            best := pick.run_id;
+            best_load := coalesce((rloads ->> pick.run_id)::int, 0);
+            cur := pick.run_id;
+            wrapped := false;
+            FOR i IN 1..16 LOOP
+                EXIT WHEN best_load = 0;
+                SELECT o.run_id INTO nxt FROM orc_tasks o
+                WHERE o.queue = pick.queue AND o.state = 'READY' AND o.tenant = pick.tenant
+                  AND o.priority_rank = pick.rank AND o.run_id > cur
+                ORDER BY o.run_id LIMIT 1;
+                IF NOT FOUND THEN
+                    EXIT WHEN wrapped;
+                    wrapped := true;
+                    cur := '';
+                    CONTINUE;
+                END IF;
+                EXIT WHEN nxt = pick.run_id;
+                cur := nxt;
+                CONTINUE WHEN nxt = ANY (held_runs);
+                IF coalesce((rloads ->> nxt)::int, 0) < best_load THEN
+                    best := nxt;
+                    best_load := coalesce((rloads ->> nxt)::int, 0);
+                END IF;
+            END LOOP;
+            IF best <> pick.run_id THEN
+                SELECT p.run_id, p.key, p.pool, p.pool_slots, p.rate_limit, p.resources INTO alt
+                FROM orc_tasks p
+                WHERE p.queue = pick.queue AND p.state = 'READY' AND p.tenant = pick.tenant
+                  AND p.priority_rank = pick.rank AND p.run_id = best
+                  AND NOT ((p.run_id || '/' || p.key) = ANY (skipped))
+                  AND (p.pool IS NULL OR NOT (p.pool = ANY (held_pools)))
+                  AND (p.rate_limit IS NULL OR NOT (p.rate_limit = ANY (held_rates)))
+                  AND (p.resources IS NULL OR NOT (p.resources && held_breakers))
+                  AND p.dropped_by IS NULL
+                  AND EXISTS (SELECT 1 FROM orc_worker_tasks k
+                              WHERE k.queue = p.queue AND k.task_name IN (p.task_name, '*'))
+                ORDER BY p.ready_at LIMIT 1;
+                IF FOUND THEN
+                    pick.run_id := alt.run_id;
+                    pick.key := alt.key;
+                    pick.pool := alt.pool;
+                    pick.pool_slots := alt.pool_slots;
+                    pick.rate_limit := alt.rate_limit;
+                    pick.resources := alt.resources;
+                END IF;
+            END IF;
         END IF;
         why := orc_limit_held_v2(pick.run_id, pick.tenant, pick.tenant_limit, pick.pool, pick.pool_slots,
                                  pick.rate_limit, pick.resources);
@@ -152,6 +229,10 @@ BEGIN
                                + l.rate * greatest(extract(epoch FROM clock_timestamp() - l.refilled_at), 0)) - 1,
                 refilled_at = clock_timestamp()
             WHERE l.key = pick.rate_limit;
+        END IF;
+        IF rloads IS NOT NULL THEN
+            rloads := jsonb_set(rloads, ARRAY[pick.run_id::text],
+                                to_jsonb(coalesce((rloads ->> pick.run_id)::int, 0) + 1), true);
         END IF;
         IF loads IS NOT NULL THEN
             loads := jsonb_set(loads, ARRAY[pick.tenant::text],
