@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 
 from ..core.dag import DAG, MAP_MARK, Node, expand_resources
 from ..core.dag.passing import placeholder
+from ..core.dag.scopes import setup_scopes
 from ..core.errors import IdempotencyConflict, ValidationError
 from ..core.models import SUBMIT
 from ..core.states import RunState, TaskState, TriggerRule, check_transition
@@ -258,6 +259,11 @@ def _task_rows(
             children.setdefault(parent, []).append(node.key)
     # the columns of maps, branches, skips and setups: in the rows only when a node uses one
     deciders = dag.deciders()
+    scopes = setup_scopes(dag.nodes)
+    scope_of: dict[str, list[str]] = {}
+    for key, ups in scopes.items():
+        for up in ups:
+            scope_of.setdefault(up, []).append(key)
     dynamic = deciders is not None or any(_dynamic(n) for n in dag.nodes.values())
     setups = {n.key for n in dag.nodes.values() if n.setup}
     map_sources = {
@@ -310,6 +316,7 @@ def _task_rows(
             **({"resources": expand_resources(node.resources, dag.tenant)} if uses_resources else {}),
             **({"deadline_seconds": node.deadline, "deadline_at": due.get(node.key)} if node_deadlines else {}),
             **(_dynamic_columns(dag, node, setups, map_sources, deciders) if dynamic else {}),
+            **({"setup_scope": scopes.get(node.key), "scope_of": scope_of.get(node.key)} if scopes else {}),
         }
 
 

@@ -180,3 +180,74 @@ def test_airflows_mapping_forms_on_a_worker(orc: Orchestrator, worker: WorkerPro
         "evens": [2, 6],  # 1 and 3 doubled: the None results were dropped
         "zipped": [101, 202],  # zipped to the shortest
     }
+
+
+FAIL = "tasks.probes.fail"
+UPSTREAM_FAILED = "UPSTREAM_FAILED"
+
+
+def example_setup_teardown(root_setup: str = NOOP) -> DAG:
+    """Airflow's ``example_setup_teardown`` (its task group's keys prefixed by hand):
+    ``root_normal >> section_1`` joins the group's root, its setup."""
+    dag = DAG("example_setup_teardown")
+    dag.task("root_setup", root_setup, setup=True)
+    dag.task("normal", NOOP, upstream=["root_setup"])
+    dag.task("root_teardown", NOOP, upstream=["normal", "root_setup"], teardown=True)
+    dag.task("section_1__taskgroup_setup", NOOP, upstream=["normal"], setup=True)
+    dag.task("section_1__normal", NOOP, upstream=["section_1__taskgroup_setup"])
+    dag.task(
+        "section_1__taskgroup_teardown", NOOP, upstream=["section_1__normal", "section_1__taskgroup_setup"],
+        teardown=True,
+    )  # fmt: skip
+    return dag
+
+
+def test_example_setup_teardown(orc: Orchestrator, worker: WorkerProcess) -> None:
+    state, states = run(orc, example_setup_teardown())
+    assert set(states.values()) == {OK} and state is RunState.SUCCEEDED
+    failed_state, failed = run(orc, example_setup_teardown(root_setup=FAIL))
+    assert failed == {
+        "root_setup": "FAILED",
+        "normal": UPSTREAM_FAILED,  # all_success
+        "root_teardown": UPSTREAM_FAILED,  # all_done_setup_success with no setup succeeded
+        "section_1__taskgroup_setup": UPSTREAM_FAILED,  # all_success (a setup too)
+        "section_1__normal": UPSTREAM_FAILED,
+        "section_1__taskgroup_teardown": UPSTREAM_FAILED,  # its setup did not succeed
+    }
+    assert failed_state is RunState.FAILED
+
+
+def example_setup_teardown_taskflow(outer_setup: str = NOOP, inner_rule: str = "all_success") -> DAG:
+    """Airflow's ``example_setup_teardown_taskflow``: ``with outer_teardown(outer_setup()):``
+    around ``outer_work`` and ``section_1`` (whose leaves leave its teardown out)."""
+    dag = DAG("example_setup_teardown_taskflow")
+    dag.task("my_first_task", NOOP, setup=True)
+    dag.task("my_second_task", NOOP, upstream=["my_first_task"])
+    dag.task("my_third_task", NOOP, upstream=["my_second_task", "my_first_task"], teardown=True)
+    dag.task("outer_setup", outer_setup, setup=True)
+    dag.task("outer_work", NOOP, upstream=["outer_setup"])
+    dag.task("section_1__inner_setup", NOOP, upstream=["outer_setup"], setup=True)
+    dag.task("section_1__inner_work", NOOP, upstream=["section_1__inner_setup"], trigger_rule=inner_rule)
+    dag.task("section_1__inner_teardown", NOOP, upstream=["section_1__inner_work", "section_1__inner_setup"],
+             teardown=True)  # fmt: skip
+    dag.task("outer_teardown", NOOP, upstream=["outer_setup", "outer_work", "section_1__inner_work"], teardown=True)
+    return dag
+
+
+def test_example_setup_teardown_taskflow(orc: Orchestrator, worker: WorkerProcess) -> None:
+    state, states = run(orc, example_setup_teardown_taskflow())
+    assert set(states.values()) == {OK} and state is RunState.SUCCEEDED
+    # the setup scope: inner_work with all_done runs once its parent is done, but outer_setup, two
+    # levels up with its teardown below inner_work, failed: Airflow's setup constraint makes it
+    # UPSTREAM_FAILED (it would have run on a resource that was never set up)
+    failed_state, failed = run(orc, example_setup_teardown_taskflow(outer_setup=FAIL, inner_rule="all_done"))
+    assert failed == {
+        "my_first_task": OK, "my_second_task": OK, "my_third_task": OK,  # another setup's scope
+        "outer_setup": "FAILED",
+        "outer_work": UPSTREAM_FAILED,
+        "section_1__inner_setup": UPSTREAM_FAILED,
+        "section_1__inner_work": UPSTREAM_FAILED,  # all_done alone would run it: the setup constraint
+        "section_1__inner_teardown": UPSTREAM_FAILED,  # its setup did not succeed
+        "outer_teardown": UPSTREAM_FAILED,  # all_done_setup_success with no setup succeeded
+    }  # fmt: skip
+    assert failed_state is RunState.FAILED

@@ -194,7 +194,9 @@ def progress_problems(tasks: list[Any], edges: list[Any], runs: list[Any]) -> li
                     if not any(c.state not in TERMINAL and c.state != "PENDING" for c in siblings):
                         problems.append(f"{where}: a PENDING child of {x.map_parent} with no sibling to finish")
                     continue
-                ups = [*parents[(r.id, x.key)], *([x.map_item_from] if x.map_item_from else [])]
+                # a task with a setup scope also waits for those setups (their finish decides it)
+                ups = [*parents[(r.id, x.key)], *([x.map_item_from] if x.map_item_from else []),
+                       *(x.setup_scope or [])]  # fmt: skip
                 if not any(unit_open(r.id, u) for u in ups):
                     problems.append(f"{where}: PENDING ({x.trigger_rule}) with every upstream done: {ups}")
         if not moving:

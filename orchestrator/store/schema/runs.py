@@ -210,6 +210,12 @@ tasks = sa.Table(
     #: the watchdog's flag (``Recovery.watch``): ``{"kind": "unregistered" | "republished" |
     #: "idle", "detail", "state", "attempt", "at"}``, cleared when the task moves on; null: none
     sa.Column("stuck", postgresql.JSONB, nullable=True),
+    #: Airflow's setup scope: the setups above this task, not its parents, that it works under (no
+    #: teardown, or a teardown below it); one that failed or was skipped decides it
+    #: UPSTREAM_FAILED or SKIPPED, and it waits for them to finish (null: none)
+    sa.Column("setup_scope", postgresql.ARRAY(sa.Text), nullable=True),
+    #: on a setup: the tasks whose ``setup_scope`` names it, decided again when it finishes
+    sa.Column("scope_of", postgresql.ARRAY(sa.Text), nullable=True),
 )
 #: the watchdog's flagged tasks, and the tasks held after a worker dropped their message
 sa.Index("ix_orc_tasks_stuck", tasks.c.run_id, postgresql_where=sa.text("stuck IS NOT NULL"))

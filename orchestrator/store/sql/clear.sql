@@ -319,13 +319,17 @@ BEGIN
     END LOOP;
     FOR r IN SELECT t.key, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded, t.n_failed, t.n_upstream_failed,
                     t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped, t.min_success_ratio,
-                    t.map_spec IS NOT NULL AS mapped, t.flow = 'wait' AS waits
+                    t.map_spec IS NOT NULL AS mapped, t.flow = 'wait' AS waits, t.setup_scope
              FROM orc_tasks t WHERE t.run_id = p_run AND t.key = ANY (targets) AND t.state = 'PENDING'
              ORDER BY t.key LOOP
         verdict := CASE WHEN r.n_upstream = 0 OR r.trigger_rule = 'always' THEN 'READY'
                         ELSE orc_decide_v2(r.trigger_rule, r.n_upstream, r.n_done, r.n_succeeded, r.n_failed,
                                            r.n_upstream_failed, r.n_skipped, r.n_setup, r.n_setup_ok,
                                            r.n_setup_skipped, r.min_success_ratio) END;
+        IF r.setup_scope IS NOT NULL THEN
+            -- its setup scope (a cleared setup runs again first: the task waits for it)
+            verdict := orc_scope_verdict_v1(p_run, r.setup_scope, verdict);
+        END IF;
         CONTINUE WHEN verdict IS NULL;
         -- a branch that was not cleared keeps its choice: a child it did not follow is skipped again
         IF EXISTS (SELECT 1 FROM orc_edges e JOIN orc_tasks p ON p.run_id = e.run_id AND p.key = e.parent_key

@@ -59,3 +59,24 @@ SELECT CASE
     END
 END
 $$;
+
+-- orc_scope_verdict_v1: Airflow's setup constraint over a task's setup scope (orc_tasks.setup_scope:
+-- the setups it works under without being their child). One of them FAILED, UPSTREAM_FAILED,
+-- CANCELLED or DEAD_LETTER: UPSTREAM_FAILED; one SKIPPED: SKIPPED (whatever the task's own rule says,
+-- and before it is decided); one not finished: NULL (the task waits: orc_settle_v2 decides it again
+-- when that setup finishes, through the setup's scope_of); all succeeded: p_verdict, the rule's.
+
+CREATE OR REPLACE FUNCTION orc_scope_verdict_v1(p_run text, p_setups text[], p_verdict text)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+AS $$
+SELECT CASE
+    WHEN count(*) FILTER (WHERE t.state IN ('FAILED', 'UPSTREAM_FAILED', 'CANCELLED', 'DEAD_LETTER')) > 0
+        THEN 'UPSTREAM_FAILED'
+    WHEN count(*) FILTER (WHERE t.state = 'SKIPPED') > 0 THEN 'SKIPPED'
+    WHEN count(*) FILTER (WHERE t.state = 'SUCCEEDED') < cardinality(p_setups) THEN NULL
+    ELSE p_verdict
+END
+FROM orc_tasks t WHERE t.run_id = p_run AND t.key = ANY (p_setups)
+$$;

@@ -5,7 +5,10 @@
 -- moves decided children PENDING -> READY / SKIPPED / UPSTREAM_FAILED with their ledger rows
 -- (a verdict reached before every parent is done says "early verdict"), expands a mapped child
 -- whose rule says READY (orc_expand_v1) and begins a wait node's wait (orc_wait_v1) instead,
--- and cascades the terminal ones the same way.
+-- and cascades the terminal ones the same way. A task with a setup scope (orc_tasks.setup_scope,
+-- Airflow's setup constraint) is decided by orc_scope_verdict_v1 over its rule's verdict, and a
+-- setup that finishes decides again the PENDING tasks of its scope (its scope_of) that are not
+-- its children, their counters unchanged.
 -- A finished child of a map is also counted into its map's header: a wide map inserts its next
 -- window of children (orc_map_window_v1), a map held by max_active admits its next waiting
 -- child, and the header closes (MAPPED -> SUCCEEDED / FAILED /
@@ -32,6 +35,8 @@ DECLARE
     readied int := 0;
     kids text[];
     kid text;
+    direct int;
+    j int;
     r record;
     m record;
     hdr record;
@@ -48,7 +53,21 @@ BEGIN
     WHILE i <= array_length(q_keys, 1) LOOP
         IF q_children[i] IS NOT NULL AND json_typeof(q_children[i]) = 'array' THEN
             kids := ARRAY(SELECT json_array_elements_text(q_children[i]));
-            FOREACH kid IN ARRAY kids LOOP
+            direct := cardinality(kids);
+            IF q_setup[i] THEN
+                -- a setup: the tasks of its scope that are not its children are decided again
+                kids := kids || coalesce((SELECT t.scope_of FROM orc_tasks t
+                                          WHERE t.run_id = p_run AND t.key = q_keys[i]), '{}');
+            END IF;
+            FOR j IN 1..cardinality(kids) LOOP
+                kid := kids[j];
+                IF j > direct THEN
+                    SELECT t.key, t.state, t.attempt, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded,
+                           t.n_failed, t.n_upstream_failed, t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped,
+                           t.min_success_ratio, t.map_spec IS NOT NULL AS mapped, t.flow = 'wait' AS waits,
+                           t.setup_scope INTO r
+                    FROM orc_tasks t WHERE t.run_id = p_run AND t.key = kid FOR UPDATE;
+                ELSE
                 UPDATE orc_tasks t SET
                     n_done = t.n_done + 1,
                     n_succeeded = t.n_succeeded + (q_states[i] = 'SUCCEEDED')::int,
@@ -60,13 +79,18 @@ BEGIN
                 WHERE t.run_id = p_run AND t.key = kid
                 RETURNING t.key, t.state, t.attempt, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded,
                           t.n_failed, t.n_upstream_failed, t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped,
-                          t.min_success_ratio, t.map_spec IS NOT NULL AS mapped, t.flow = 'wait' AS waits INTO r;
+                          t.min_success_ratio, t.map_spec IS NOT NULL AS mapped, t.flow = 'wait' AS waits,
+                          t.setup_scope INTO r;
+                END IF;
                 CONTINUE WHEN NOT FOUND OR r.state <> 'PENDING';
                 verdict := orc_decide_v2(r.trigger_rule, r.n_upstream, r.n_done, r.n_succeeded, r.n_failed,
                                          r.n_upstream_failed, r.n_skipped, r.n_setup, r.n_setup_ok,
                                          r.n_setup_skipped, r.min_success_ratio);
+                IF r.setup_scope IS NOT NULL THEN
+                    verdict := orc_scope_verdict_v1(p_run, r.setup_scope, verdict);
+                END IF;
                 CONTINUE WHEN verdict IS NULL;
-                why := 'upstream ' || q_keys[i] || ' ' || q_states[i]
+                why := CASE WHEN j > direct THEN 'setup ' ELSE 'upstream ' END || q_keys[i] || ' ' || q_states[i]
                        || CASE WHEN r.n_done < r.n_upstream
                                THEN '; early verdict (' || r.n_done || ' of ' || r.n_upstream || ' upstream done)'
                                ELSE '' END;
