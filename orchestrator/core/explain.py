@@ -327,6 +327,18 @@ def _pending(t: Any, parents: list[str], by_key: dict[str, Any]) -> list[Reason]
                 {"parents": dead},
             )
         )
+    scope = [k for k in getattr(t, "setup_scope", None) or [] if k in by_key]
+    open_scope = {k: by_key[k].state for k in scope if by_key[k].state != T.SUCCEEDED.value}
+    if open_scope:
+        shown = ", ".join(f"{k} ({s})" for k, s in open_scope.items())
+        reasons.append(
+            Reason(
+                "waiting_on_setup_scope",
+                f"answers to the setup(s) it works under, not its parents (Airflow's setup constraint): {shown};"
+                " one failed or skipped decides it, and it waits for them to succeed",
+                {"setups": open_scope},
+            )
+        )
     up_failed = getattr(t, "n_upstream_failed", None)
     n_setup = getattr(t, "n_setup", 0) or 0
     ratio = getattr(t, "min_success_ratio", None)

@@ -116,3 +116,12 @@ def test_a_cleared_task_waits_for_its_cleared_setup(orc: Orchestrator) -> None:
     assert again.states()["report"] == "UPSTREAM_FAILED"
     assert [k for k, _, _ in again.ran] == ["create"]
     assert check_runs(orc.store, [d.run_id]) == []
+
+
+def test_explain_names_the_setups_a_held_task_waits_for(orc: Orchestrator) -> None:
+    d = drive(orc, waits(), body({}), until=lambda d: any(k == "a_root" for k, _, _ in d.ran))
+    assert d.states()["join"] == "PENDING"  # its rule says READY: a_root succeeded
+    (found,) = orc.explain(d.run_id, "join")
+    reasons = {r.kind: r for r in found.reasons}
+    assert reasons["waiting_on_setup_scope"].data == {"setups": {"setup": "QUEUED"}}
+    assert "Airflow's setup constraint" in reasons["waiting_on_setup_scope"].detail

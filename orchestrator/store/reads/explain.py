@@ -104,7 +104,8 @@ class ExplainReads(ReadsBase):
 
 def _scope(conn: Connection, run_id: str, keys: Collection[str] | None) -> tuple[list[Any], list[Any]]:
     """The conditions on ``orc_tasks`` and ``orc_edges`` of what explaining ``keys`` (``None``:
-    the whole run) reads: those tasks, their parents and the map children holding their items."""
+    the whole run) reads: those tasks, their parents, the map children holding their items and the
+    setups of their setup scopes."""
     c = c_tasks
     edge_where = [t_edges.c.run_id == run_id]
     task_where = [c.run_id == run_id]
@@ -114,7 +115,9 @@ def _scope(conn: Connection, run_id: str, keys: Collection[str] | None) -> tuple
         parents = conn.execute(sa.select(t_edges.c.parent_key).where(*edge_where)).scalars().all()
         item_where = (c.run_id == run_id, c.key.in_(wanted), c.map_item_from.is_not(None))
         items = conn.execute(sa.select(c.map_item_from).where(*item_where)).scalars().all()
-        task_where.append(c.key.in_(sorted(set(wanted) | set(parents) | set(items))))
+        scope_where = (c.run_id == run_id, c.key.in_(wanted), c.setup_scope.is_not(None))
+        setups = [k for ks in conn.execute(sa.select(c.setup_scope).where(*scope_where)).scalars() for k in ks]
+        task_where.append(c.key.in_(sorted(set(wanted) | set(parents) | set(items) | set(setups))))
     return task_where, edge_where
 
 
@@ -135,6 +138,8 @@ def _explained_tasks(conn: Connection, task_where: list[Any]) -> list[Any]:
                 c.waiting,
                 # the watchdog: the task name (is it registered?), a worker's drop, the flag
                 c.task_name, c.dropped_by, c.stuck,
+                # Airflow's setup constraint: the setups the task answers to beside its parents
+                c.setup_scope,
             )
             .where(*task_where)
             .order_by(c.key)
