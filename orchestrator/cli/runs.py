@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from typing import Any
 
 import click
@@ -227,7 +228,8 @@ def events(run_id: str, as_json: bool) -> None:
 @click.argument("key", required=False)
 @click.option("--json", "as_json", is_flag=True, help='Print {"tasks": [{"key", "state", "reasons": [...]}]}.')
 @click.option("--all", "show_all", is_flag=True, help="Also list running and finished tasks.")
-def explain(run_id: str, key: str | None, as_json: bool, show_all: bool) -> None:
+@click.option("--expand", is_flag=True, help="List the tasks of each task group one by one (folded by default).")
+def explain(run_id: str, key: str | None, as_json: bool, show_all: bool, expand: bool) -> None:
     """Why isn't it running? For every task of the run that is not running or finished (or
     only KEY), the reasons: parents it waits on, its trigger rule so far, a parent parked in
     DEAD_LETTER, a limit used up (the tenant's, the run's max_active_tasks, the DAG's: held by
@@ -236,7 +238,10 @@ def explain(run_id: str, key: str | None, as_json: bool, show_all: bool) -> None
     READY behind N tasks of higher or equal priority, every worker
     slot in use, no live worker for its queue, waiting in the broker, a retry's backoff, the
     run cancelled; why a task was skipped (with the ledger's reason), a map's children counted,
-    a map child's map and item, and an early verdict that decided a task."""
+    a map child's map and item, an early verdict that decided a task, and the setups of its
+    setup scope it waits for. The tasks of a task group (``DAG.group``) are folded into one
+    entry per group, their states and reasons counted; --expand lists them one by one."""
+    from ..core.dag.groups import groups_of
     from ..core.states import TaskState
 
     found = base._ready_store().explain(run_id, key)
@@ -247,10 +252,20 @@ def explain(run_id: str, key: str | None, as_json: bool, show_all: bool) -> None
         return
     if not found:
         click.echo("every task is running or finished")
+    folded: dict[str, list[Any]] = {}
     for e in found:
+        group = groups_of(e.key)[:1]
+        if group and key is None and not expand:
+            folded.setdefault(group[0], []).append(e)
+            continue
         click.echo(f"{e.key}  {e.state.value}")
         for r in e.reasons:
             click.echo(f"  - {r.kind}: {r.detail}")
+    for name, members in folded.items():
+        states = Counter(e.state.value for e in members)
+        click.echo(f"{name}.*  group of {len(members)}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+        for kind, n in sorted(Counter(r.kind for e in members for r in e.reasons).items()):
+            click.echo(f"  - {kind}: {n} task(s) (--expand or explain {run_id} KEY for each)")
 
 
 @click.command()

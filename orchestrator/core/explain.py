@@ -35,7 +35,9 @@ Dynamic DAGs add: ``skipped`` (why a SKIPPED task was skipped: ``branch_not_take
 ``mapped`` (a mapped node: ``mapped into N tasks: x done (a succeeded, b failed, c skipped)``),
 ``map_child`` (a map's child: its map and its item), ``decided`` (the ledger row that took the
 task out of PENDING when it tells more than its state: an early verdict, ``early verdict (k of
-n upstream done)``, or an UPSTREAM_FAILED). The counters of ``trigger_rule`` count UPSTREAM_FAILED
+n upstream done)``, or an UPSTREAM_FAILED), ``waiting_on_setup_scope`` (the setups it works under
+that are not its parents, not succeeded yet: Airflow's setup constraint; ``setup_scope``). A task
+in a task group has its innermost group in ``to_json``. The counters of ``trigger_rule`` count UPSTREAM_FAILED
 parents apart from FAILED ones, and setup parents apart. These need the optional columns of a
 task row (``skip_reason``, ``n_upstream_failed``, ``n_setup``, ``n_setup_ok``,
 ``n_setup_skipped``, ``min_success_ratio``, ``is_map``, ``map_parent``, ``map_index``,
@@ -50,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dag.groups import groups_of
 from .models import RateLimit
 from .routing import DEFAULT_TENANT
 from .states import TERMINAL, TaskState
@@ -75,7 +78,9 @@ class Explanation:
     reasons: list[Reason]
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "state": self.state.value, "reasons": [r.to_json() for r in self.reasons]}
+        group = groups_of(self.key)[-1:]  # the innermost task group it lies in (DAG.group)
+        return {"key": self.key, "state": self.state.value, "reasons": [r.to_json() for r in self.reasons],
+                **({"group": group[0]} if group else {})}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -194,13 +199,8 @@ def map_counts(t: Any) -> dict[str, int] | None:
     ``skipped``) once it expanded, else ``None``."""
     if not getattr(t, "is_map", False) or TaskState(t.state) is T.PENDING:
         return None
-    return {
-        "total": t.map_total,
-        "done": t.map_done,
-        "succeeded": t.map_ok,
-        "failed": t.map_failed,
-        "skipped": t.map_skipped,
-    }
+    return {"total": t.map_total, "done": t.map_done, "succeeded": t.map_ok, "failed": t.map_failed,
+            "skipped": t.map_skipped}  # fmt: skip
 
 
 def mapped_text(counts: dict[str, int]) -> str:
@@ -327,18 +327,11 @@ def _pending(t: Any, parents: list[str], by_key: dict[str, Any]) -> list[Reason]
                 {"parents": dead},
             )
         )
-    scope = [k for k in getattr(t, "setup_scope", None) or [] if k in by_key]
-    open_scope = {k: by_key[k].state for k in scope if by_key[k].state != T.SUCCEEDED.value}
-    if open_scope:
-        shown = ", ".join(f"{k} ({s})" for k, s in open_scope.items())
-        reasons.append(
-            Reason(
-                "waiting_on_setup_scope",
-                f"answers to the setup(s) it works under, not its parents (Airflow's setup constraint): {shown};"
-                " one failed or skipped decides it, and it waits for them to succeed",
-                {"setups": open_scope},
-            )
-        )
+    scope = {k: by_key[k].state for k in getattr(t, "setup_scope", None) or [] if k in by_key}
+    if open_scope := {k: v for k, v in scope.items() if v != T.SUCCEEDED.value}:
+        shown = ", ".join(f"{k} ({v})" for k, v in open_scope.items())
+        detail = f"waits for the setup(s) it works under, not its parents (Airflow's setup constraint): {shown}"
+        reasons.append(Reason("waiting_on_setup_scope", detail, {"setups": open_scope}))
     up_failed = getattr(t, "n_upstream_failed", None)
     n_setup = getattr(t, "n_setup", 0) or 0
     ratio = getattr(t, "min_success_ratio", None)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import graph as drawing
 from ..core.states import TaskState
 from .drawing import DEFER_DRAWING_ABOVE, SKELETON_CACHE, run_dag_svg, run_drawing
-from .params import API_LIMIT, LEDGER_ROWS, TaskQuery
+from .params import API_LIMIT, EDGE_SEPARATOR, LEDGER_ROWS, TaskQuery
 
 if TYPE_CHECKING:
     from ..engine.facade import Orchestrator
@@ -67,7 +67,7 @@ def run_document(
             "limit": tq.limit,
             "tasks_after": page.tasks[-1].key if page.tasks and page.more_after else None,
             "tasks_before": page.tasks[0].key if page.tasks and page.more_before else None,
-            "edges_after": ".".join(edges[-1]) if edges and more_edges else None,
+            "edges_after": EDGE_SEPARATOR.join(edges[-1]) if edges and more_edges else None,
             "events_before": ledger[0][0] if ledger and older else None,
             #: the run's newest ledger id: what changes after it, /api/runs/RUN_ID/changes?after=
             "last_event": newest,

@@ -80,16 +80,20 @@ class TaskQuery:
         return {k: v for k, v in out.items() if v}
 
 
-#: a task's key: a node's (``KEY_RE``), or a map child's ``node[map key]`` (the map keys the
-#: server accepts, ``orc_expand_v1``)
-TASK_KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,200}(?:\[[A-Za-z0-9_.,:=-]{1,100}\])?")
+#: a task's key: a node's (``KEY_RE``: a task group's prefix included), or a map child's
+#: ``node[map key]`` (the map keys the server accepts, ``orc_expand_v1``)
+TASK_KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}(?:\[[A-Za-z0-9_.,:=-]{1,100}\])?")
+#: what joins the two keys of an edge cursor (``edges_after``): never in a key (a key may hold '.')
+EDGE_SEPARATOR = "~"
 
 
 def task_query(handler: BaseHandler, default_limit: int) -> TaskQuery:
     def key_arg(name: str) -> str | None:
         value = handler.get_query_argument(name, "") or None
         if value is not None and not TASK_KEY_RE.fullmatch(value):
-            raise ValidationError(f"{name} must be a task key (letters, digits, '_' or '-'; a map's child: node[key])")
+            raise ValidationError(
+                f"{name} must be a task key (letters, digits, '_', '-', a group's '.'; a map's child: node[key])"
+            )
         return value
 
     state = handler.get_query_argument("state", "").strip().upper() or None
@@ -116,9 +120,9 @@ def edge_cursor(handler: BaseHandler) -> tuple[str, str] | None:
     raw = handler.get_query_argument("edges_after", "")
     if not raw:
         return None
-    parent, _, child = raw.partition(".")
+    parent, _, child = raw.partition(EDGE_SEPARATOR)
     if not (KEY_RE.fullmatch(parent) and KEY_RE.fullmatch(child)):
-        raise ValidationError("edges_after must be PARENT.CHILD (two task keys)")
+        raise ValidationError(f"edges_after must be PARENT{EDGE_SEPARATOR}CHILD (two task keys)")
     return parent, child
 
 

@@ -251,3 +251,33 @@ def test_example_setup_teardown_taskflow(orc: Orchestrator, worker: WorkerProces
         "outer_teardown": UPSTREAM_FAILED,  # all_done_setup_success with no setup succeeded
     }  # fmt: skip
     assert failed_state is RunState.FAILED
+
+
+def test_example_task_group(orc: Orchestrator, worker: WorkerProcess) -> None:
+    """Airflow's ``example_task_group``: ``start >> section_1 >> section_2 >> end`` with a nested
+    group, its keys as Airflow's task ids (``section_2.inner_section_2.task_4``)."""
+    dag = DAG("example_task_group")
+    start = dag.task("start", NOOP)
+    with dag.group("section_1", upstream=[start]) as section_1:
+        dag.task("task_1", NOOP)
+        dag.task("task_2", NOOP, upstream=["task_1"])
+        dag.task("task_3", NOOP, upstream=["task_1"])
+    with dag.group("section_2", upstream=[section_1]) as section_2:
+        dag.task("task_1", NOOP)
+        with dag.group("inner_section_2"):
+            dag.task("task_2", NOOP)
+            dag.task("task_3", NOOP)
+            dag.task("task_4", NOOP, upstream=["task_2", "task_3"])
+    dag.task("end", NOOP, upstream=[section_2])
+    edges = {(p, k) for k, n in dag.nodes.items() for p in n.upstream}
+    assert edges == {  # Airflow's graph of the example
+        ("start", "section_1.task_1"), ("section_1.task_1", "section_1.task_2"),
+        ("section_1.task_1", "section_1.task_3"),
+        *((f"section_1.task_{i}", k) for i in (2, 3) for k in (
+            "section_2.task_1", "section_2.inner_section_2.task_2", "section_2.inner_section_2.task_3")),
+        ("section_2.inner_section_2.task_2", "section_2.inner_section_2.task_4"),
+        ("section_2.inner_section_2.task_3", "section_2.inner_section_2.task_4"),
+        ("section_2.task_1", "end"), ("section_2.inner_section_2.task_4", "end"),
+    }  # fmt: skip
+    state, states = run(orc, dag)
+    assert set(states.values()) == {OK} and len(states) == 9 and state is RunState.SUCCEEDED

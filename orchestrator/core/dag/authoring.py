@@ -6,6 +6,7 @@ what it is given into frozen :class:`Node` values and refuses a malformed option
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..backoff import Backoff
@@ -16,9 +17,11 @@ from ..waits import WAIT_TASK, SensorSpec, WaitSpec
 from .bounds import DEFAULT_MAX_MAP_LENGTH, SizeLimits, label
 from .canvas import ATTEMPTS as CANVAS_ATTEMPTS
 from .canvas import canvas_name, fill, is_canvas
-from .coerce import backoff_value, enum_value, exception_names, resource_names
-from .model import KWARGS, NO_FILL, MapArg, MapSpec, Node, OnDeadline
+from .coerce import backoff_value, enum_value, exception_names, map_args, resource_names, transform_name
+from .groups import TaskGroup, lend, new_group, touch, with_group_upstream
+from .model import KWARGS, NO_FILL, MapSpec, Node, OnDeadline
 from .passing import result_arg
+from .scopes import leaf_deciders
 from .signatures import task_parts, with_signature_options
 from .validation import validate_dag
 
@@ -75,6 +78,57 @@ class DAG:
             raise ValidationError(f"params must be a mapping, not {type(params).__name__}", dag=label(name))
         self.params: dict[str, Any] = dict(params or {})
         self.nodes: dict[str, Node] = {}
+        #: the task groups by full name (``DAG.group``), and those open now (innermost last)
+        self.groups: dict[str, TaskGroup] = {}
+        self._groups: list[TaskGroup] = []
+        #: keys are taken as written, a group's prefix included (a spec being loaded)
+        self.keys_as_written = False
+
+    def group(self, name: str, *, upstream: Iterable[Node | str | TaskGroup] = (), **defaults: Any) -> TaskGroup:
+        """A task group (Airflow's ``TaskGroup``), used as ``with dag.group("section_1") as g:``.
+        Each node added inside is keyed ``section_1.<key>`` (nested groups: ``outer.inner.<key>``),
+        takes the group's ``defaults`` for the options it leaves at their own defaults (any of
+        ``trigger_rule``, ``max_attempts``, ``backoff``, ``pool``, ``pool_slots``, ``queue``,
+        ``priority``, ``retry_on``, ``no_retry_on``, ``soft_time_limit``, ``time_limit``,
+        ``rate_limit``, ``resources``, ``deadline``; a setup or teardown keeps its own rule), and may
+        name another node of the group by its bare key in ``upstream``. ``upstream=`` makes the
+        group's roots follow those nodes (``task >> group``); the group in another node's
+        ``upstream`` stands for its leaves, a teardown left out (``group >> task``). Raises
+        :class:`ValidationError` for a bad name or option."""
+        return new_group(self, name, upstream, defaults)
+
+    def resolve_key(self, key: str) -> str:
+        """A key as written inside the open groups: the node of that key in the innermost open
+        group that has one, else the key itself."""
+        if key in self.nodes:
+            return key
+        for group in reversed(self._groups):
+            if group.key_of(key) in self.nodes:
+                return group.key_of(key)
+        return key
+
+    def upstream_keys(self, upstream: Iterable[Any], node: str | None) -> list[str]:
+        """``upstream`` as node keys: a node's key, a key resolved in the open groups, a group's
+        leaves. Raises :class:`ValidationError` for anything else."""
+        if isinstance(upstream, (str, bytes, Mapping)) or not isinstance(upstream, Iterable):
+            raise ValidationError("upstream must be a list of nodes or node keys", dag=self.name, node=node)
+        keys: list[str] = []
+        for parent in upstream:
+            if isinstance(parent, TaskGroup):
+                found = [k for k in parent.leaves() if k not in keys]
+                if not found:
+                    raise ValidationError(f"group {parent.name!r} has no node yet", dag=self.name, node=node)
+                keys += found
+            elif isinstance(parent, Node):
+                keys.append(parent.key)
+            elif isinstance(parent, str):
+                keys.append(self.resolve_key(parent))
+            else:
+                kind = type(parent).__name__
+                raise ValidationError(
+                    f"upstream holds a {kind}: list nodes, node keys or groups", dag=self.name, node=node
+                )
+        return keys
 
     def task(
         self, key: str, task: Any, *, upstream: Iterable[Node | str] = (), args: Sequence[Any] | None = None,
@@ -124,7 +178,14 @@ class DAG:
         Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest
         of the checks run in :meth:`validate`.
         """
-        parents = self._parents_of_new(key, args, kwargs, upstream)
+        key = self._key_of(key)
+        group = self._groups[-1] if self._groups else None
+        if group is not None:  # the group's defaults where the call left an option at its own
+            (trigger_rule, max_attempts, backoff, soft_time_limit, time_limit, priority, queue, retry_on, no_retry_on,
+             pool, pool_slots, rate_limit, resources, deadline) = lend(
+                group, setup or teardown, trigger_rule, max_attempts, backoff, soft_time_limit, time_limit, priority,
+                queue, retry_on, no_retry_on, pool, pool_slots, rate_limit, resources, deadline)  # fmt: skip
+        parents = with_group_upstream(self._groups, self._parents_of_new(key, args, kwargs, upstream))
         name, sig_args, sig_kwargs, sig_options = task_parts(task, self.name, key)
         if parent_arg:
             sig_args = (result_arg(self._single_parent(key, parents)), *sig_args)
@@ -149,6 +210,7 @@ class DAG:
             teardown=teardown, fails_run=fails_run, min_success_ratio=min_success_ratio, wait=wait, sensor=sensor,
         )  # fmt: skip
         self.nodes[key] = node
+        touch(group, node)
         return node
 
     @classmethod
@@ -167,7 +229,7 @@ class DAG:
         fill(dag, canvas, attempts)
         return dag
 
-    def _single_parent(self, key: str, parents: list[Node | str]) -> str:
+    def _single_parent(self, key: str, parents: Sequence[Node | str]) -> str:
         """The one parent of a node built with ``parent_arg=True``."""
         if len(parents) != 1:
             raise ValidationError(
@@ -178,34 +240,31 @@ class DAG:
         parent = parents[0]
         return parent.key if isinstance(parent, Node) else parent
 
-    def _parents_of_new(self, key: Any, args: Any, kwargs: Any, upstream: Iterable[Node | str]) -> list[Node | str]:
-        """The checks of a :meth:`task` call before its task is read: a string key not in the
-        DAG yet, ``args`` a list, ``kwargs`` a mapping and ``upstream`` a list of nodes or node
-        keys (returned as a list)."""
-        if not isinstance(key, str):
-            raise ValidationError(f"node key must be a string, not {type(key).__name__}", dag=label(self.name))
-        if "." in key:  # refused here, with the reason, not only at submit
+    def _key_of(self, key: Any) -> Any:
+        """A new node's key inside the open groups (``group.key``); a dotted key written by hand is
+        refused here, with the reason, not only at submit."""
+        if isinstance(key, str) and "." in key and not self.keys_as_written:
             raise ValidationError(
-                "a node key holds no '.' (it separates the key in a task id; there are no task groups yet:"
-                " prefix the key instead, as section_1__normal)",
+                "a node key holds no '.': it separates a task group's name from the key (add the node inside"
+                " `with dag.group(...)`), or prefix the key instead, as section_1__normal",
                 dag=label(self.name),
                 node=key[:200],
             )
+        return self._groups[-1].key_of(key) if self._groups and isinstance(key, str) else key
+
+    def _parents_of_new(self, key: Any, args: Any, kwargs: Any, upstream: Iterable[Any]) -> list[str]:
+        """The checks of a :meth:`task` call before its task is read: a string key not in the
+        DAG yet, ``args`` a list, ``kwargs`` a mapping and ``upstream`` a list of nodes, node
+        keys or groups (returned as keys: :meth:`upstream_keys`)."""
+        if not isinstance(key, str):
+            raise ValidationError(f"node key must be a string, not {type(key).__name__}", dag=label(self.name))
         if key in self.nodes:
             raise ValidationError("duplicate node key", dag=self.name, node=key)
         if args is not None and not isinstance(args, (list, tuple)):
             raise ValidationError(f"args must be a list, not {type(args).__name__}", dag=self.name, node=key)
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise ValidationError(f"kwargs must be a mapping, not {type(kwargs).__name__}", dag=self.name, node=key)
-        if isinstance(upstream, (str, bytes, Mapping)) or not isinstance(upstream, Iterable):
-            raise ValidationError("upstream must be a list of nodes or node keys", dag=self.name, node=key)
-        parents = list(upstream)
-        for parent in parents:
-            if not isinstance(parent, (Node, str)):
-                raise ValidationError(
-                    f"upstream holds a {type(parent).__name__}: list nodes or node keys", dag=self.name, node=key
-                )
-        return parents
+        return self.upstream_keys(upstream, key)
 
     def wait(
         self,
@@ -348,6 +407,7 @@ class DAG:
         elif over is None:
             raise ValidationError("map needs over (or kwargs_from): what to map over", dag=self.name, node=key)
         args, parents = map_args(over, kwarg, upstream, self.name, key)
+        args = tuple(replace(a, source=self.resolve_key(a.source)) if a.source is not None else a for a in args)
         if zip_fill is not NO_FILL and combine is None:
             combine = "zip"  # a fill says how to zip
         spec = MapSpec(
@@ -365,25 +425,9 @@ class DAG:
         return self.task(key, task, upstream=parents, mapping=spec, **options)
 
     def deciders(self) -> set[str] | None:
-        """Under ``run_state="leaves"``, the nodes whose failure fails the run: the leaves, a
-        teardown leaf without ``fails_run`` replaced by the nodes above it (Airflow's
-        ``_tis_for_dagrun_state``); ``None`` under ``"all"``."""
-        if self.run_state != "leaves":
-            return None
-        parents = {p for node in self.nodes.values() for p in node.upstream}
-        found: set[str] = set()
-        todo = [k for k in self.nodes if k not in parents]
-        seen = set(todo)
-        while todo:
-            node = self.nodes[todo.pop()]
-            if not (node.teardown and not node.fails_run):
-                found.add(node.key)
-                continue
-            for up in node.upstream:
-                if up not in seen:
-                    seen.add(up)
-                    todo.append(up)
-        return found
+        """Under ``run_state="leaves"``, the nodes whose failure fails the run (:func:`.scopes.leaf_deciders`);
+        ``None`` under ``"all"``."""
+        return leaf_deciders(self.nodes) if self.run_state == "leaves" else None
 
     def per_item(self, node: Node) -> str | None:
         """The mapped node that ``node`` maps item by item over (its one mapped argument comes
@@ -486,56 +530,3 @@ class DAG:
         # the nodes as they are (frozen): validate() judges them, whatever they hold
         other.nodes = dict(self.nodes) if isinstance(self.nodes, dict) else self.nodes
         return other
-
-
-def map_args(
-    over: Any, kwarg: str | None, upstream: Iterable[Node | str], dag: str, key: str
-) -> tuple[tuple[MapArg, ...], list[Node | str]]:
-    """:meth:`DAG.map`'s ``over`` (with ``kwarg``) as mapped arguments, and the node's parents:
-    ``upstream`` and every node mapped over, each once."""
-    if isinstance(over, Mapping):
-        if kwarg is not None:
-            raise ValidationError(
-                "kwarg names the mapped argument of a single 'over'; with a mapping, its keys are the keywords",
-                dag=dag,
-                node=key,
-            )
-        pairs = list(over.items())
-        if not pairs:
-            raise ValidationError("over is an empty mapping: name the mapped arguments", dag=dag, node=key)
-    else:
-        if kwarg is None:
-            raise ValidationError("kwarg is required: the keyword each item is passed as", dag=dag, node=key)
-        pairs = [(kwarg, over)]
-    args: list[MapArg] = []
-    if isinstance(upstream, (str, bytes, Mapping)) or not isinstance(upstream, Iterable):
-        raise ValidationError("upstream must be a list of nodes or node keys", dag=dag, node=key)
-    parents: list[Node | str] = list(upstream)
-    for name, source in pairs:
-        if isinstance(source, Node):
-            source = source.key
-        if isinstance(source, str):
-            args.append(MapArg(kwarg=name, source=source))
-            if source not in [p.key if isinstance(p, Node) else p for p in parents]:
-                parents.append(source)
-        elif isinstance(source, (list, tuple)):
-            args.append(MapArg(kwarg=name, items=tuple(source)))
-        else:
-            raise ValidationError(
-                f"over[{name!r}] must be a node, a node key or a list, not {type(source).__name__}",
-                dag=dag,
-                node=key,
-            )
-    return tuple(args), parents
-
-
-def transform_name(transform: Any, dag: str, key: str) -> str | None:
-    """A map's ``transform``: a Celery task object (its name) or a task name."""
-    if transform is None or isinstance(transform, str):
-        return transform
-    name = getattr(transform, "name", None)
-    if not isinstance(name, str) or not callable(getattr(transform, "run", None)):
-        raise ValidationError(
-            f"transform must be a registered Celery task or its name, not {type(transform).__name__}", dag=dag, node=key
-        )
-    return name

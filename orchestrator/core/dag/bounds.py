@@ -15,9 +15,10 @@ from ..errors import ValidationError
 from ..states import TriggerRule
 
 # every pattern is matched with fullmatch(): "a\n" is not "a"
-#: a node's key: letters, digits, '_' and '-', optionally ending in an index (``transform[0]``,
-#: the keys a Celery group's parts get); at most 200 characters
-KEY_RE = re.compile(r"(?=.{1,200}\Z)[A-Za-z0-9_-]+(?:\[[0-9]{1,6}\])?", re.S)
+#: a node's key: letters, digits, '_' and '-', after the names of the task groups it lies in, each
+#: followed by '.' (``section_1.normal``), optionally ending in an index (``transform[0]``, the keys
+#: a Celery group's parts get); at most 200 characters
+KEY_RE = re.compile(r"(?=.{1,200}\Z)[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*(?:\[[0-9]{1,6}\])?", re.S)
 TENANT_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 QUEUE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 TASK_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,254}")

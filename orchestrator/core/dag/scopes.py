@@ -1,10 +1,12 @@
-"""Airflow's setup scope, computed at submit: the setups a task works under without being their
-child (``BaseOperator.get_upstreams_only_setups``: a setup upstream of the task that has no
-teardown, or has one downstream of the task), which decide it beside its trigger rule
+"""Airflow's setup scope and the leaves that decide a run, computed at submit.
+
+The setup scope: the setups a task works under without being their child
+(``BaseOperator.get_upstreams_only_setups``: a setup upstream of the task that has no teardown,
+or has one downstream of the task), which decide it beside its trigger rule
 (``_evaluate_setup_constraint``: one that failed makes it UPSTREAM_FAILED, one skipped SKIPPED,
 and it waits until they are all done). A teardown has no such scope; a direct parent that is a
 setup counts through the trigger rule as any parent does. The store writes the result as
-``orc_tasks.setup_scope`` (and, on each setup, ``scope_of``)."""
+``orc_tasks.setup_scope`` (and, on each setup, ``scope_of``). The leaves: ``run_state="leaves"``."""
 
 from __future__ import annotations
 
@@ -59,3 +61,22 @@ def _walk(start: Sequence[str], links: Mapping[str, Sequence[str]]) -> set[str]:
                 seen.add(nxt)
                 todo.append(nxt)
     return seen - set(start)
+
+
+def leaf_deciders(nodes: Mapping[str, _Node]) -> set[str]:
+    """The nodes whose failure fails a ``run_state="leaves"`` run: the leaves, a teardown leaf
+    without ``fails_run`` replaced by the nodes above it (Airflow's ``_tis_for_dagrun_state``)."""
+    parents = {p for node in nodes.values() for p in node.upstream}
+    found: set[str] = set()
+    todo = [k for k in nodes if k not in parents]
+    seen = set(todo)
+    while todo:
+        node = nodes[todo.pop()]
+        if not (node.teardown and not getattr(node, "fails_run", False)):
+            found.add(node.key)
+            continue
+        for up in node.upstream:
+            if up not in seen:
+                seen.add(up)
+                todo.append(up)
+    return found

@@ -70,8 +70,12 @@ def dag_from_spec(spec: Any) -> DAG:
     nodes = spec.get("nodes")
     if not isinstance(nodes, list):
         raise SpecError("'nodes' must be a list", dag=dag.name)
-    for i, raw in enumerate(nodes):
-        _add_node(dag, i, raw)
+    dag.keys_as_written = True  # a spec holds the full keys: a task group's prefix included
+    try:
+        for i, raw in enumerate(nodes):
+            _add_node(dag, i, raw)
+    finally:
+        dag.keys_as_written = False
     return dag
 
 
