@@ -323,8 +323,8 @@ $$;
 -- orc_map_window_v1: the next window of a wide map's children. A map of more items than its
 -- window (map_spec "window") inserts the first window at expansion and keeps the rest in
 -- map_items; when its unfinished materialised children fall to half a window (orc_settle_v2
--- checks on each child that finishes), the next window is inserted the same way (items by
--- index from map_items: no walk of the whole list). Returns how many children it made READY.
+-- checks on each child that finishes), the next window is inserted the same way (its items
+-- sliced out of map_items in one read). Returns how many children it made READY.
 
 CREATE OR REPLACE FUNCTION orc_map_window_v1(p_run text, p_key text, p_actor text, p_by text)
  RETURNS integer
@@ -343,7 +343,10 @@ BEGIN
         RETURN 0;
     END IF;
     w := LEAST((h.map_spec->>'window')::int, h.map_total - h.map_next);
-    slice := (SELECT jsonb_agg(h.map_items -> i ORDER BY i) FROM generate_series(h.map_next, h.map_next + w - 1) AS i);
+    -- one read of the stored items (a jsonpath slice): an element read by index from the record
+    -- reads the whole TOASTed list each time (16 s for a window of 10,000 of 100,000 items)
+    slice := jsonb_path_query_array(h.map_items,
+                                    ('$[' || h.map_next || ' to ' || (h.map_next + w - 1) || ']')::jsonpath);
     UPDATE orc_tasks t SET map_next = h.map_next + w,
                            map_items = CASE WHEN h.map_next + w >= h.map_total THEN NULL ELSE t.map_items END,
                            -- the next window once half of this one is done (none after the last)
