@@ -164,6 +164,10 @@ class Settings:
     #: least seconds between two progress writes of one attempt: reports in between keep only
     #: the latest, written when the interval is up or before the attempt's outcome
     progress_interval: float = 0.5
+    #: the most tasks of one run QUEUED or RUNNING at once for a DAG that sets no
+    #: ``max_active_tasks`` (Airflow's per-DAG default is 16); 0: no cap. Without one, the runs of a
+    #: tenant still share its admission by their tasks in flight
+    run_max_active_tasks: int = 0
 
     @property
     def embedded(self) -> bool:
@@ -185,6 +189,10 @@ class Settings:
             values[f.name] = _convert(f.name, raw, getattr(cls, f.name, None))
         values.update(overrides)
         settings = cls(**values)
+        if settings.run_max_active_tasks < 0:
+            raise ConfigurationError(
+                f"{PREFIX}RUN_MAX_ACTIVE_TASKS={settings.run_max_active_tasks} must be 0 (no cap) or more"
+            )
         if settings.db_pool_size < 1:
             raise ConfigurationError(f"{PREFIX}DB_POOL_SIZE={settings.db_pool_size} must be at least 1")
         if settings.code_version and (problem := code_version_problem(settings.code_version)):

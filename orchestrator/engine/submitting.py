@@ -81,6 +81,7 @@ def submit_run(
         trigger=trigger,
         trace_context=capture_trace_context(),
         code_version=code_version,
+        default_max_active=orc.settings.run_max_active_tasks or None,
     )
     if created:
         orc.publisher.publish(orc.store.admission.admit_ready(orc.settings.dispatch_window))

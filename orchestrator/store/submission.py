@@ -44,6 +44,7 @@ class Submission:
         trigger: str | None = None,
         trace_context: dict[str, str] | None = None,
         code_version: str | None = None,
+        default_max_active: int | None = None,
     ) -> tuple[str, bool]:
         """Insert the run, its tasks, edges and first events in one transaction.
 
@@ -57,8 +58,10 @@ class Submission:
         Deadlines (the DAG's and the nodes') fall due that many seconds after ``logical_date``
         (an ISO-8601 date or date-time; without a zone it is UTC) or, without one, after the
         submit by the database clock. ``trace_context`` (the submitter's W3C trace headers) and
-        ``code_version`` (the run's pin) are kept on the run's row. Raises :class:`ValidationError`, before anything is
-        written, when a deadline after the logical date is beyond what a date can hold.
+        ``code_version`` (the run's pin) are kept on the run's row; ``default_max_active`` is the
+        run's ``max_active_tasks`` when its DAG sets none (``ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS``).
+        Raises :class:`ValidationError`, before anything is written, when a deadline after the
+        logical date is beyond what a date can hold.
         """
         for node in dag.nodes.values():
             if node.resources:
@@ -79,6 +82,8 @@ class Submission:
             due = _due(base if base is not None else _utc(now), dag) if dag.has_deadlines else {}
             row = _run_row(run_id, dag, now, due, idempotency_key, logical_date, schedule, dag_version, trigger)
             row.update(trace_context=trace_context, code_version=code_version)
+            if dag.max_active_tasks is None and default_max_active is not None:
+                row["max_active_tasks"] = default_max_active  # ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS
             conn.execute(t_runs.insert().values(**row))
             self.ledger.create_run(conn, run_id, SUBMIT)
             self.db.backend.bulk_insert(conn, t_tasks, _task_rows(dag, run_id, now, queues, wants_upstream, due))

@@ -114,3 +114,35 @@ def test_a_higher_priority_class_still_goes_first(orc: Orchestrator) -> None:
     while work_one(orc) is not None:
         pass
     assert check_runs(orc.store, [low, high]) == []
+
+
+def test_a_default_cap_per_run_holds_a_dag_that_sets_none(pg_clean: str) -> None:
+    store = Store(pg_clean)
+    store.workers.register("w", default_queues(), 20)  # room for 40: the cap is what holds
+    settings = Settings(database_url=pg_clean, run_max_active_tasks=16)
+    o = Orchestrator(settings, store=store, publisher=RecordingPublisher(), registry=StaticRegistry(["t"]))
+    try:
+        capped = o.submit(wide("capped", 50)).id
+        raised = o.submit(wide("raised", 50, max_active_tasks=30)).id
+        with store.engine.connect() as conn:
+            flying = dict(
+                conn.execute(
+                    sa.select(t.c.run_id, sa.func.count()).where(t.c.state == "QUEUED").group_by(t.c.run_id)
+                ).all()
+            )
+        assert flying[capped] == 16  # ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS
+        assert flying[raised] == 24  # its own 30, within the room left (40 - 16)
+        (reason,) = [r for r in o.explain(capped, "t40")[0].reasons if r.kind == "run_limit"]
+        assert "16" in reason.detail
+    finally:
+        store.attempts.hot.close()
+        store.dispose()
+
+
+def test_the_default_cap_is_read_from_the_environment_and_refused_below_zero() -> None:
+    from orchestrator.core.errors import ConfigurationError
+
+    assert Settings.from_env({"ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS": "16"}).run_max_active_tasks == 16
+    assert Settings.from_env({}).run_max_active_tasks == 0
+    with pytest.raises(ConfigurationError, match="RUN_MAX_ACTIVE_TASKS=-1 must be 0"):
+        Settings.from_env({"ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS": "-1"})
