@@ -190,12 +190,19 @@ def watch(run_id: str, poll: float, timeout: float | None) -> None:
     help="SVG (as on the run page), Graphviz dot, or a Mermaid flowchart.",
 )
 @click.option("-o", "--output", type=_Path(dir_okay=False, writable=True), help="Write to FILE (default: stdout).")
-def graph(run_id: str, fmt: str, output: str | None) -> None:
-    """Draw a run's DAG, tasks coloured by state, as the run page of `orchestrator serve` does."""
+@click.option("--expand", is_flag=True, help="Draw every task group task by task (each is one box by default).")
+@click.option(
+    "--open", "opened", multiple=True, metavar="GROUP", help="Draw this task group task by task (repeatable)."
+)
+def graph(run_id: str, fmt: str, output: str | None, expand: bool, opened: tuple[str, ...]) -> None:
+    """Draw a run's DAG, tasks coloured by state, as the run page of `orchestrator serve` does:
+    each task group (DAG.group) one box counting its tasks, unless --expand or --open GROUP;
+    edge labels (DAG.label) on their arrows."""
     from ..core import graph as drawing
     from ..web.app import run_graph
 
-    text = drawing.FORMATS[fmt](run_graph(base._ready_store(), run_id))
+    groups = None if expand else tuple(sorted(set(opened)))
+    text = drawing.FORMATS[fmt](run_graph(base._ready_store(), run_id, groups))
     if output:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(text)

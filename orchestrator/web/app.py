@@ -14,16 +14,21 @@ Pages (server-rendered, no build step, nothing from a CDN):
   is one box counting its children (``resize \u00d710,000 · 9,990 ok · 10 failed``); a click on it
   draws its children (``/runs/RUN_ID?part=map&key=KEY``, the first :data:`~.drawing.MAP_CELLS`); a map
   child's key (``resize[3]``) pages, searches and acts like any other (URL-encoded in paths).
+  A task group (``DAG.group``) is one box counting its tasks by state (``▸ section_1``); a click
+  on it draws its tasks (``?part=dag&expand=section_1``: its inner groups folded in turn). An
+  edge's label (``DAG.label``) is written on its arrow.
 
 JSON for scripts (the pages' data, same addresses under ``/api``):
 
 * ``GET /api/runs?tenant=&dag=&state=&limit=&offset=`` - ``{"runs": [...]}``;
 * ``GET /api/runs/RUN_ID?limit=&after=&before=&state=&q=&events=&events_before=&edges_after=`` -
   ``{"run", "counts", "tasks", "edges", "waiting", "events", "page", "next"}``, paged: 500 tasks
-  (by key), edges and ledger rows unless told otherwise, ``next`` the links to the next pages;
-* ``GET /api/runs/RUN_ID/changes?after=EVENT_ID`` - what changed since a ledger id (the run page
-  polls it instead of reloading);
-* ``GET /api/runs/RUN_ID/graph?format=svg|dot|mermaid`` - the picture;
+  (by key), edges and ledger rows unless told otherwise, ``next`` the links to the next pages
+  (the edge cursor ``edges_after=PARENT~CHILD``: a key may hold a group's ``.``, never ``~``);
+* ``GET /api/runs/RUN_ID/changes?after=EVENT_ID&expand=`` - what changed since a ledger id (the
+  run page polls it instead of reloading; ``expand``: the task groups it draws task by task);
+* ``GET /api/runs/RUN_ID/graph?format=svg|dot|mermaid&expand=`` - the picture, each task group
+  one box but those in ``expand`` (comma-separated full names; ``*``: every task drawn);
 * ``POST /api/runs/RUN_ID/cancel|rerun`` and ``POST /api/runs/RUN_ID/tasks/KEY/retry|skip|fail|clear|mark``
   (``clear``: ``downstream=1`` to clear the task's descendants too, ``no_setup=1`` to leave out
   the setups it works under and their teardowns, cleared with it by default; ``mark``:

@@ -89,12 +89,15 @@ def run_page_data(
     return doc, run_dag_svg(orc, run_id)
 
 
-def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[str, Any]:
+def run_changes(
+    orc: Orchestrator, run_id: str, after: int, limit: int, open_groups: tuple[str, ...] | None = ()
+) -> dict[str, Any]:
     """What changed in the run since the ledger id ``after``: at most ``limit`` new ledger rows
     (oldest first; ``more``: others wait, ask again from ``last``), the current state of every
     task they name, the run's state and counts per state, the counts of the collapsed boxes of
-    the drawing those tasks are in, and what the running tasks' bodies last reported
-    (``progress``: a report writes no ledger row, so it is answered whole on every poll)."""
+    the drawing those tasks are in (the drawing with ``open_groups`` open, as the page drew it),
+    and what the running tasks' bodies last reported (``progress``: a report writes no ledger
+    row, so it is answered whole on every poll)."""
     reads = orc.reads
     ledger, more = reads.event_page(run_id, limit=limit, after=after)
     view = orc.visible(run_id)
@@ -104,7 +107,7 @@ def run_changes(orc: Orchestrator, run_id: str, after: int, limit: int) -> dict[
     boxes: dict[str, Any] = {}
     skeleton = None
     if keys:
-        skeleton, picture = run_drawing(orc, run_id)
+        skeleton, picture = run_drawing(orc, run_id, open_groups)
         # a map's child has no box: its map's box counts it
         touched = {skeleton.box_of.get(t.map_parent or t.key) for t in tasks}
         boxes = {

@@ -19,17 +19,17 @@ SKELETONS = 4
 
 
 class SkeletonCache:
-    """The drawing skeletons of the last :data:`SKELETONS` runs drawn, by (run, task count): a
-    run's DAG never changes after submission, so a page load or a poll reads the tasks' states
-    only (never the edges again). Every use is behind a read of the run that checks who may see
-    it."""
+    """The drawing skeletons of the last :data:`SKELETONS` runs drawn, by (run, task count, open
+    task groups): a run's DAG never changes after submission, so a page load or a poll reads the
+    tasks' states only (never the edges again). Every use is behind a read of the run that
+    checks who may see it."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._found: dict[tuple[str, int], drawing.Skeleton] = {}
+        self._found: dict[tuple[Any, ...], drawing.Skeleton] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, int]) -> drawing.Skeleton | None:
+    def get(self, key: tuple[Any, ...]) -> drawing.Skeleton | None:
         with self._lock:
             found = self._found.pop(key, None)
             if found is not None:
@@ -41,7 +41,7 @@ class SkeletonCache:
         with self._lock:
             return any(k[0] == run_id for k in self._found)
 
-    def put(self, key: tuple[str, int], skeleton: drawing.Skeleton) -> None:
+    def put(self, key: tuple[Any, ...], skeleton: drawing.Skeleton) -> None:
         with self._lock:
             self._found[key] = skeleton
             while len(self._found) > self.size:
@@ -67,16 +67,23 @@ def drawing_rows(
     return [r[:5] for r in rows], maps, skipped
 
 
-def run_drawing(orc: Orchestrator, run_id: str) -> tuple[drawing.Skeleton, drawing.Graph]:
+def run_drawing(
+    orc: Orchestrator, run_id: str, open_groups: tuple[str, ...] | None = ()
+) -> tuple[drawing.Skeleton, drawing.Graph]:
     """The run's DAG drawn (collapsed into counted groups when large, :func:`graph.structure`),
-    from its tasks' states and its kept skeleton (the edges are read once per run). A map is
-    one box counting its children (they have no edges, and the skeleton is made without them:
-    a map growing does not change it)."""
+    from its tasks' states and its kept skeleton (the edges and their labels are read once per
+    run and set of open groups). A map is one box counting its children (they have no edges,
+    and the skeleton is made without them: a map growing does not change it). A task group
+    not in ``open_groups`` is one box counting its tasks (``None``: every task drawn)."""
     found, maps, skipped = drawing_rows(orc, run_id)  # RunNotFound for a run this caller does not see
-    skeleton = SKELETON_CACHE.get((run_id, len(found)))
+    kept = (run_id, len(found), open_groups)
+    skeleton = SKELETON_CACHE.get(kept)
     if skeleton is None:
-        skeleton = drawing.structure([r[0] for r in found], orc.reads.edge_list(run_id))
-        SKELETON_CACHE.put((run_id, len(found)), skeleton)
+        skeleton = drawing.structure(
+            [r[0] for r in found], orc.reads.edge_list(run_id), open_groups=open_groups,
+            labels=orc.reads.edge_labels(run_id),
+        )  # fmt: skip
+        SKELETON_CACHE.put(kept, skeleton)
     return skeleton, drawing.paint_rows(skeleton, found, maps=maps, skipped=skipped)
 
 
@@ -129,13 +136,15 @@ def map_svg(orc: Orchestrator, run_id: str, key: str) -> str:
 DEFER_DRAWING_ABOVE = 2_000
 
 
-def run_dag_svg(orc: Orchestrator, run_id: str) -> str:
-    """The run page's drawing: the SVG, each task box a link to its row in the task table."""
-    _, picture = run_drawing(orc, run_id)
+def run_dag_svg(orc: Orchestrator, run_id: str, open_groups: tuple[str, ...] | None = ()) -> str:
+    """The run page's drawing: the SVG, each task box a link to its row in the task table, each
+    task group not in ``open_groups`` folded into one box (the page opens it on a click)."""
+    _, picture = run_drawing(orc, run_id, open_groups)
     return drawing.to_svg(picture, href=lambda key: f"?{urlencode({'q': key})}#task-{quote(key)}")
 
 
-def run_graph(orc: Orchestrator, run_id: str) -> drawing.Graph:
-    """The run's picture (``/api/runs/RUN_ID/graph``, ``orchestrator runs graph``); raises
-    :class:`RunNotFound` for a run this caller does not see."""
-    return run_drawing(orc, run_id)[1]
+def run_graph(orc: Orchestrator, run_id: str, open_groups: tuple[str, ...] | None = ()) -> drawing.Graph:
+    """The run's picture (``/api/runs/RUN_ID/graph``, ``orchestrator runs graph``), each task
+    group not in ``open_groups`` folded (``None``: none); raises :class:`RunNotFound` for a run
+    this caller does not see."""
+    return run_drawing(orc, run_id, open_groups)[1]

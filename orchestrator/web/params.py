@@ -126,6 +126,26 @@ def edge_cursor(handler: BaseHandler) -> tuple[str, str] | None:
     return parent, child
 
 
+#: a task group's full name (``section_2.inner``), as ``expand=`` names it
+GROUP_RE = re.compile(r"(?=.{1,200}\Z)[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*", re.S)
+#: the most groups one ``expand=`` opens by name
+MAX_OPEN_GROUPS = 100
+
+
+def open_groups(handler: BaseHandler) -> tuple[str, ...] | None:
+    """The drawing's ``expand``: the task groups drawn task by task, comma-separated (absent or
+    empty: every group folded into one box), or ``*`` (none folded: ``None``)."""
+    raw = handler.get_query_argument("expand", "").strip()
+    if raw == "*":
+        return None
+    names = tuple(sorted({n for n in raw.split(",") if n}))
+    if len(names) > MAX_OPEN_GROUPS or not all(GROUP_RE.fullmatch(n) for n in names):
+        raise ValidationError(
+            f"expand must be '*' or at most {MAX_OPEN_GROUPS} task group names (section_1,section_2.inner)"
+        )
+    return names
+
+
 def flag(handler: BaseHandler, name: str) -> bool:
     """A yes/no form field or query parameter (a checkbox sends ``on`` or its value; absent: no)."""
     raw = handler.get_argument(name, "").strip().lower()

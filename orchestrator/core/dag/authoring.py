@@ -19,6 +19,7 @@ from .canvas import ATTEMPTS as CANVAS_ATTEMPTS
 from .canvas import canvas_name, fill, is_canvas
 from .coerce import backoff_value, enum_value, exception_names, map_args, resource_names, transform_name
 from .groups import TaskGroup, lend, new_group, touch, with_group_upstream
+from .labels import add_label, labels_to_spec
 from .model import KWARGS, NO_FILL, MapSpec, Node, OnDeadline
 from .passing import result_arg
 from .scopes import leaf_deciders
@@ -83,6 +84,8 @@ class DAG:
         self._groups: list[TaskGroup] = []
         #: keys are taken as written, a group's prefix included (a spec being loaded)
         self.keys_as_written = False
+        #: the edges' labels (:meth:`label`), by ``(parent key, child key)``
+        self.labels: dict[tuple[str, str], str] = {}
 
     def group(self, name: str, *, upstream: Iterable[Node | str | TaskGroup] = (), **defaults: Any) -> TaskGroup:
         """A task group (Airflow's ``TaskGroup``), used as ``with dag.group("section_1") as g:``.
@@ -96,6 +99,14 @@ class DAG:
         ``upstream`` stands for its leaves, a teardown left out (``group >> task``). Raises
         :class:`ValidationError` for a bad name or option."""
         return new_group(self, name, upstream, defaults)
+
+    def label(self, parent: Node | str | TaskGroup, child: Node | str | TaskGroup, text: str) -> None:
+        """Write ``text`` on the arrow from ``parent`` to ``child`` (Airflow's ``Label``): the
+        run page and ``orchestrator runs graph`` draw it; the run goes as without it. A group
+        labels the edges from its leaves (as the parent) or to its roots (as the child); a bare
+        key resolves in the open groups. Raises :class:`ValidationError` when there is no such
+        edge (add the child first) or ``text`` is not one line of at most 100 characters."""
+        add_label(self, parent, child, text)
 
     def resolve_key(self, key: str) -> str:
         """A key as written inside the open groups: the node of that key in the innermost open
@@ -513,6 +524,7 @@ class DAG:
             **({} if self.on_deadline is OnDeadline.ALERT else {"on_deadline": self.on_deadline.value}),
             **({} if self.run_state == "all" else {"run_state": self.run_state}),
             "nodes": [n.to_spec() for n in self.nodes.values()],
+            **({"labels": labels_to_spec(self.labels)} if self.labels else {}),
         }
 
     def with_tenant(self, tenant: str) -> DAG:
@@ -529,4 +541,5 @@ class DAG:
         )
         # the nodes as they are (frozen): validate() judges them, whatever they hold
         other.nodes = dict(self.nodes) if isinstance(self.nodes, dict) else self.nodes
+        other.labels = dict(self.labels)
         return other

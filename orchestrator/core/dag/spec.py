@@ -17,6 +17,7 @@ from ..routing import DEFAULT_TENANT
 from ..waits import WAIT_TASK, sensor_from_spec, wait_from_spec
 from .authoring import DAG
 from .bounds import DEFAULT_MAX_MAP_LENGTH, MAX_NAME_CHARS, MAX_SPEC_BYTES, short, text_problem
+from .labels import labels_from_spec
 from .model import KWARGS, NO_FILL, MapArg, MapSpec, OnDeadline
 
 NODE_FIELDS = {
@@ -56,6 +57,7 @@ MAP_FIELDS = {
 }  # fmt: skip
 DAG_FIELDS = {
     "name", "tenant", "priority", "params", "max_active_tasks", "deadline", "on_deadline", "run_state", "nodes",
+    "labels",
 }  # fmt: skip
 
 
@@ -76,6 +78,8 @@ def dag_from_spec(spec: Any) -> DAG:
             _add_node(dag, i, raw)
     finally:
         dag.keys_as_written = False
+    if spec.get("labels") is not None:
+        labels_from_spec(dag, spec["labels"])
     return dag
 
 

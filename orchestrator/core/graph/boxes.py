@@ -5,11 +5,12 @@ layout is decided without them and only their counts are painted."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ..states import TaskState
+from .fold import GROUP_BOX
 from .skeleton import Skeleton, structure
 
 DEFAULT_RULE = "all_success"
@@ -30,14 +31,15 @@ class Box:
     x: int = 0
     y: int = 0
     #: ``task``, ``map`` (a mapped node: ``counts`` are its children's), or what a collapsed box
-    #: holds: a ``chain``, a (part of a) ``layer``, a ``band`` of layers
+    #: holds: a folded task ``group`` (``label`` its name), a ``chain``, a (part of a) ``layer``,
+    #: a ``band`` of layers
     kind: str = "task"
     #: why a SKIPPED task was skipped (``branch_not_taken``, ``short_circuit``, ...)
     skip_reason: str | None = None
 
     @property
     def collapsed(self) -> bool:
-        return len(self.keys) != 1
+        return len(self.keys) != 1 or self.kind == "group"
 
     @property
     def mapped(self) -> bool:
@@ -52,6 +54,8 @@ class Graph:
     height: int
     #: arrows left out of the drawing (more than :data:`MAX_ARROWS`)
     hidden_arrows: int = 0
+    #: the edges' labels on the arrows, by ``(box id, box id)`` (``DAG.label``)
+    labels: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def box(self, box_id: str) -> Box:
         return next(b for b in self.boxes if b.id == box_id)
@@ -121,10 +125,16 @@ def paint_rows(
             continue
         counts: dict[str, int] = {}
         for key in keys:
+            if kind == "group" and maps.get(key):  # a folded group counts a map's children
+                for st, n in maps[key].items():
+                    counts[st] = counts.get(st, 0) + n
+                continue
             found = info.get(key)
             st = found[2] if found is not None else "PENDING"
             counts[st] = counts.get(st, 0) + 1
         label = f"chain of {len(keys):,} tasks" if kind == "chain" else f"{len(keys):,} tasks"
+        if kind == "group":
+            label = box_id.removeprefix(GROUP_BOX)
         one = next(iter(counts)) if len(counts) == 1 else "MIXED"
         boxes.append(Box(box_id, label, one, keys, counts=dict(sorted(counts.items())), x=x, y=y, kind=kind))
     return Graph(
@@ -133,13 +143,22 @@ def paint_rows(
         width=skeleton.width,
         height=skeleton.height,
         hidden_arrows=skeleton.hidden_arrows,
+        labels=skeleton.labels,
     )
 
 
-def layout(tasks: Sequence[TaskInfo], edges: Sequence[tuple[str, str]]) -> Graph:
-    """Place every task (or collapsed chain or layer) on a left-to-right layered grid; a map's
-    children are counted in their map's box."""
-    return paint(structure([t.key for t in tasks if t.map_parent is None], edges), tasks)
+def layout(
+    tasks: Sequence[TaskInfo],
+    edges: Sequence[tuple[str, str]],
+    *,
+    open_groups: Collection[str] | None = None,
+    labels: dict[tuple[str, str], str] | None = None,
+) -> Graph:
+    """Place every task (or collapsed chain or layer, or folded task group: ``open_groups``, as
+    :func:`structure` takes it) on a left-to-right layered grid; a map's children are counted
+    in their map's box; ``labels`` (by ``(parent key, child key)``) drawn on the arrows."""
+    keys = [t.key for t in tasks if t.map_parent is None]
+    return paint(structure(keys, edges, open_groups=open_groups, labels=labels), tasks)
 
 
 class _TaskLike(Protocol):

@@ -1,6 +1,8 @@
 """A painted :class:`Graph` rendered: a standalone SVG (the run page), Graphviz dot and Mermaid
 (``orchestrator graph RUN_ID --format``). One box per task or counted group, filled by state; a
-trigger rule other than ``all_success`` written in its box and its incoming arrows dashed."""
+trigger rule other than ``all_success`` written in its box and its incoming arrows dashed; an
+edge's label (``DAG.label``) on its arrow; a folded task group a box ``▸ section_1`` counting its
+tasks (``data-group``: the run page opens it on a click)."""
 
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ def to_svg(graph: Graph, *, href: Callable[[str], str] | None = None) -> str:
         "<defs><marker id='arrow' viewBox='0 0 10 10' refX='10' refY='5' markerWidth='7' markerHeight='7'"
         " orient='auto-start-reverse'><path d='M0,0 L10,5 L0,10 z' fill='#555'/></marker></defs>",
         "<style>text{font:12px sans-serif}.sub{font-size:10px}.edge{fill:none;stroke:#777;stroke-width:1.3}"
-        ".edge.rule{stroke-dasharray:5,3}</style>",
+        ".edge.rule{stroke-dasharray:5,3}.elabel{font-size:10px;paint-order:stroke;stroke:#fff;stroke-width:3px}"
+        ".group{cursor:pointer}</style>",
     ]
     where = {b.id: b for b in graph.boxes}
     for src, dst, dashed in _arrows(graph):
@@ -58,6 +61,12 @@ def to_svg(graph: Graph, *, href: Callable[[str], str] | None = None) -> str:
             f'<path class="{cls}" data-from="{e(src)}" data-to="{e(dst)}" marker-end="url(#arrow)"'
             f' d="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>'
         )
+        if (src, dst) in graph.labels:  # an edge label (DAG.label) at the arrow's middle
+            text = graph.labels[(src, dst)]
+            out.append(
+                f'<text class="elabel" data-from="{e(src)}" data-to="{e(dst)}" x="{mid}" y="{(y1 + y2) // 2 - 4}"'
+                f' text-anchor="middle" fill="#333">{e(_short(text, 28))}<title>{e(text)}</title></text>'
+            )
     for b in graph.boxes:
         fill = COLOURS.get(b.state, "#ffffff")
         ink = "#ffffff" if b.state in DARK else "#111111"
@@ -67,9 +76,12 @@ def to_svg(graph: Graph, *, href: Callable[[str], str] | None = None) -> str:
             title = counted(b)
             sub = ", ".join(f"{n:,} {s.lower()}" for s, n in _biggest(b.counts))
             attrs = (
-                f'class="node collapsed" data-keys="{len(b.keys)}" data-state="{e(b.state)}"'
-                f' data-kind="{e(b.kind)}" data-counts="{e(_counts_attr(b.counts))}"'
+                f'class="node collapsed{" group" if b.kind == "group" else ""}" data-keys="{len(b.keys)}"'
+                f' data-state="{e(b.state)}" data-kind="{e(b.kind)}" data-counts="{e(_counts_attr(b.counts))}"'
+                + (f' data-group="{e(b.label)}"' if b.kind == "group" else "")
             )
+            if b.kind == "group":
+                label = f"\u25b8 {b.label}"  # a folded group: the run page opens it on a click
             bar = _bar(b)
         elif b.mapped:
             key = b.keys[0]
@@ -129,7 +141,8 @@ def counted(b: Box) -> str:
     ``resize \u00d710,000 · 9,990 ok · 10 failed``."""
     if b.mapped:
         return f"{map_label(b)} \u00b7 {map_sub(b)}"
-    return f"{b.label}: " + ", ".join(f"{n:,} {s}" for s, n in _biggest(b.counts))
+    head = f"group {b.label}, {len(b.keys):,} tasks" if b.kind == "group" else b.label
+    return f"{head}: " + ", ".join(f"{n:,} {s}" for s, n in _biggest(b.counts))
 
 
 def _biggest(counts: dict[str, int]) -> list[tuple[str, int]]:
@@ -158,7 +171,8 @@ def _text(b: Box) -> list[str]:
     """A box's lines of text in dot and Mermaid: its label, then its state (and a trigger rule
     other than the default), or a collapsed layer's counts per state."""
     if b.collapsed:
-        return [b.label, ", ".join(f"{n} {s.lower()}" for s, n in b.counts.items())]
+        head = f"group {b.label} ({len(b.keys)} tasks)" if b.kind == "group" else b.label
+        return [head, ", ".join(f"{n} {s.lower()}" for s, n in b.counts.items())]
     rule = [] if b.trigger_rule == DEFAULT_RULE else [b.trigger_rule]
     if b.mapped:
         return [map_label(b), map_sub(b), *rule]
@@ -187,7 +201,10 @@ def to_dot(graph: Graph, name: str = "run") -> str:
         label = "\\n".join(_text(b)).replace('"', '\\"')
         lines.append(f'  {q(b.id)} [label="{label}", fillcolor="{COLOURS.get(b.state, "#ffffff")}", fontcolor={ink}];')
     for src, dst, dashed in _arrows(graph):
-        lines.append(f"  {q(src)} -> {q(dst)}{' [style=dashed]' if dashed else ''};")
+        style = ["style=dashed"] if dashed else []
+        if (src, dst) in graph.labels:
+            style.append(f"label={q(graph.labels[(src, dst)])}")
+        lines.append(f"  {q(src)} -> {q(dst)}{' [' + ', '.join(style) + ']' if style else ''};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -200,7 +217,12 @@ def to_mermaid(graph: Graph) -> str:
         text = "<br/>".join(_text(b)).replace('"', "#quot;")
         lines.append(f'  {ids[b.id]}["{text}"]')
     for src, dst, dashed in _arrows(graph):
-        lines.append(f"  {ids[src]} {'-.->' if dashed else '-->'} {ids[dst]}")
+        said = graph.labels.get((src, dst))
+        if said is None:
+            lines.append(f"  {ids[src]} {'-.->' if dashed else '-->'} {ids[dst]}")
+        else:  # an edge label: A -- "text" --> B
+            said = '"' + said.replace('"', "#quot;") + '"'
+            lines.append(f"  {ids[src]} {'-. ' + said + ' .->' if dashed else '-- ' + said + ' -->'} {ids[dst]}")
     for state, fill in COLOURS.items():
         ink = "#fff" if state in DARK else "#111"
         lines.append(f"  classDef {state.lower()} fill:{fill},color:{ink},stroke:#333")

@@ -11,9 +11,11 @@ A run's DAG never changes after submission, so a server may keep its :class:`Ske
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
+
+from .fold import arrow_labels, fold, group_box_id
 
 #: above this many tasks, chains and wide layers are drawn as counted groups (see :func:`structure`)
 COLLAPSE_AT = 300
@@ -73,7 +75,8 @@ class Skeleton:
     """Where each box goes, states apart: what :func:`structure` decides from the keys and the
     edges alone (a run's DAG never changes after submission, so a server may keep it)."""
 
-    #: (box id, kind, keys, x, y): kind ``task`` (one key), ``chain``, ``layer`` or ``band``
+    #: (box id, kind, keys, x, y): kind ``task`` (one key), ``group`` (a folded task group),
+    #: ``chain``, ``layer`` or ``band``
     boxes: list[tuple[str, str, tuple[str, ...], int, int]]
     arrows: list[tuple[str, str]]
     width: int
@@ -82,6 +85,8 @@ class Skeleton:
     box_of: dict[str, str]
     #: arrows left out (more than :data:`MAX_ARROWS`)
     hidden_arrows: int = 0
+    #: the edges' labels on the drawn arrows (``(box id, box id)``: :func:`.fold.arrow_labels`)
+    labels: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 def _chains(n: int, parents: list[list[int]], children: list[list[int]]) -> list[list[int]]:
@@ -117,8 +122,18 @@ def _int_layers(n: int, children: list[list[int]], indegree: list[int]) -> list[
     return layer
 
 
-def structure(keys: Sequence[str], edges: Sequence[tuple[str, str]]) -> Skeleton:
+def structure(
+    keys: Sequence[str],
+    edges: Sequence[tuple[str, str]],
+    *,
+    open_groups: Collection[str] | None = None,
+    labels: dict[tuple[str, str], str] | None = None,
+) -> Skeleton:
     """Decide the boxes from the graph's structure, with bounded work and output.
+
+    ``open_groups`` ``None`` draws every task; a collection folds each task group not in it
+    into one box (:mod:`.fold`: ``()`` folds every outermost group). ``labels`` are the edges'
+    labels (``(parent key, child key)``), drawn on the arrows they fall on.
 
     Up to :data:`COLLAPSE_AT` tasks, every task is a box. Above it: a chain of
     :data:`CHAIN_MIN` or more tasks (each link a parent's only child and that child's only
@@ -127,9 +142,10 @@ def structure(keys: Sequence[str], edges: Sequence[tuple[str, str]]) -> Skeleton
     than :data:`GROUPS_PER_LAYER`); if that still leaves more than :data:`MAX_BOXES` boxes,
     every layer becomes one box, then bands of consecutive layers do. At most
     :data:`MAX_ARROWS` arrows are drawn. Work is linear in tasks and edges."""
-    keys = sorted(set(keys))
+    folded = fold(keys, edges, open_groups)
+    keys = folded.vertices
     n = len(keys)
-    parents, children = _adjacency(keys, edges)
+    parents, children = _adjacency(keys, folded.edges)
     collapse = n > COLLAPSE_AT
     units = _units(n, parents, children, collapse)
     unit_parents, unit_children = _unit_edges(units, parents, children)
@@ -142,7 +158,7 @@ def structure(keys: Sequence[str], edges: Sequence[tuple[str, str]]) -> Skeleton
             if groups.group_of[a] != gb:
                 box_edges.add((groups.group_of[a], gb))
     box_layer, columns = _columns(len(groups.members), box_edges)
-    ids, kinds, members = _names(keys, units, groups, box_layer)
+    ids, kinds, members = _names(keys, units, groups, box_layer, folded.members)
     placed: list[tuple[str, str, tuple[str, ...], int, int]] = []
     for col_n, col in enumerate(columns):
         x = MARGIN + col_n * (BOX_W + GAP_X)
@@ -150,10 +166,13 @@ def structure(keys: Sequence[str], edges: Sequence[tuple[str, str]]) -> Skeleton
             placed.append((ids[g], kinds[g], members[g], x, MARGIN + m * (BOX_H + GAP_Y)))
     tallest = max((len(col) for col in columns), default=0)
     arrows = sorted((ids[a], ids[b]) for a, b in box_edges)
-    box_of = {keys[v]: ids[groups.group_of[units.unit_of[v]]] for v in range(n)}
+    box_of = {
+        k: ids[groups.group_of[units.unit_of[v]]] for v in range(n) for k in folded.members.get(keys[v], [keys[v]])
+    }
     return Skeleton(
         boxes=placed,
         arrows=arrows[:MAX_ARROWS],
+        labels=arrow_labels(labels, box_of, set(arrows[:MAX_ARROWS])),
         width=MARGIN * 2 + max(len(columns), 1) * (BOX_W + GAP_X) - GAP_X,
         height=MARGIN * 2 + max(tallest, 1) * (BOX_H + GAP_Y) - GAP_Y,
         box_of=box_of,
@@ -288,13 +307,20 @@ def _columns(n_boxes: int, box_edges: set[tuple[int, int]]) -> tuple[list[int], 
 
 
 def _names(
-    keys: Sequence[str], units: _Units, groups: _Groups, box_layer: list[int]
+    keys: Sequence[str], units: _Units, groups: _Groups, box_layer: list[int], folded: dict[str, tuple[str, ...]]
 ) -> tuple[list[str], list[str], list[tuple[str, ...]]]:
-    """Each box's id, kind (``task``, ``chain``, ``layer`` or ``band``) and keys."""
+    """Each box's id, kind (``task``, ``group``: a folded task group, ``chain``, ``layer`` or
+    ``band``) and keys (a folded group's vertex stands for its tasks)."""
     ids: list[str] = []
     kinds: list[str] = []
     members: list[tuple[str, ...]] = []
     for g, part in enumerate(groups.members):
+        if len(part) == 1 and not units.chained[part[0]] and keys[units.members[part[0]][0]] in folded:
+            vertex = keys[units.members[part[0]][0]]
+            ids.append(group_box_id(vertex))
+            kinds.append("group")
+            members.append(folded[vertex])
+            continue
         if len(part) == 1 and not units.chained[part[0]]:
             v = units.members[part[0]][0]
             ids.append(f"task-{v}-{_slug(keys[v])}")
@@ -309,7 +335,7 @@ def _names(
             kind = "band" if groups.banded else "layer"
             ids.append(f"{kind}-{box_layer[g]}-{g}")
             kinds.append(kind)
-        members.append(tuple(keys[v] for u in part for v in units.members[u]))
+        members.append(tuple(k for u in part for v in units.members[u] for k in folded.get(keys[v], (keys[v],))))
     return ids, kinds, members
 
 

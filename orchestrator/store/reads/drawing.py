@@ -1,7 +1,7 @@
 """What the web app's DAG drawing needs of a run, and nothing more: a few plain columns of
 every task (through the driver's cursor, :meth:`ReadsBase._plain`: a run of 50,000 tasks is
-drawn from tuples, not SQLAlchemy rows), its edges, and a map's children counted or listed
-in map order."""
+drawn from tuples, not SQLAlchemy rows), its edges and their labels, and a map's children
+counted or listed in map order."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ...core.dag.labels import edge_labels
 from ...core.errors import TaskNotFound
-from .base import ReadsBase, t_edges, t_tasks
+from .base import ReadsBase, t_edges, t_runs, t_tasks
 
 
 class DrawingReads(ReadsBase):
@@ -49,6 +50,12 @@ class DrawingReads(ReadsBase):
         """The run's edges ``(parent key, child key)`` in no set order (the drawing's skeleton);
         raise :class:`RunNotFound`."""
         return self._plain(run_id, f"SELECT parent_key, child_key FROM {t_edges.name} WHERE run_id = %(run)s")
+
+    def edge_labels(self, run_id: str) -> dict[tuple[str, str], str]:
+        """The labels of the run's edges (``DAG.label``, kept in the run's DAG snapshot) by
+        ``(parent key, child key)``; raise :class:`RunNotFound`."""
+        rows = self._plain(run_id, f"SELECT dag_snapshot -> 'labels' FROM {t_runs.name} WHERE id = %(run)s")
+        return edge_labels({"labels": rows[0][0]}) if rows else {}
 
     def map_children(self, run_id: str, key: str, *, limit: int) -> tuple[list[Any], int]:
         """The first ``limit`` children of the map ``key`` in map order, as ``(key, state,

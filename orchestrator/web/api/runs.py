@@ -19,6 +19,7 @@ from ..params import (
     PAGE_SIZE,
     edge_cursor,
     int_arg,
+    open_groups,
     opt_int,
     run_filters,
     task_query,
@@ -71,25 +72,29 @@ class ApiRun(BaseHandler):
 
 
 class ApiChanges(BaseHandler):
-    """``GET /api/runs/RUN_ID/changes?after=EVENT_ID[&limit=N]``: what changed since a ledger
-    id (see :func:`~orchestrator.web.documents.run_changes`); the run page polls it."""
+    """``GET /api/runs/RUN_ID/changes?after=EVENT_ID[&limit=N][&expand=GROUP,...]``: what
+    changed since a ledger id (see :func:`~orchestrator.web.documents.run_changes`; ``expand``:
+    the task groups the page draws task by task); the run page polls it."""
 
     api = True
 
     async def get(self, run_id: str) -> None:
         after = int_arg(self, "after", 0, 0, 2**62)
         limit = int_arg(self, "limit", CHANGES_LIMIT, 1, CHANGES_LIMIT)
-        self.write(await self.blocking(run_changes, self.orc, run_id, after, limit))
+        self.write(await self.blocking(run_changes, self.orc, run_id, after, limit, open_groups(self)))
 
 
 class ApiGraph(BaseHandler):
+    """``GET /api/runs/RUN_ID/graph?format=svg|dot|mermaid[&expand=GROUP,...|*]``: the picture,
+    each task group folded into one box but those named in ``expand`` (``*``: none folded)."""
+
     api = True
 
     async def get(self, run_id: str) -> None:
         fmt = self.get_query_argument("format", "svg")
         if fmt not in drawing.FORMATS:
             raise ValidationError(f"format must be one of {', '.join(drawing.FORMATS)}, not {fmt!r}")
-        picture = await self.blocking(run_graph, self.orc, run_id)
+        picture = await self.blocking(run_graph, self.orc, run_id, open_groups(self))
         kinds = {"svg": "image/svg+xml", "dot": "text/vnd.graphviz", "mermaid": "text/plain"}
         self.set_header("Content-Type", f"{kinds[fmt]}; charset=utf-8")
         self.write(drawing.FORMATS[fmt](picture))

@@ -5,7 +5,10 @@
 // /api/runs/RUN_ID/changes?after=LAST_EVENT_ID what changed (bounded: at most 500 ledger rows
 // a time) and updates the run's state and counts, the rows of the tasks shown, the drawn boxes
 // (a task's state, a group's counts, a map's children's counts) and the ledger. A map's box
-// (g.node.map) expands on a click: its children drawn below the DAG (?part=map&key=KEY).
+// (g.node.map) expands on a click: its children drawn below the DAG (?part=map&key=KEY). A folded
+// task group's box (g.node.group) opens on a click: the drawing is fetched again with the group
+// drawn task by task (?part=dag&expand=GROUP,...), and the polls ask for the boxes of that drawing;
+// the "fold groups" button folds them all again.
 (function () {
   'use strict';
   var POLL_MS = 3000;
@@ -21,6 +24,7 @@
   var BOX_W = 170, BOX_H = 46;
   var SVG_NS = 'http://www.w3.org/2000/svg';
   var scale = 1;
+  var openGroups = [];  // the task groups drawn task by task (the others are one box each)
 
   function zoom(f) {
     var svg = document.querySelector('#dag svg');
@@ -186,7 +190,8 @@
   function poll(root) {
     var run = root.getAttribute('data-run');
     var after = root.getAttribute('data-after');
-    fetch('/api/runs/' + encodeURIComponent(run) + '/changes?after=' + encodeURIComponent(after),
+    fetch('/api/runs/' + encodeURIComponent(run) + '/changes?after=' + encodeURIComponent(after) +
+          (openGroups.length ? '&expand=' + encodeURIComponent(openGroups.join(',')) : ''),
           { credentials: 'same-origin', headers: { Accept: 'application/json' } })
       .then(function (r) { if (!r.ok) throw new Error('changes: ' + r.status); return r.json(); })
       .then(function (c) {
@@ -231,7 +236,44 @@
       .catch(function (e) { view.textContent = String(e); view.hidden = false; });
   }
 
+  function redraw(root) {
+    // the drawing again with openGroups drawn task by task (the states as of now: the polls go on)
+    var dag = document.getElementById('dag');
+    if (!dag || !root) return;
+    var url = '/runs/' + encodeURIComponent(root.getAttribute('data-run')) + '?part=dag' +
+      (openGroups.length ? '&expand=' + encodeURIComponent(openGroups.join(',')) : '');
+    fetch(url, { credentials: 'same-origin' })
+      .then(function (r) { if (!r.ok) throw new Error('drawing: ' + r.status); return r.text(); })
+      .then(function (svg) {
+        dag.innerHTML = svg;
+        dag.setAttribute('data-open', openGroups.join(','));
+        var fold = document.getElementById('fold-groups');
+        if (fold) fold.hidden = !openGroups.length;
+        bind(root);
+        zoom(1);
+      })
+      .catch(function (e) { dag.textContent = String(e); });
+  }
+
+  function bind(root) {
+    // the clickable boxes of the drawing: a map's (its children) and a folded group's (its tasks)
+    document.querySelectorAll('#dag g.node.map').forEach(function (g) {
+      g.addEventListener('click', function (e) { e.preventDefault(); expand(root, g); });
+    });
+    document.querySelectorAll('#dag g.node.group').forEach(function (g) {
+      g.addEventListener('click', function (e) {
+        e.preventDefault();
+        var name = g.getAttribute('data-group');
+        if (openGroups.indexOf(name) < 0) openGroups.push(name);
+        redraw(root);
+      });
+    });
+  }
+
   function start() {
+    document.querySelectorAll('#fold-groups').forEach(function (b) {
+      b.addEventListener('click', function () { openGroups = []; redraw(document.getElementById('run')); });
+    });
     document.querySelectorAll('[data-zoom]').forEach(function (b) {
       b.addEventListener('click', function () { zoom(+b.getAttribute('data-zoom')); });
     });
@@ -254,9 +296,7 @@
 
   function drawn(root) {
     if (document.querySelectorAll('#dag g.node').length > 60) zoom(0);
-    document.querySelectorAll('#dag g.node.map').forEach(function (g) {
-      g.addEventListener('click', function (e) { e.preventDefault(); expand(root, g); });
-    });
+    bind(root);
     if (root) {
       // the marker a browser test waits for: the page and its drawing are drawn, the script runs
       root.setAttribute('data-ready', '1');

@@ -1,4 +1,5 @@
-"""``/runs/RUN_ID``: the run page, its drawing alone (``?part=dag``), a map's children drawn
+"""``/runs/RUN_ID``: the run page, its drawing alone (``?part=dag``, with ``&expand=`` the task
+groups drawn task by task: a folded group's box clicked), a map's children drawn
 (``?part=map&key=KEY``), its script (``/static/run.js``), and its forms' actions (POST, then back
 to the page with a one-time banner)."""
 
@@ -17,7 +18,7 @@ from ..actions import MARKS, ActionHandler
 from ..base import BaseHandler, render
 from ..documents import run_page_data
 from ..drawing import map_svg, run_dag_svg
-from ..params import LEDGER_ROWS, TASK_ROWS, opt_int, task_query
+from ..params import LEDGER_ROWS, TASK_ROWS, open_groups, opt_int, task_query
 
 #: the run page's script (served at /static/run.js)
 RUN_SCRIPT = Path(__file__).parent.parent / "static" / "run.js"
@@ -42,7 +43,7 @@ def _flash(signed: bytes | None) -> dict[str, Any]:
 class RunPage(BaseHandler):
     async def get(self, run_id: str) -> None:
         if self.get_query_argument("part", "") == "dag":  # the drawing alone (a large run's page fetches it)
-            svg = await self.blocking(run_dag_svg, self.orc, run_id)
+            svg = await self.blocking(run_dag_svg, self.orc, run_id, open_groups(self))
             self.set_header("Content-Type", "image/svg+xml; charset=UTF-8")
             self.write(svg)
             return
