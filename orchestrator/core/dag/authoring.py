@@ -170,25 +170,23 @@ class DAG:
         ``deadline`` is the number of seconds after the run's logical date (or its submit) by
         which the task must be done (in a terminal state).
 
-        ``trigger_rule`` is one of Airflow's 13 rules (:class:`TriggerRule`; by default
-        ``all_success``, and ``all_done_setup_success`` for a teardown). ``branch=True``: the
-        task returns the key of the direct child to follow, or a list of them, and the other
-        children are SKIPPED (``branch_not_taken``) unless a followed child reaches them.
-        ``short_circuit=True``: a falsy result (``None``, ``False``, ``0``, ``""``, ``[]``,
-        ``{}``) skips every task downstream; with ``ignore_downstream_trigger_rules=False``
-        (Airflow's option) only its direct children, and the tasks below them follow their own
-        trigger rules. ``setup=True`` / ``teardown=True`` are Airflow's
-        setup and teardown tasks: a teardown runs once its upstream is done if a setup upstream
-        of it succeeded, whatever the tasks between did, and its failure fails the run only
-        with ``fails_run=True``. ``min_success_ratio`` (with ``all_success``) lets the task run
-        once that share of its upstream, a map's children counted one by one, succeeded.
-        ``mapping`` is :meth:`map`'s, ``wait`` :meth:`wait`'s and ``sensor`` :meth:`sensor`'s.
-        ``parent_arg=True``: the node's single parent's result is its first positional argument,
-        as a Celery chain passes it (instead of through a parameter named ``upstream``).
+        ``trigger_rule`` is one of Airflow's 13 rules (:class:`TriggerRule`; by default ``all_success``,
+        and ``all_done_setup_success`` for a teardown). ``branch=True``: the task returns the key of the
+        direct child to follow, or a list of them, and the other children are SKIPPED
+        (``branch_not_taken``) unless a followed child reaches them. ``short_circuit=True``: a falsy
+        result (``None``, ``False``, ``0``, ``""``, ``[]``, ``{}``) skips every task downstream; with
+        ``ignore_downstream_trigger_rules=False`` (Airflow's option) only its direct children, and the
+        tasks below them follow their own trigger rules. ``setup=True`` / ``teardown=True`` are
+        Airflow's setup and teardown tasks: a teardown runs once its upstream is done if a setup
+        upstream of it succeeded, whatever the tasks between did, and its failure fails the run only
+        with ``fails_run=True``. ``min_success_ratio`` (with ``all_success``) lets the task run once
+        that share of its upstream, a map's children counted one by one, succeeded. ``mapping`` is
+        :meth:`map`'s, ``wait`` :meth:`wait`'s and ``sensor`` :meth:`sensor`'s. ``parent_arg=True``: the
+        node's single parent's result is its first positional argument, as a Celery chain passes it
+        (instead of through a parameter named ``upstream``).
 
-        Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest
-        of the checks run in :meth:`validate`.
-        """
+        Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest of the
+        checks run in :meth:`validate`."""
         key = self._key_of(key)
         group = self._groups[-1] if self._groups else None
         if group is not None:  # the group's defaults where the call left an option at its own
