@@ -281,3 +281,34 @@ def test_example_task_group(orc: Orchestrator, worker: WorkerProcess) -> None:
     }  # fmt: skip
     state, states = run(orc, dag)
     assert set(states.values()) == {OK} and len(states) == 9 and state is RunState.SUCCEEDED
+
+
+def test_example_branch_labels(orc: Orchestrator, worker: WorkerProcess) -> None:
+    """Airflow's ``example_branch_labels``: ``check_integrity >> Label("No errors") >> save`` and
+    ``>> Label("Errors found") >> describe_integrity``. A label changes nothing in the run (every
+    task an ``EmptyOperator`` with ``all_success``: all SUCCESS in Airflow); the run keeps the
+    labels in its DAG snapshot and its drawing writes them on the arrows."""
+    from orchestrator.core import graph as drawing
+    from orchestrator.web.drawing import run_graph
+
+    dag = DAG("example_branch_labels")
+    ingest = dag.task("ingest", NOOP)
+    analyse = dag.task("analyze", NOOP, upstream=[ingest])
+    check = dag.task("check_integrity", NOOP, upstream=[analyse])
+    save = dag.task("save", NOOP, upstream=[check])
+    describe = dag.task("describe_integrity", NOOP, upstream=[check])
+    error = dag.task("email_error", NOOP, upstream=[describe])
+    dag.task("report", NOOP, upstream=[save, error])
+    dag.label(check, save, "No errors")
+    dag.label(check, describe, "Errors found")
+    handle = orc.submit(dag)
+    assert handle.wait(timeout=120).state is RunState.SUCCEEDED
+    states = {t.key: t.state.value for t in handle.tasks()}
+    assert states == dict.fromkeys(dag.nodes, OK)  # every task succeeds, as in Airflow
+    picture = run_graph(orc, handle.id)
+    key_of = {b.id: b.keys[0] for b in picture.boxes}
+    assert {(key_of[a], key_of[b]): text for (a, b), text in picture.labels.items()} == {
+        ("check_integrity", "save"): "No errors",
+        ("check_integrity", "describe_integrity"): "Errors found",
+    }
+    assert '-- "No errors" -->' in drawing.to_mermaid(picture)
