@@ -7,7 +7,8 @@ run-page test parks a task in DEAD_LETTER, checks that the page draws every node
 from the database, clicks *retry* on the parked task, and follows the run to SUCCEEDED; the
 page's script runs under the Content-Security-Policy (no violation in the console). Another
 clears a FAILED task with its downstream, reruns the run (landing on the new one) and marks a
-failed task there success, each through the page's forms and their confirmations. Its
+failed task there success, each through the page's forms and their confirmations. A task group
+is one box that a click opens, its counts kept current by the polls. Its
 screenshot goes to the test's temporary directory; with ``ORCHESTRATOR_DOCS_SCREENSHOT=PATH``
 it is also copied there (how ``docs/run-page.png`` in the README was made).
 """
@@ -18,6 +19,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -279,4 +281,77 @@ def test_approve_a_waiting_task_from_the_run_page(
     assert run.wait(timeout=60).state is RunState.SUCCEEDED
     answer = run.task("sign-off").result
     assert answer["approved"] is True and answer["by"] == "token (web from 127.0.0.1)"
+    assert csp_violations(driver) == []
+
+
+def test_a_task_group_is_one_box_that_opens_and_follows_the_run(
+    orc: Orchestrator, worker: WorkerProcess, server: Server, browser: object
+) -> None:
+    """Each task group is one box counting its tasks (Airflow's collapsed group), an edge's label
+    is on its arrow; a click on a group's box draws its tasks (its inner group folded), the polls
+    keep the open drawing's boxes current (an approval inside a folded group answered: its box
+    counts it), and *fold groups* folds them again."""
+    from selenium.webdriver.common.by import By
+
+    dag = DAG("grouped_page")
+    start = dag.task("start", P + "echo")
+    with dag.group("section_1", upstream=[start]) as section_1:
+        dag.approval("sign_off")
+        dag.task("load", P + "echo", upstream=["sign_off"])
+    with dag.group("section_2", upstream=[section_1]) as section_2:
+        dag.task("a", P + "echo")
+        with dag.group("inner"):
+            dag.task("b", P + "echo")
+    dag.task("end", P + "echo", upstream=[section_2])
+    dag.label(start, section_1, "go")
+    run = orc.submit(dag)
+    wait_for("the approval to wait", lambda: run.task("section_1.sign_off").state is TaskState.WAITING, timeout=30)
+
+    driver = browser
+    driver.get(server.login)  # type: ignore[attr-defined]
+    driver.get(f"{server.base}/runs/{run.id}")  # type: ignore[attr-defined]
+    wait_for("the page's script", lambda: driver.find_element(By.ID, "run").get_attribute("data-ready") == "1", 10)  # type: ignore[attr-defined]
+
+    def group_box(name: str) -> Any:
+        return driver.find_element(By.CSS_SELECTOR, f'#dag g.node.group[data-group="{name}"]')  # type: ignore[attr-defined]
+
+    def fresh(check: Any) -> Any:
+        """``check`` made false while the drawing is being replaced (a click redraws it)."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        def checked() -> bool:
+            try:
+                return bool(check())
+            except StaleElementReferenceException:
+                return False
+
+        return checked
+
+    def groups() -> set[str]:
+        found = driver.find_elements(By.CSS_SELECTOR, "#dag g.node.group")  # type: ignore[attr-defined]
+        return {g.get_attribute("data-group") for g in found}
+
+    assert groups() == {"section_1", "section_2"} and set(drawn(driver)) == {"start", "end", None}
+    assert "WAITING:1" in group_box("section_1").get_attribute("data-counts")
+    labels = driver.find_elements(By.CSS_SELECTOR, "#dag text.elabel")  # type: ignore[attr-defined]
+    assert [t.text for t in labels] == ["go"]
+    group_box("section_2").find_element(By.CSS_SELECTOR, "rect").click()
+    wait_for("section_2 drawn task by task", fresh(lambda: "section_2.a" in drawn(driver)), 10)
+    assert groups() == {"section_1", "section_2.inner"}
+    assert driver.find_element(By.ID, "fold-groups").is_displayed()  # type: ignore[attr-defined]
+    orc.approve(run.id, "section_1.sign_off")
+    assert run.wait(timeout=60).state is RunState.SUCCEEDED
+    wait_for(
+        "the open drawing kept current",
+        fresh(
+            lambda: (
+                group_box("section_1").get_attribute("data-counts") == "SUCCEEDED:2"
+                and drawn(driver).get("section_2.a") == "SUCCEEDED"
+                and group_box("section_2.inner").get_attribute("data-counts") == "SUCCEEDED:1"
+            )
+        ),
+        30,
+    )
+    driver.find_element(By.ID, "fold-groups").click()  # type: ignore[attr-defined]
+    wait_for("the groups folded again", fresh(lambda: groups() == {"section_1", "section_2"}), 10)
     assert csp_violations(driver) == []
