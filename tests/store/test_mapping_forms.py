@@ -212,3 +212,27 @@ def test_under_leaves_a_failed_leaf_or_leaf_map_child_fails_the_run(orc: Orchest
     assert orc.task(d.run_id, "mid[0]").state.value == "FAILED"
     assert dag.deciders() == {"after", "leaf"}
     assert watcher("leaves").deciders() == {"cleanup"}
+
+
+def test_a_skip_none_map_over_a_cleared_map_maps_its_new_results(orc: Orchestrator) -> None:
+    dag = DAG("skip-none-clear")
+    dag.map("first", "t", over=[1, 2, 3], kwarg="x")
+    dag.map("second", "t", over="first", kwarg="y", skip_none=True)
+    calls: dict[str, int] = {}
+
+    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
+        calls[key] = calls.get(key, 0) + 1
+        if key.startswith("first["):
+            # the first time only item 2 is kept; after the clear every item is
+            return kw["x"] if calls[key] > 1 or kw["x"] == 2 else None
+        return kw["y"]
+
+    d = drive(orc, dag, body)
+    assert kwargs_of(d, "second") == {"second[1]": {"y": 2}}
+    orc.clear(d.run_id, "first", downstream=True)
+    again = drive(orc, dag, body, run_id=d.run_id)
+    assert {k: kw for k, kw, _ in again.ran if k.startswith("second[")} == {
+        "second[0]": {"y": 1}, "second[1]": {"y": 2}, "second[2]": {"y": 3},
+    }  # fmt: skip
+    assert again.run_state() == "SUCCEEDED"
+    assert check_runs(orc.store, [d.run_id]) == []
