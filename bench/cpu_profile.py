@@ -4,7 +4,10 @@ worker (``-c 2``), and the server functions' time (``track_functions = all``). W
 the same for N raw Celery no-ops. Run from the repository root (it re-creates the bench
 database and flushes the bench Redis database, like ``bench.py``)::
 
-    python bench/cpu_profile.py [N] [--raw]
+    python bench/cpu_profile.py [N] [--raw | --shape fanout|map|static-map]
+
+``--shape map`` profiles ``dag.map`` over a source's N items and ``--shape static-map`` the same
+shape written out statically (``bench.bench``'s big-map comparison, per task).
 
 The figures in bench/README.md ("where a fan-out task's time goes") come from this script.
 """
@@ -41,6 +44,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("n", type=int, nargs="?", default=3000)
     parser.add_argument("--raw", action="store_true", help="raw Celery no-ops instead of an orchestrated fan-out")
+    parser.add_argument(
+        "--shape", choices=("fanout", "map", "static-map"), default="fanout", help="the orchestrated DAG's shape"
+    )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9", help="bench Redis database (flushed!)")
     args = parser.parse_args()
     os.environ.update(
@@ -97,7 +103,8 @@ def main() -> int:
             while int(broker.get(RAW_COUNTER) or 0) < n:
                 time.sleep(0.002)
         else:
-            orc.submit(b.fanout_dag(n, "fan")).wait(300, poll=0.05)
+            shapes = {"fanout": b.fanout_dag, "map": b.map_dag, "static-map": b.static_map_dag}
+            orc.submit(shapes[args.shape](n, "fan")).wait(900, poll=0.05)
         elapsed = time.perf_counter() - t0
         after = snap()
         print(f"{n} tasks in {elapsed:.2f}s = {n / elapsed:.0f}/s")
