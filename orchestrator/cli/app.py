@@ -8,6 +8,7 @@ import click
 from . import (
     actions,
     breakers,
+    bulk,
     chaos,
     dags,
     db,
@@ -77,6 +78,7 @@ COMMANDS: list[click.Command] = [
     actions.mark,
     actions.rerun,
     actions.fail_task,
+    bulk.bulk,
     schedules.schedule,
     events.emit,
     events.signal,

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..core.tags import tags_text
 from . import base
 from .base import _dump, _Path, format_task_table
 
@@ -42,6 +43,10 @@ def _param(values: tuple[str, ...]) -> dict[str, Any] | None:
 @click.option("--tenant", help="Run for this tenant instead of the spec's.")
 @click.option("--idempotency-key", help="Submitting the same key again returns the same run.")
 @click.option(
+    "--tag", "tag_items", multiple=True, metavar="KEY=VALUE",
+    help="A tag of the run (repeatable; `runs --tag` and `bulk --tag` select by them).",
+)  # fmt: skip
+@click.option(
     "--code-version",
     metavar="VERSION",
     help="Pin the run to workers advertising this code version (their QUEUE@VERSION queues; see `orchestrator"
@@ -60,6 +65,7 @@ def submit(
     params: tuple[str, ...],
     tenant: str | None,
     idempotency_key: str | None,
+    tag_items: tuple[str, ...],
     code_version: str | None,
     wait_: bool,
     timeout: float | None,
@@ -69,8 +75,11 @@ def submit(
     join below a branch that keeps all_success, a paused DAG run by hand, ...) on stderr as
     `warning: ...`."""
     from ..core.dag import load_spec
+    from ..core.tags import parse_tag_filters
     from ..services.dag_registry import parse_ref
     from .demo import follow
+
+    tags = parse_tag_filters(tag_items) or None
 
     if (file is None) == (registered is None):
         raise click.UsageError("give a spec FILE or --dag NAME[@N] (one of them)")
@@ -79,20 +88,21 @@ def submit(
     if registered is not None:
         name, version = parse_ref(registered)
         orc = base._ready_store()
-        if code_version is None:
+        if code_version is None and tags is None:
             run = orc.submit_registered(
                 name, version, params=_param(params), idempotency_key=idempotency_key, tenant=tenant
             )
-        else:  # what submit_registered does, pinned
+        else:  # what submit_registered does, pinned or tagged
             built, found = orc.dags.build(name, version, params=_param(params), tenant=tenant)
             run = orc.submit(
-                built, idempotency_key=idempotency_key, dag_version=found.version, code_version=code_version
-            )
+                built, idempotency_key=idempotency_key, dag_version=found.version, code_version=code_version,
+                tags=tags,
+            )  # fmt: skip
     else:
         assert file is not None
         dag = load_spec(file)
         orc = base._ready_store()
-        run = orc.submit(dag, tenant=tenant, idempotency_key=idempotency_key, code_version=code_version)
+        run = orc.submit(dag, tenant=tenant, idempotency_key=idempotency_key, code_version=code_version, tags=tags)
     click.echo(run.id)
     for warning in run.warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -131,6 +141,7 @@ def status(run_id: str, as_json: bool) -> None:
     version = f"  version {view.dag_version}" if view.dag_version is not None else ""
     again = f"  rerun of {view.rerun_of}" if view.rerun_of else ""
     again += f"  trigger {view.trigger}" if view.trigger else ""
+    again += f"  tags {tags_text(view.tags)}" if view.tags else ""
     click.echo(
         f"run {view.id}  dag {view.dag}{version}  tenant {view.tenant}  state {view.state.value}{attention}{fired}"
         f"{logical}{again}"
@@ -148,14 +159,23 @@ def status(run_id: str, as_json: bool) -> None:
 @click.option("--dag", default=None, help="Only runs of this DAG.")
 @click.option("--version", "version", type=int, default=None, help="With --dag: only runs of this registered version.")
 @click.option("--state", default=None, help="Only runs in this state (RUNNING, SUCCEEDED, FAILED, CANCELLED).")
+@click.option(
+    "--tag", "tag_items", multiple=True, metavar="KEY=VALUE", help="Only runs holding this tag (repeatable: every one)."
+)
 def runs(
     as_json: bool, limit: int, offset: int, tenant: str | None, dag: str | None, version: int | None,
-    state: str | None,
+    state: str | None, tag_items: tuple[str, ...],
 ) -> None:  # fmt: skip
-    """List recent runs, newest first (a run of a registered DAG with its version, `etl@3`)."""
+    """List recent runs, newest first (a run of a registered DAG with its version, `etl@3`; a
+    tagged run with its tags)."""
+    from ..core.tags import parse_tag_filters
+
     if version is not None and dag is None:
         raise click.UsageError("--version goes with --dag NAME")
-    views = base._ready_store().runs(limit, tenant=tenant, dag=dag, state=state, offset=offset, dag_version=version)
+    tags = parse_tag_filters(tag_items)
+    views = base._ready_store().runs(
+        limit, tenant=tenant, dag=dag, state=state, offset=offset, dag_version=version, tags=tags
+    )
     if as_json:
         _dump({"runs": [v.to_json() for v in views]})
         return
@@ -163,7 +183,10 @@ def runs(
         created = v.created_at.isoformat(timespec="seconds") if v.created_at else "-"
         attention = "  (needs attention)" if v.needs_attention else ""
         name = v.dag if v.dag_version is None else f"{v.dag}@{v.dag_version}"
-        click.echo(f"{v.id}  {v.state.value:<9}  {name}  tenant={v.tenant}  tasks={v.task_count}  {created}{attention}")
+        tagged = f"  {tags_text(v.tags)}" if v.tags else ""
+        click.echo(
+            f"{v.id}  {v.state.value:<9}  {name}  tenant={v.tenant}  tasks={v.task_count}  {created}{attention}{tagged}"
+        )
 
 
 @click.command()

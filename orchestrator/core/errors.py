@@ -75,6 +75,17 @@ class IdempotencyConflict(ValidationError):
         super().__init__(message, dag=dag)
 
 
+class TagError(ValidationError):
+    """A run's tags (``submit(..., tags=)``) or a tag filter (``runs(tags=)``, ``--tag K=V``) was
+    refused before anything was written; the message names the tag and what is wrong with it."""
+
+
+class BulkFilterError(ValidationError):
+    """A bulk action (``orc.bulk``, ``orchestrator bulk``) was refused before it touched a run:
+    it had no filter at all (a tag, a state or a DAG), or its filter selects more runs than one
+    bulk action may change (narrow it)."""
+
+
 class EmitTimeout(ValidationError):
     """An emit's matching (its payload against the match of every wait and event trigger of its
     key, their wakes, the admission of what they made READY) ran past its statement bound

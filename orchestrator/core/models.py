@@ -189,6 +189,8 @@ class RunView:
     #: the watchdog's flag: why the run needs a person (a task no worker can take, a message
     #: re-published without a claim, no transition for too long), or ``None``
     stuck: str | None = None
+    #: the run's tags (``submit(..., tags=)``, :mod:`orchestrator.core.tags`); ``{}``: none
+    tags: dict[str, str] = field(default_factory=dict)
 
     @property
     def needs_attention(self) -> bool:
@@ -216,6 +218,7 @@ class RunView:
             "dag_version": self.dag_version,
             "rerun_of": self.rerun_of,
             "trigger": self.trigger,
+            "tags": dict(self.tags),
         }
 
 

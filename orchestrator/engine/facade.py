@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -51,11 +51,13 @@ from ..core.publisher import CeleryPublisher, Publisher
 from ..core.registry import CeleryRegistry, TaskRegistry
 from ..core.routing import DEFAULT_TENANT
 from ..core.states import RunState, TaskState
+from ..core.tags import check_tags
 from ..services.reconciler import Reconciler
 from ..store import Store
 from ..store.operator import OperatorActions
 from ..store.reads import Reads
 from .breakers import Breakers
+from .bulk import Bulk
 from .checks import check_queues, check_time_limits
 from .events import Events
 from .limits import Limits
@@ -202,6 +204,7 @@ class Orchestrator(WorkerPort):
         dag_version: int | None = None,
         trigger: str | None = None,
         code_version: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunHandle:
         """Validate ``dag`` (a :class:`DAG`, or a Celery canvas: :meth:`DAG.from_canvas`), store it
         as a run in one transaction, then admit and publish
@@ -217,13 +220,14 @@ class Orchestrator(WorkerPort):
         (:mod:`orchestrator.services.triggers`; recorded on the run). ``code_version`` pins the
         run to workers advertising that code version (their ``QUEUE@VERSION`` queues). The run
         keeps the caller's trace context (OpenTelemetry's, when installed): every message of the
-        run carries it. A run by hand of a DAG that is
+        run carries it. ``tags`` label the run (``{"customer": "42"}``: :mod:`orchestrator.core.tags`;
+        kept by its reruns; filtered by :meth:`runs` and :attr:`bulk`). A run by hand of a DAG that is
         registered and paused still runs; its handle's ``warnings`` say so. Raises
         :class:`ValidationError` (nothing is written or published) for bad input.
         """
         return submit_run(
             self, dag, idempotency_key=idempotency_key, tenant=tenant, logical_date=logical_date,
-            schedule=schedule, dag_version=dag_version, trigger=trigger, code_version=code_version,
+            schedule=schedule, dag_version=dag_version, trigger=trigger, code_version=code_version, tags=tags,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ approvals
@@ -396,12 +400,12 @@ class Orchestrator(WorkerPort):
         return TaskState(held)
 
     def rerun(self, run_id: str) -> RunHandle:
-        """A new run of the run's DAG snapshot and params, for its tenant, linked to it
+        """A new run of the run's DAG snapshot, params and tags, for its tenant, linked to it
         (``rerun_of``). Raises :class:`RunNotFound`, or :class:`ValidationError` when the DAG no
         longer validates here (a task no longer registered)."""
         first = self.reads.rerun_source(run_id)
         dag = dag_from_spec(first.snapshot)
-        handle = self.submit(dag, tenant=first.tenant, dag_version=first.dag_version)
+        handle = self.submit(dag, tenant=first.tenant, dag_version=first.dag_version, tags=first.tags or None)
         self.store.submission.link_rerun(handle.id, run_id)
         return handle
 
@@ -451,6 +455,11 @@ class Orchestrator(WorkerPort):
     def tenants(self) -> Tenants:
         """Tenants' weights, limits and dedicated queues (:mod:`orchestrator.engine.tenants`)."""
         return Tenants(self)
+
+    @cached_property
+    def bulk(self) -> Bulk:
+        """Cancel, retry or rerun every run a filter selects (:mod:`orchestrator.engine.bulk`)."""
+        return Bulk(self)
 
     @cached_property
     def events(self) -> Events:
@@ -543,10 +552,13 @@ class Orchestrator(WorkerPort):
         state: RunState | str | None = None,
         offset: int = 0,
         dag_version: int | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[RunView]:
         """Recent runs, newest first: of ``tenant``, or of every tenant; a bound orchestrator
         lists its own tenant's only. ``dag``, ``dag_version`` (the registered version a run was
-        made from; with ``dag``) and ``state`` filter, ``offset`` pages back."""
+        made from; with ``dag``), ``state`` and ``tags`` (runs holding every one) filter,
+        ``offset`` pages back. Raises :class:`ValidationError` (:class:`TagError`) for a bad filter."""
+        tags = check_tags(tags, what="the tag filter")
         if isinstance(state, str):
             try:
                 state = RunState(state.upper())
@@ -556,7 +568,9 @@ class Orchestrator(WorkerPort):
             raise ValidationError("limit must be at least 1 and offset not negative")
         if dag_version is not None and dag is None:
             raise ValidationError("a version filter needs the DAG's name (dag=)")
-        return self.reads.list_runs(limit, tenant=tenant, dag=dag, state=state, offset=offset, dag_version=dag_version)
+        return self.reads.list_runs(
+            limit, tenant=tenant, dag=dag, state=state, offset=offset, dag_version=dag_version, tags=tags
+        )
 
 
 __all__ = ["Actor", "Orchestrator", "RunHandle", "local_by"]

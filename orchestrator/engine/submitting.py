@@ -9,6 +9,7 @@ from ..core.dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, t
 from ..core.dag.canvas import is_canvas
 from ..core.errors import ValidationError
 from ..core.routing import route
+from ..core.tags import check_tags
 from ..core.workers import MAX_QUEUE_CHARS, check_code_version, pinned_queue
 from .checks import iso_problem
 from .runs import RunHandle
@@ -35,8 +36,10 @@ def submit_run(
     dag_version: int | None,
     trigger: str | None,
     code_version: str | None,
+    tags: Any = None,
 ) -> RunHandle:
     """What :meth:`Orchestrator.submit` does (its docstring says it); ``orc`` is the orchestrator."""
+    checked_tags = check_tags(tags)  # TagError before anything else is read or written
     dag = orc.check(as_dag(dag), tenant=tenant)
     if code_version is not None:
         check_code_version(code_version, dag.name)
@@ -82,6 +85,7 @@ def submit_run(
         trace_context=capture_trace_context(),
         code_version=code_version,
         default_max_active=orc.settings.run_max_active_tasks or None,
+        tags=checked_tags,
     )
     if created:
         orc.publisher.publish(orc.store.admission.admit_ready(orc.settings.dispatch_window))

@@ -53,6 +53,7 @@ def run_view(row: Any, counts: dict[str, int]) -> RunView:
         rerun_of=row.rerun_of,
         trigger=row.trigger,
         stuck=getattr(row, "stuck", None),
+        tags=dict(getattr(row, "tags", None) or {}),
     )
 
 

@@ -45,6 +45,7 @@ class Submission:
         trace_context: dict[str, str] | None = None,
         code_version: str | None = None,
         default_max_active: int | None = None,
+        tags: dict[str, str] | None = None,
     ) -> tuple[str, bool]:
         """Insert the run, its tasks, edges and first events in one transaction.
 
@@ -59,7 +60,10 @@ class Submission:
         (an ISO-8601 date or date-time; without a zone it is UTC) or, without one, after the
         submit by the database clock. ``trace_context`` (the submitter's W3C trace headers) and
         ``code_version`` (the run's pin) are kept on the run's row; ``default_max_active`` is the
-        run's ``max_active_tasks`` when its DAG sets none (``ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS``).
+        run's ``max_active_tasks`` when its DAG sets none (``ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS``);
+        ``tags`` (checked by :func:`orchestrator.core.tags.check_tags`) are the run's
+        ``orc_runs.tags`` (a submit that finds its run by its idempotency key or schedule instant
+        returns that run with the tags it was created with).
         Raises :class:`ValidationError`, before anything is written, when a deadline after the
         logical date is beyond what a date can hold.
         """
@@ -81,7 +85,7 @@ class Submission:
             now = conn.execute(sa.select(db_now())).scalar_one()
             due = _due(base if base is not None else _utc(now), dag) if dag.has_deadlines else {}
             row = _run_row(run_id, dag, now, due, idempotency_key, logical_date, schedule, dag_version, trigger)
-            row.update(trace_context=trace_context, code_version=code_version)
+            row.update(trace_context=trace_context, code_version=code_version, tags=tags or {})
             if dag.max_active_tasks is None and default_max_active is not None:
                 row["max_active_tasks"] = default_max_active  # ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS
             conn.execute(t_runs.insert().values(**row))

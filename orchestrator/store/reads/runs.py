@@ -3,7 +3,7 @@ resources its tasks use), the runs list, and runs' trace contexts (the publisher
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -51,10 +51,12 @@ class RunReads(ReadsBase):
         state: RunState | None = None,
         offset: int = 0,
         dag_version: int | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[RunView]:
         """The newest runs with their per-state task counts (so ``needs_attention`` is true),
-        optionally of one tenant, DAG or run state; ``offset`` pages further back. Scoped reads
-        list their tenant's runs only (another ``tenant``: none)."""
+        optionally of one tenant, DAG or run state, and holding every tag of ``tags``
+        (containment, ``tags @> ...``: ``ix_orc_runs_tags``); ``offset`` pages further back.
+        Scoped reads list their tenant's runs only (another ``tenant``: none)."""
         if self.tenant is not None:
             if tenant not in (None, self.tenant):
                 return []
@@ -73,6 +75,8 @@ class RunReads(ReadsBase):
             q = q.where(t_runs.c.dag_version == dag_version)
         if state is not None:
             q = q.where(t_runs.c.state == state.value)
+        if tags:
+            q = q.where(t_runs.c.tags.contains(dict(tags)))
 
         def read(conn: Any) -> tuple[Any, dict[str, dict[str, int]]]:
             found = conn.execute(q).all()
@@ -82,11 +86,11 @@ class RunReads(ReadsBase):
         return [rows.run_view(r, counts.get(r.id, {})) for r in found]
 
     def rerun_source(self, run_id: str) -> Any:
-        """The run's DAG snapshot (with its params) and tenant, to run it again; raise
+        """The run's DAG snapshot (with its params), tenant, version and tags, to run it again; raise
         :class:`RunNotFound`."""
-        q = sa.select(t_runs.c.dag_snapshot.label("snapshot"), t_runs.c.tenant, t_runs.c.dag_version).where(
-            *self._run_where(run_id)
-        )
+        q = sa.select(
+            t_runs.c.dag_snapshot.label("snapshot"), t_runs.c.tenant, t_runs.c.dag_version, t_runs.c.tags
+        ).where(*self._run_where(run_id))
         with self.db.engine.connect() as conn:
             row = conn.execute(q).first()
         if row is None:

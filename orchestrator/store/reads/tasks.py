@@ -145,6 +145,16 @@ class TaskReads(ReadsBase):
             more_before=(after is not None) if not backwards else more,
         )
 
+    def keys_in_states(self, run_id: str, states: Sequence[str]) -> list[tuple[str, str]]:
+        """(key, state) of the run's tasks in ``states``, in key order: two plain columns (a bulk
+        retry reads a run's FAILED and DEAD_LETTER tasks so, not as views); raise :class:`RunNotFound`."""
+        q = (
+            sa.select(t_tasks.c.key, t_tasks.c.state)
+            .where(t_tasks.c.run_id == run_id, t_tasks.c.state.in_(list(states)))
+            .order_by(t_tasks.c.key)
+        )
+        return [(str(k), str(st)) for k, st in self._of_run(run_id, q)]
+
     def tasks_by_key(self, run_id: str, keys: Sequence[str]) -> list[TaskView]:
         """The run's tasks of ``keys`` (by primary key), in key order; raise :class:`RunNotFound`."""
         q = (

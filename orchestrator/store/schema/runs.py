@@ -60,6 +60,9 @@ runs = sa.Table(
     #: the code version the run is pinned to (``submit(..., code_version=)``): its tasks go only
     #: to workers advertising that version (``orc_workers.code_version``); null: any worker
     sa.Column("code_version", sa.String(64), nullable=True),
+    #: the run's tags (``submit(..., tags={"customer": "42"})``, :mod:`orchestrator.core.tags`):
+    #: a JSON object of text values, ``{}`` for a run without; filtered by containment (``@>``)
+    sa.Column("tags", postgresql.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
     #: per tenant: two tenants' schedules may share a name (``orc_schedules`` is keyed by both)
     sa.UniqueConstraint("tenant", "schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
@@ -70,6 +73,9 @@ sa.Index("ix_orc_runs_tenant_created", runs.c.tenant, runs.c.created_at)
 sa.Index("ix_orc_runs_dag_created", runs.c.dag_name, runs.c.created_at)
 sa.Index("ix_orc_runs_state_created", runs.c.state, runs.c.created_at)
 sa.Index("ix_orc_runs_schedule_state", runs.c.schedule, runs.c.state)
+#: runs by their tags (``tags @> '{"customer": "42"}'``: the runs list's and bulk actions' tag
+#: filter); ``jsonb_path_ops`` indexes containment only, smaller and faster than the default
+sa.Index("ix_orc_runs_tags", runs.c.tags, postgresql_using="gin", postgresql_ops={"tags": "jsonb_path_ops"})
 #: the reconciler's deadline check: runs whose deadline is not judged yet, by due time (partial:
 #: runs without a deadline, and runs already judged, are not in it)
 DEADLINE_PENDING = "deadline_at IS NOT NULL AND deadline_checked_at IS NULL"
