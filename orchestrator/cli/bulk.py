@@ -52,13 +52,18 @@ def _command(action: str) -> click.Command:
     )  # fmt: skip
     @click.option("--state", default=None, help="Only runs in this state (RUNNING, SUCCEEDED, FAILED, CANCELLED).")
     @click.option("--dag", default=None, metavar="NAME", help="Only runs of this DAG.")
+    @click.option("--tenant", default=None, help="Only this tenant's runs (it narrows a filter; it is none alone).")
     @click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
     @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-    def run(tag_items: tuple[str, ...], state: str | None, dag: str | None, dry_run: bool, as_json: bool) -> None:
+    def run(
+        tag_items: tuple[str, ...], state: str | None, dag: str | None, tenant: str | None, dry_run: bool, as_json: bool
+    ) -> None:
         from ..core.tags import parse_tag_filters
 
         tags = parse_tag_filters(tag_items)
-        report = base._ready_store().bulk.apply(action, tags=tags, state=state, dag=dag, dry_run=dry_run, by=_by())
+        report = base._ready_store().bulk.apply(
+            action, tags=tags, state=state, dag=dag, tenant=tenant, dry_run=dry_run, by=_by()
+        )
         if as_json:
             _dump(report.to_json())
         else:

@@ -92,6 +92,8 @@ class BulkReport:
     state: str | None
     dag: str | None
     items: list[BulkItem] = field(default_factory=list)
+    #: the tenant filter (``None``: every tenant the orchestrator sees)
+    tenant: str | None = None
 
     def count(self, outcome: str) -> int:
         return sum(1 for i in self.items if i.outcome == outcome)
@@ -105,6 +107,7 @@ class BulkReport:
         parts = [f"--tag {k}={v}" for k, v in sorted(self.tags.items())]
         parts += [f"--state {self.state}"] if self.state else []
         parts += [f"--dag {self.dag}"] if self.dag else []
+        parts += [f"--tenant {self.tenant}"] if self.tenant else []
         return " ".join(parts)
 
     def summary(self) -> str:
@@ -124,7 +127,7 @@ class BulkReport:
         return {
             "action": self.action,
             "dry_run": self.dry_run,
-            "filter": {"tags": dict(self.tags), "state": self.state, "dag": self.dag},
+            "filter": {"tags": dict(self.tags), "state": self.state, "dag": self.dag, "tenant": self.tenant},
             "matched": len(self.items),
             "changed": self.changed,
             "skipped": self.count(SKIPPED),
@@ -147,13 +150,15 @@ class Bulk:
         self.orc = orc
 
     def select(
-        self, *, tags: Mapping[str, str] | None = None, state: RunState | str | None = None, dag: str | None = None
-    ) -> list[RunView]:
-        """The runs the filter matches (every tag of ``tags``, and ``state``, and ``dag``), newest
-        first. Raises :class:`BulkFilterError` for no filter at all or more than
-        :data:`MAX_BULK_RUNS` runs, :class:`ValidationError` (:class:`TagError`) for a bad one."""
+        self, *, tags: Mapping[str, str] | None = None, state: RunState | str | None = None, dag: str | None = None,
+        tenant: str | None = None,
+    ) -> list[RunView]:  # fmt: skip
+        """The runs the filter matches (every tag of ``tags``, and ``state``, and ``dag``, and of
+        ``tenant``: it narrows, it is no filter alone), newest first. Raises
+        :class:`BulkFilterError` for no filter at all or more than :data:`MAX_BULK_RUNS` runs,
+        :class:`ValidationError` (:class:`TagError`) for a bad one."""
         found_tags, found_state, found_dag = self._filter(tags, state, dag)
-        views = self.orc.runs(MAX_BULK_RUNS + 1, dag=found_dag, state=found_state, tags=found_tags)
+        views = self.orc.runs(MAX_BULK_RUNS + 1, tenant or None, dag=found_dag, state=found_state, tags=found_tags)
         if len(views) > MAX_BULK_RUNS:
             raise BulkFilterError(
                 f"more than {MAX_BULK_RUNS:,} runs match; a bulk action changes at most {MAX_BULK_RUNS:,}:"
@@ -186,7 +191,7 @@ class Bulk:
 
     def apply(
         self, action: str, *, tags: Mapping[str, str] | None = None, state: RunState | str | None = None,
-        dag: str | None = None, dry_run: bool = False, by: str | None = None,
+        dag: str | None = None, tenant: str | None = None, dry_run: bool = False, by: str | None = None,
     ) -> BulkReport:  # fmt: skip
         """The bulk ``action`` (one of :data:`BULK_ACTIONS`) on the runs the filter selects; with
         ``dry_run`` what it would do, nothing written. ``by`` names who acts in each ledger row.
@@ -198,9 +203,10 @@ class Bulk:
         if action not in one:
             raise ValidationError(f"unknown bulk action {action!r}; one of {', '.join(BULK_ACTIONS)}")
         found_tags, found_state, found_dag = self._filter(tags, state, dag)
-        views = self.select(tags=found_tags, state=found_state, dag=found_dag)
+        views = self.select(tags=found_tags, state=found_state, dag=found_dag, tenant=tenant)
         items = [one[action](view, dry_run, by) for view in views]
-        return BulkReport(action, dry_run, found_tags, found_state.value if found_state else None, found_dag, items)
+        state_text = found_state.value if found_state else None
+        return BulkReport(action, dry_run, found_tags, state_text, found_dag, items, tenant or None)
 
     def cancel(self, **filters: Any) -> BulkReport:
         """Cancel every RUNNING run the filter selects (:meth:`Orchestrator.cancel`); see :meth:`apply`."""

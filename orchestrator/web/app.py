@@ -2,7 +2,10 @@
 
 Pages (server-rendered, no build step, nothing from a CDN):
 
-* ``/runs`` - runs with filters (``tenant``, ``dag``, ``state``) and paging (``page``);
+* ``/runs`` - runs with filters (``tenant``, ``dag``, ``state``, ``tag=KEY=VALUE`` repeatable: runs
+  holding every one) and paging (``page``), each run with its tags; with a filter, a form for a
+  bulk action on every run it matches (``POST /bulk/cancel|retry|rerun``: a dry run's preview
+  first, then a form that applies it; :mod:`.bulk`);
 * ``/runs/RUN_ID`` - the run: its DAG drawn (:mod:`orchestrator.core.graph`; a big one in counted
   groups), the task table (paged, with a state filter and a key search) with the reason each
   waiting task waits (:mod:`orchestrator.core.explain`), the ledger (paged), and operator
@@ -20,7 +23,13 @@ Pages (server-rendered, no build step, nothing from a CDN):
 
 JSON for scripts (the pages' data, same addresses under ``/api``):
 
-* ``GET /api/runs?tenant=&dag=&state=&limit=&offset=`` - ``{"runs": [...]}``;
+* ``GET /api/runs?tenant=&dag=&state=&tag=KEY=VALUE&limit=&offset=`` - ``{"runs": [...]}`` (each
+  with its ``tags``; ``tag`` repeatable: runs holding every one);
+* ``POST /api/bulk/cancel|retry|rerun`` with the filter (``tag=KEY=VALUE`` repeatable, ``state``,
+  ``dag``, ``tenant``; at least one of the first three) and ``dry_run=1`` to see what would change -
+  ``{"ok": true, "action", "dry_run", "filter", "matched", "changed", "skipped", "failed", "runs":
+  [{"run", "outcome": "planned|done|skipped|failed", "detail", "new_run", ...}]}``, or
+  ``{"error": ...}`` with 400 (no filter, a bad one, more than 1,000 runs);
 * ``GET /api/runs/RUN_ID?limit=&after=&before=&state=&q=&events=&events_before=&edges_after=`` -
   ``{"run", "counts", "tasks", "edges", "waiting", "events", "page", "next"}``, paged: 500 tasks
   (by key), edges and ledger rows unless told otherwise, ``next`` the links to the next pages
@@ -63,6 +72,7 @@ import tornado.web
 from ..core.errors import ConfigurationError
 from .actions import ACTIONS
 from .api.actions import ApiAction
+from .api.bulk import ApiBulk
 from .api.events import ApiEvents
 from .api.runs import ApiChanges, ApiGraph, ApiRun, ApiRuns
 from .auth import Access, LoginLimiter
@@ -72,7 +82,7 @@ from .views.error import NotFound
 from .views.login import Login, Logout
 from .views.monitor import Health, Metrics
 from .views.run import RunAction, RunPage, RunScript
-from .views.runs import Home, RunsPage
+from .views.runs import BulkPage, Home, RunsPage
 
 __all__ = ["SERVER_OPTIONS", "Access", "make_app", "run_graph", "serve"]
 
@@ -100,6 +110,9 @@ KEY_CHARS = r"[A-Za-z0-9_.,:=%\[\]-]{1,400}"
 #: the actions' addresses (named groups: a run's own action has no task key); a task's
 #: action is one of :data:`ACTIONS`
 RUN_ACTION = r"/runs/(?P<run_id>[A-Za-z0-9_-]{1,32})/(?P<action>cancel|rerun)"
+
+#: a bulk action on the runs a filter selects (:mod:`.bulk`)
+BULK_ACTION = r"/bulk/(?P<action>cancel|retry|rerun)"
 
 TASK_ACTION = rf"/runs/(?P<run_id>[A-Za-z0-9_-]{{1,32}})/tasks/(?P<key>{KEY_CHARS})/(?P<action>{'|'.join(ACTIONS)})"
 
@@ -129,6 +142,7 @@ def make_app(
             (r"/logout", Logout),
             (r"/metrics", Metrics),
             (r"/runs/?", RunsPage),
+            (BULK_ACTION, BulkPage),
             (rf"/runs/{RUN_ID}", RunPage),
             (RUN_ACTION, RunAction),
             (TASK_ACTION, RunAction),
@@ -140,6 +154,7 @@ def make_app(
             ("/api" + RUN_ACTION, ApiAction),
             ("/api" + TASK_ACTION, ApiAction),
             (r"/api/events", ApiEvents),
+            ("/api" + BULK_ACTION, ApiBulk),
         ],
         orc=orc,
         access=access,

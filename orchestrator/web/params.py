@@ -11,6 +11,7 @@ from typing import Any
 from ..core.dag import KEY_RE
 from ..core.errors import ValidationError
 from ..core.states import RunState, TaskState
+from ..core.tags import parse_tag_filters
 from .base import BaseHandler
 
 PAGE_SIZE = 50
@@ -38,6 +39,8 @@ CHANGES_LIMIT = 500
 
 
 def run_filters(handler: BaseHandler) -> dict[str, Any]:
+    """The runs list's filters from the query: ``tenant``, ``dag``, ``state`` and ``tag=KEY=VALUE``
+    (repeatable: runs holding every one; as ``tags``, a dict)."""
     state = handler.get_query_argument("state", "") or None
     if state is not None:
         try:
@@ -48,7 +51,20 @@ def run_filters(handler: BaseHandler) -> dict[str, Any]:
         "tenant": handler.get_query_argument("tenant", "") or None,
         "dag": handler.get_query_argument("dag", "") or None,
         "state": state,
+        "tags": tag_filters(handler.get_query_arguments("tag")),
     }
+
+
+def tag_filters(values: list[str]) -> dict[str, str]:
+    """``tag=KEY=VALUE`` parameters (query or form; empty ones, a form's blank field, left out) as
+    one tag filter; a bad one is a :class:`~orchestrator.core.errors.TagError` (400)."""
+    return parse_tag_filters([v for v in (x.strip() for x in values) if v], option="tag")
+
+
+def filter_query(filters: dict[str, Any]) -> list[tuple[str, str]]:
+    """The runs list's filters as query parameters again (``tag`` once per tag), for its links."""
+    pairs = [(k, str(v)) for k, v in filters.items() if v and k != "tags"]
+    return pairs + [("tag", f"{k}={v}") for k, v in sorted((filters.get("tags") or {}).items())]
 
 
 def int_arg(handler: BaseHandler, name: str, default: int, low: int, high: int) -> int:
