@@ -17,6 +17,7 @@ POINTS = (
     "after_dispatch_commit",  # rows are QUEUED, the messages not yet published
     "after_claim_commit",  # the task is RUNNING, its body not started
     "after_result_commit",  # the outcome is committed, the message not yet acked
+    "after_child_commit",  # a child run is stored and linked to its parent node, nothing published
 )
 
 

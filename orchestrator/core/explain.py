@@ -26,9 +26,8 @@ as unregistered: admission holds it READY until a worker of Q that has T registe
 times without a claim, or its run had no transition for ``ORCHESTRATOR_STUCK_RUN_SECONDS``;
 ``needs_attention`` is true), ``queued`` (published, waiting for a worker to take the message),
 ``running``, ``retry_at`` (RETRYING until ``not_before``), ``waiting`` (WAITING: for which event
-and match, an instant, an approval or a sensor's next check, until when, its deadline; it holds
-no slot), ``dead_letter`` (parked, waiting for a person), ``finished`` (terminal),
-``run_cancelled``.
+and match, an instant, an approval, a sensor's next check, until when, its deadline, or ``waiting on
+child run ID``; no slot), ``dead_letter`` (parked, waiting for a person), ``finished``, ``run_cancelled``.
 
 Dynamic DAGs add: ``skipped`` (why a SKIPPED task was skipped: ``branch_not_taken``,
 ``short_circuit``, ``empty_map``, ``upstream_skipped``, ``user``, with the ledger's reason),
@@ -211,10 +210,11 @@ def mapped_text(counts: dict[str, int]) -> str:
     )
 
 
-def waiting_reason(waiting: dict[str, Any] | None) -> Reason:
-    """What a WAITING task waits for (its ``waiting`` column), as a ``waiting`` reason."""
-    w = dict(waiting or {})
-    kind = w.get("kind")
+def waiting_reason(waiting: dict[str, Any] | None, child: str | None = None) -> Reason:
+    """What a WAITING task waits for (its ``waiting`` column; ``child``: a child-run node's run)."""
+    w, kind = dict(waiting or {}), (waiting or {}).get("kind")
+    if kind == "child":
+        return Reason("waiting", f"waiting on child run {child or '(being started)'}; no slot", {"child_run": child})
     if kind == "approval":
         what = "an approval: orchestrator approve | reject RUN KEY (or the run page)"
     elif kind == "sensor":
@@ -294,7 +294,7 @@ def _reasons(t: Any, parents: list[str], by_key: dict[str, Any], data: ExplainIn
             )
         ]
     if state is T.WAITING:
-        return [waiting_reason(getattr(t, "waiting", None))]
+        return [waiting_reason(getattr(t, "waiting", None), getattr(t, "child_run_id", None))]
     if state is T.DEAD_LETTER:
         return [
             Reason(

@@ -107,6 +107,9 @@ TRANSITIONS: dict[tuple[TaskState, TaskState], frozenset[str]] = {
     # its deadline passed (WaitTimeout, or on_timeout="skip"); an approval rejected
     (T.WAITING, T.FAILED): frozenset({"reconciler", "operator"}),
     (T.WAITING, T.SKIPPED): frozenset({"reconciler", "operator"}),
+    # a child-run node whose child FAILED or was CANCELLED, with attempts left: its next attempt
+    # waits for a new child (store/children.py)
+    (T.WAITING, T.WAITING): frozenset({"reconciler"}),
     # a wait that begins after its event (the lookback) or past its instant ends at once
     (T.PENDING, T.SUCCEEDED): frozenset({"worker", "submit", "reconciler", "operator", "event"}),
 }
@@ -174,7 +177,11 @@ REMOVED = "removed"
 #: ``stuck``: the reconciler's watchdog flagged the task (``store/recovery.py``: no live worker
 #: can take it, its message was re-published without a claim, or its run had no transition)
 STUCK = "stuck"
+#: ``child_run``: a child-run node's attempt started its child run (``store/children.py``; the
+#: reason names the child), or a parent's child run was cancelled by its ``on_parent_end`` policy
+CHILD_RUN = "child_run"
 ANNOTATIONS: dict[str, frozenset[str]] = {
+    CHILD_RUN: frozenset({"reconciler"}),
     DEADLINE_MISSED: frozenset({"reconciler"}),
     STUCK: frozenset({"reconciler"}),
     REMOVED: frozenset({"operator"}),

@@ -59,6 +59,7 @@ from ..store.reads import Reads
 from .breakers import Breakers
 from .bulk import Bulk
 from .checks import check_queues, check_time_limits
+from .children import ChildRuns
 from .events import Events
 from .limits import Limits
 from .runs import RunHandle
@@ -189,6 +190,7 @@ class Orchestrator(WorkerPort):
         return Reconciler(
             self.store, self.publisher, self.settings, after=self._after,
             triggers=lambda: sum(1 for f in self.triggers.tick() if f.state == "fired"),
+            children=lambda: self.children.tick(),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ submit
@@ -306,6 +308,8 @@ class Orchestrator(WorkerPort):
         check_queues(dag)
         check_time_limits(dag, self.settings.max_time_limit)
         self.store.limits.check_dag(dag)
+        if any(getattr(n, "child", None) is not None for n in dag.nodes.values()):
+            self.children.check(dag)
         return dag
 
     # ------------------------------------------------------------------ reconciler
@@ -324,10 +328,11 @@ class Orchestrator(WorkerPort):
         :class:`RunNotFound` for a run this orchestrator does not see (nothing written). A wait
         node (``dag.wait``, ``dag.approval``) that FAILED (a timeout, a rejection) waits again
         instead (a clear of it and its downstream: its deadline counts from now)."""
+        from ..core.children import CHILD_TASK
         from ..core.waits import WAIT_TASK
 
         task = self.task(run_id, key)
-        if task.task == WAIT_TASK and task.state in (TaskState.FAILED, TaskState.SKIPPED):
+        if task.task in (WAIT_TASK, CHILD_TASK) and task.state in (TaskState.FAILED, TaskState.SKIPPED):
             self.clear(run_id, key, downstream=True, by=by)
             return
         actor = operator(by or local_by())
@@ -460,6 +465,11 @@ class Orchestrator(WorkerPort):
     def bulk(self) -> Bulk:
         """Cancel, retry or rerun every run a filter selects (:mod:`orchestrator.engine.bulk`)."""
         return Bulk(self)
+
+    @cached_property
+    def children(self) -> ChildRuns:
+        """Child runs (:mod:`orchestrator.engine.children`): the child pass, the submit checks, lineage."""
+        return ChildRuns(self)
 
     @cached_property
     def events(self) -> Events:

@@ -51,6 +51,7 @@ ACTIONS = (
     "waits_woken",
     "events_pruned",
     "trigger_firings",
+    "child_runs",
     "breaker_changes",
     "stuck_flagged",
     "dispatched",
@@ -87,6 +88,7 @@ class Reconciler:
         *,
         after: Callable[[Outcome, str, str], None] | None = None,
         triggers: Callable[[], int] | None = None,
+        children: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -95,6 +97,9 @@ class Reconciler:
         #: finishes the event triggers' open firings (left by an emitter that died, or waiting for
         #: room under max_active_runs), so they never depend on a beat running; returns how many
         self.triggers = triggers
+        #: the child pass (``orchestrator.engine.children``): starts the children of child-run
+        #: nodes WAITING, ends those whose child ended, cancels orphans by policy; returns how many
+        self.children = children
         #: when this reconciler next deletes the events past their retention (monotonic)
         self._next_prune = 0.0
         #: when this reconciler next reads the READY backlog and the idle runs (monotonic)
@@ -170,6 +175,8 @@ class Reconciler:
             report["dispatched"] += self.publisher.publish(admitted)
         if self.triggers is not None:
             report["trigger_firings"] = guarded("finishing event triggers' firings", self.triggers) or 0
+        if self.children is not None:
+            report["child_runs"] = guarded("starting and ending child runs", self.children) or 0
         finalized = guarded("closing finished runs", recovery.finalize_runs)
         report["runs_finalized"] = finalized or 0
         self._deadlines(report, guarded)

@@ -21,6 +21,8 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``tenants``               tenants' weights in the fair share of admission, their limits
 ``limits``                pools, rate limits (token buckets), per-DAG limits
 ``breakers``              circuit breakers per resource: settings, operator actions, ledger
+``children``              child runs (``DAG.run_dag``): nodes to start, the parent-child
+                          link (CAS), the node ended with its child, orphans by policy
 ``schedules``             ``Store.schedule_rows``: schedules and their firings (decided under
                           each schedule's row lock; ``scoped(tenant)``: a tenant's only)
 ``rows``                  rows -> domain values (the only place)
@@ -48,6 +50,7 @@ from .admission import Admission
 from .attempts import Attempts
 from .backend import DEFAULT_POOL_SIZE, make_engine
 from .breakers import Breakers
+from .children import ChildRows
 from .cleanup import Cleanup
 from .dags import DagRows
 from .database import Database, new_run_id
@@ -127,6 +130,7 @@ class Store:
         self.waits = Waits(self.db, self.admission)
         self.cleanup = Cleanup(self.db)
         self.deadlines = Deadlines(self.db, self.ledger)
+        self.children = ChildRows(self.db, self.ledger, self.settlement, self.admission)
 
     @property
     def engine(self) -> Engine:

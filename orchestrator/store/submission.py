@@ -46,6 +46,8 @@ class Submission:
         code_version: str | None = None,
         default_max_active: int | None = None,
         tags: dict[str, str] | None = None,
+        parent: tuple[str, str, int] | None = None,
+        link: Callable[[Connection, str], None] | None = None,
     ) -> tuple[str, bool]:
         """Insert the run, its tasks, edges and first events in one transaction.
 
@@ -65,7 +67,9 @@ class Submission:
         ``orc_runs.tags`` (a submit that finds its run by its idempotency key or schedule instant
         returns that run with the tags it was created with).
         Raises :class:`ValidationError`, before anything is written, when a deadline after the
-        logical date is beyond what a date can hold.
+        logical date is beyond what a date can hold. A child run (``parent``: the parent run,
+        node key and attempt) records its parent, and ``link(conn, run_id)`` runs in the
+        transaction that creates it (``store/children.py``: the parent's row fenced and linked).
         """
         for node in dag.nodes.values():
             if node.resources:
@@ -88,11 +92,15 @@ class Submission:
             row.update(trace_context=trace_context, code_version=code_version, tags=tags or {})
             if dag.max_active_tasks is None and default_max_active is not None:
                 row["max_active_tasks"] = default_max_active  # ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS
+            if parent is not None:
+                row.update(parent_run_id=parent[0], parent_key=parent[1], parent_attempt=parent[2])
             conn.execute(t_runs.insert().values(**row))
             self.ledger.create_run(conn, run_id, SUBMIT)
             self.db.backend.bulk_insert(conn, t_tasks, _task_rows(dag, run_id, now, queues, wants_upstream, due))
             self.db.backend.bulk_insert(conn, t_edges, _edge_rows(dag, run_id))
             self._start_roots(conn, run_id, dag)
+            if link is not None:
+                link(conn, run_id)
             return run_id, True
 
         try:
@@ -114,12 +122,12 @@ class Submission:
 
     def _start_roots(self, conn: Connection, run_id: str, dag: DAG) -> None:
         """The run's roots start: plain ones READY, a map expanded, a wait node waiting."""
-        starting = [n.key for n in dag.nodes.values() if _starts(n) and n.map is None and n.wait is None]
+        starting = [n.key for n in dag.nodes.values() if _starts(n) and n.map is None and not _waits(n)]
         self.ledger.roots_ready(conn, run_id, starting)
         for node in dag.nodes.values():
             if _starts(node) and node.map is not None:
                 self._expand_root(conn, run_id, node.key)
-        waits = [n.key for n in dag.nodes.values() if _starts(n) and n.wait is not None]
+        waits = [n.key for n in dag.nodes.values() if _starts(n) and _waits(n)]
         if waits:
             self._wait_roots(conn, run_id, waits)
 
@@ -288,7 +296,7 @@ def _task_rows(
     backoffs: dict[Any, dict[str, Any]] = {}
     for node in dag.nodes.values():
         prio = dag.priority_of(node)
-        root = _starts(node) and node.map is None and node.wait is None
+        root = _starts(node) and node.map is None and not _waits(node)
         backoff = backoffs.get(node.backoff)
         if backoff is None:
             backoff = backoffs[node.backoff] = node.backoff.to_spec()
@@ -348,7 +356,7 @@ def _dynamic(n: Node) -> bool:
         or n.setup
         or n.teardown
         or n.min_success_ratio is not None
-        or n.wait is not None
+        or _waits(n)
         or n.sensor is not None
     )
 
@@ -368,7 +376,7 @@ def _dynamic_columns(
         "feeds_map": node.key in map_sources,
         "min_success_ratio": node.min_success_ratio,
         "map_spec": None if node.map is None else node.map.to_row(dag.per_item(node), decides=decides),
-        "wait_spec": node.wait.to_row() if node.wait else node.sensor.to_row() if node.sensor else None,
+        "wait_spec": _wait_row(node),
     }
 
 
@@ -443,4 +451,15 @@ def _flow(node: Node) -> str | None:
     if node.short_circuit:
         # Airflow's ignore_downstream_trigger_rules=False: only the direct children are skipped
         return "short_circuit" if node.ignore_downstream_trigger_rules else "circuit_direct"
-    return "wait" if node.wait else None
+    return "wait" if _waits(node) else None
+
+
+def _wait_row(node: Node) -> dict[str, Any] | None:
+    """A task row's ``wait_spec``: a wait node's, a sensor's or a child-run node's."""
+    spec = node.wait or node.sensor or node.child
+    return spec.to_row() if spec is not None else None
+
+
+def _waits(node: Node) -> bool:
+    """Whether a node waits as a row when its rule says READY: a wait node or a child-run node."""
+    return node.wait is not None or node.child is not None

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..backoff import Backoff
+from ..children import CHILD_TASK, ChildSpec
 from ..errors import ValidationError
 from ..routing import DEFAULT_TENANT, Priority
 from ..states import TriggerRule
@@ -152,7 +153,7 @@ class DAG:
         branch: bool = False, short_circuit: bool = False, setup: bool = False, teardown: bool = False,
         fails_run: bool = False, min_success_ratio: float | None = None, mapping: MapSpec | None = None,
         wait: WaitSpec | None = None, sensor: SensorSpec | None = None, parent_arg: bool = False,
-        ignore_downstream_trigger_rules: bool = True,
+        ignore_downstream_trigger_rules: bool = True, child: ChildSpec | None = None,
     ) -> Node:  # fmt: skip
         """Add a node and return it (pass it in another node's ``upstream``).
 
@@ -217,6 +218,7 @@ class DAG:
             deadline=deadline, map=mapping, branch=branch, short_circuit=short_circuit,
             ignore_downstream_trigger_rules=ignore_downstream_trigger_rules, setup=setup,
             teardown=teardown, fails_run=fails_run, min_success_ratio=min_success_ratio, wait=wait, sensor=sensor,
+            child=child,
         )  # fmt: skip
         self.nodes[key] = node
         touch(group, node)
@@ -308,6 +310,40 @@ class DAG:
             lookback=lookback, where=(label(self.name), key if isinstance(key, str) else None),
         )  # fmt: skip
         return self.task(key, WAIT_TASK, upstream=upstream, trigger_rule=trigger_rule, deadline=deadline, wait=spec)
+
+    def run_dag(
+        self,
+        key: str,
+        *,
+        dag: Any,
+        params: Mapping[str, Any] | None = None,
+        wait: bool = True,
+        on_parent_end: str = "cancel",
+        upstream: Iterable[Node | str] = (),
+        trigger_rule: TriggerRule | str | None = None,
+        max_attempts: int = 1,
+        deadline: float | None = None,
+    ) -> Node:
+        """Add a child-run node: it starts a DAG as a run of its own and waits for it as a row
+        (``WAITING``: no worker slot, no message), one child per attempt of the node.
+
+        ``dag`` is a registered DAG (``"etl"``: its latest version when the child starts;
+        ``"etl@3"``), a :class:`DAG` (kept as its spec) or a spec mapping; ``params`` are laid over
+        its own. The child runs in the parent run's tenant. The node SUCCEEDS with the child's
+        results (its leaf tasks' results by key); a child that FAILED or was CANCELLED starts a new
+        child on the node's next attempt while ``max_attempts`` allows, else the node FAILS.
+        ``wait=False``: the node succeeds once the child is stored, its result ``{"run_id": ...}``.
+        ``on_parent_end="cancel"`` cancels a running child when its node stops waiting for it (the
+        parent run cancelled, the node cleared or marked); ``"abandon"`` leaves it running. Raises
+        :class:`ValidationError`; an unknown registered name is refused at submit."""
+        spec = ChildSpec.make(
+            dag, params=params, wait=wait, on_parent_end=on_parent_end,
+            where=(label(self.name), key if isinstance(key, str) else None),
+        )  # fmt: skip
+        return self.task(
+            key, CHILD_TASK, upstream=upstream, trigger_rule=trigger_rule, deadline=deadline,
+            max_attempts=max_attempts, child=spec,
+        )  # fmt: skip
 
     def approval(
         self,

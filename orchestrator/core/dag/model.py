@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backoff import Backoff
+from ..children import ChildSpec
 from ..routing import Priority
 from ..states import TriggerRule
 from ..waits import SensorSpec, WaitSpec
@@ -206,6 +207,8 @@ class Node:
     wait: WaitSpec | None = None
     #: a sensor (``DAG.sensor``): its check task runs until it returns something truthy
     sensor: SensorSpec | None = None
+    #: a child-run node (``DAG.run_dag``): it starts a DAG and waits for it (WAITING), on no worker
+    child: ChildSpec | None = None
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -254,4 +257,6 @@ class Node:
             spec["wait"] = self.wait.to_spec()
         if self.sensor is not None:
             spec["sensor"] = self.sensor.to_spec()
+        if self.child is not None:
+            spec["run_dag"] = self.child.to_spec()
         return spec

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from ..children import CHILD_TASK, child_from_spec
 from ..errors import SpecError
 from ..routing import DEFAULT_TENANT
 from ..waits import WAIT_TASK, sensor_from_spec, wait_from_spec
@@ -50,6 +51,7 @@ NODE_FIELDS = {
     "min_success_ratio",
     "wait",
     "sensor",
+    "run_dag",
 }
 MAP_FIELDS = {
     "over", "kwarg", "combine", "map_key", "on_empty", "max_length", "max_active", "kwargs_from", "zip_fill", "items",
@@ -148,6 +150,8 @@ def _add_node(dag: DAG, i: int, raw: Any) -> None:
         options["wait"] = wait_from_spec(raw["wait"], (name, key))
     if "sensor" in raw:
         options["sensor"] = sensor_from_spec(raw["sensor"], (name, key))
+    if "run_dag" in raw:
+        options["child"] = child_from_spec(raw["run_dag"], (name, key))
     if "map" in raw:
         mapping = options["mapping"] = _map_from_spec(raw["map"], name, key)
         upstream = [*upstream, *(a.source for a in mapping.args if a.source and a.source not in upstream)]
@@ -190,6 +194,10 @@ def _node_fields(raw: Any, i: int, dag: str) -> tuple[str, Mapping[str, Any]]:
         if raw.get("task", WAIT_TASK) != WAIT_TASK:
             raise SpecError("a wait node has no 'task' (it runs on no worker)", dag=dag, node=key)
         raw = {**raw, "task": WAIT_TASK}
+    if "run_dag" in raw:
+        if raw.get("task", CHILD_TASK) != CHILD_TASK:
+            raise SpecError("a run_dag node has no 'task' (it runs on no worker)", dag=dag, node=key)
+        raw = {**raw, "task": CHILD_TASK}
     if "task" not in raw:
         raise SpecError("missing 'task'", dag=dag, node=key)
     for field_name, types, what in _SPEC_TYPES:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ..backoff import Backoff, Jitter
+from ..children import CHILD_TASK, ChildSpec
 from ..errors import CycleError, UnknownTaskError, ValidationError
 from ..routing import Priority
 from ..states import TriggerRule
@@ -170,7 +171,9 @@ def validate_node(
         )
     if "[" in k and getattr(dag.nodes.get(k.split("[", 1)[0]), "map", None) is not None:
         raise fail(f"node key {k!r} would be a child of the mapped node {k.split('[', 1)[0]!r}")
-    if getattr(node, "wait", None) is not None or node.task == WAIT_TASK:
+    if getattr(node, "child", None) is not None or node.task == CHILD_TASK:
+        _validate_child(node, fail, d)
+    elif getattr(node, "wait", None) is not None or node.task == WAIT_TASK:
         _validate_wait(node, fail, d)
     elif known is None or not isinstance(node.task, str) or node.task not in known:
         _check_task_name(node, d, is_registered, known, fail)
@@ -331,6 +334,21 @@ def _check_sensor(node: Node, fail: Fail, dag: str) -> None:
     for what in ("map", "branch", "short_circuit"):
         if getattr(node, what):
             raise fail(f"a sensor cannot be a {what.replace('_', ' ')}")
+
+
+def _validate_child(node: Node, fail: Fail, dag: str | None = None) -> None:
+    """A child-run node: the child task name with a :class:`ChildSpec` (one ``ChildSpec.make``
+    would build), nothing a worker would run. An inline spec is judged whole at submit."""
+    if not isinstance(node.child, ChildSpec) or node.task != CHILD_TASK:
+        raise fail(f"{CHILD_TASK!r} is the task of a child-run node: build it with DAG.run_dag")
+    node.child.checked((dag, node.key))
+    if node.args or node.kwargs:
+        raise fail("a child-run node takes no arguments (give the child's params)")
+    for what in ("map", "branch", "short_circuit", "setup", "teardown", "sensor", "wait", "pool", "rate_limit"):
+        if getattr(node, what):
+            raise fail(f"a child-run node cannot have {what.replace('_', ' ')}")
+    if node.resources:
+        raise fail("a child-run node cannot have resources")
 
 
 def _validate_wait(node: Node, fail: Fail, dag: str | None = None) -> None:

@@ -140,6 +140,8 @@ def _explained_tasks(conn: Connection, task_where: list[Any]) -> list[Any]:
                 c.task_name, c.dropped_by, c.stuck,
                 # Airflow's setup constraint: the setups the task answers to beside its parents
                 c.setup_scope,
+                # a child-run node: the child run it waits on
+                c.child_run_id,
             )
             .where(*task_where)
             .order_by(c.key)

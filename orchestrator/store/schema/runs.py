@@ -63,6 +63,11 @@ runs = sa.Table(
     #: the run's tags (``submit(..., tags={"customer": "42"})``, :mod:`orchestrator.core.tags`):
     #: a JSON object of text values, ``{}`` for a run without; filtered by containment (``@>``)
     sa.Column("tags", postgresql.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    #: a child run (``DAG.run_dag``): the parent run, node key and attempt that started it (one
+    #: child per attempt: its idempotency key says so); null for a run that is no child
+    sa.Column("parent_run_id", sa.String(32), nullable=True),
+    sa.Column("parent_key", sa.String(200), nullable=True),
+    sa.Column("parent_attempt", sa.Integer, nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
     #: per tenant: two tenants' schedules may share a name (``orc_schedules`` is keyed by both)
     sa.UniqueConstraint("tenant", "schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
@@ -222,6 +227,9 @@ tasks = sa.Table(
     sa.Column("setup_scope", postgresql.ARRAY(sa.Text), nullable=True),
     #: on a setup: the tasks whose ``setup_scope`` names it, decided again when it finishes
     sa.Column("scope_of", postgresql.ARRAY(sa.Text), nullable=True),
+    #: a child-run node (``DAG.run_dag``): the child run its current attempt started (null until
+    #: it is started; a clear or a retry starts another)
+    sa.Column("child_run_id", sa.String(32), nullable=True),
 )
 #: the watchdog's flagged tasks, and the tasks held after a worker dropped their message
 sa.Index("ix_orc_tasks_stuck", tasks.c.run_id, postgresql_where=sa.text("stuck IS NOT NULL"))
@@ -232,6 +240,13 @@ sa.Index("ix_orc_tasks_waiting_event", tasks.c.tenant, tasks.c.wait_event, postg
 #: the reconciler's pass over waits due (a sleep over, a deadline passed)
 WAITING_DUE = "state = 'WAITING' AND wake_at IS NOT NULL"
 sa.Index("ix_orc_tasks_wake_due", tasks.c.wake_at, postgresql_where=sa.text(WAITING_DUE))
+#: the child pass over child-run nodes WAITING (to start their child, or to end with it)
+WAITING_CHILD = "state = 'WAITING' AND task_name = 'orchestrator.run_dag'"
+sa.Index("ix_orc_tasks_child_waiting", tasks.c.run_id, tasks.c.key, postgresql_where=sa.text(WAITING_CHILD))
+#: a run's child runs (lineage), and the running ones (the child pass's parent-end policy)
+sa.Index("ix_orc_runs_parent", runs.c.parent_run_id, postgresql_where=sa.text("parent_run_id IS NOT NULL"))
+CHILD_RUNNING = "parent_run_id IS NOT NULL AND state = 'RUNNING'"
+sa.Index("ix_orc_runs_child_running", runs.c.parent_run_id, postgresql_where=sa.text(CHILD_RUNNING))
 #: a map's children in map order, those waiting (max_active's next child) and those that
 #: succeeded (the join's results); partial: the tasks of no map are not in it, nor a child while
 #: it is READY, QUEUED or RUNNING (each of those moves would add an index entry: a map's child

@@ -88,7 +88,8 @@ AS $$
     SELECT pg_advisory_xact_lock(hashtext('orc-event:' || p_tenant), (hashtextextended(p_key, 0) & 255)::integer)
 $$;
 
--- orc_wait_text_v1: what a wait waits for, as the ledger and explain say it.
+-- orc_wait_text_v1: what a wait waits for, as the ledger and explain say it (a child-run node,
+-- kind child: its child run, started by the engine's child pass once the node waits).
 
 CREATE OR REPLACE FUNCTION orc_wait_text_v1(p_kind text, p_event text, p_match jsonb, p_until timestamptz,
     p_deadline timestamptz)
@@ -100,6 +101,7 @@ AS $$
                WHEN 'event' THEN 'event ' || p_event || coalesce(' matching ' || p_match::text, '')
                WHEN 'approval' THEN 'an approval (orchestrator approve | reject)'
                WHEN 'sensor' THEN 'its next check'
+               WHEN 'child' THEN 'its child run'
                WHEN 'defer' THEN coalesce('event ' || p_event || coalesce(' matching ' || p_match::text, ''),
                                           'its time')
                ELSE 'its time' END
