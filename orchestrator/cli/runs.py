@@ -131,9 +131,10 @@ def status(run_id: str, as_json: bool) -> None:
     view = orc.visible(run_id)
     tasks = orc.tasks(run_id)
     progress = orc.progress(run_id)
+    lineage = orc.children.lineage(run_id)  # a child run's parent, a parent's child runs
     if as_json:
         docs = [t.to_json() | {"progress": p.to_json() if (p := progress.get(t.key)) else None} for t in tasks]
-        _dump({"run": view.to_json(), "tasks": docs})
+        _dump({"run": view.to_json(), "tasks": docs, "lineage": lineage})
         return
     attention = "  (needs attention)" if view.needs_attention else ""
     fired = f"  schedule {view.schedule}" if view.schedule else ""
@@ -146,6 +147,11 @@ def status(run_id: str, as_json: bool) -> None:
         f"run {view.id}  dag {view.dag}{version}  tenant {view.tenant}  state {view.state.value}{attention}{fired}"
         f"{logical}{again}"
     )
+    if lineage["parent"]:
+        up = lineage["parent"]
+        click.echo(f"parent run {up['run_id']}  task {up['key']} (attempt {up['attempt']})")
+    for kid in lineage["children"]:
+        click.echo(f"child run {kid['run_id']}  of task {kid['key']} (attempt {kid['attempt']})  {kid['state']}")
     click.echo(format_task_table(tasks))
     for key, p in sorted(progress.items()):  # what each body last reported (update_state)
         click.echo(f"progress  {key}  {p.state}  {json.dumps(p.meta, separators=(',', ':'))[:200]}")

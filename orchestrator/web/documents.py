@@ -84,6 +84,7 @@ def run_page_data(
     without it and its script fetches the drawing (``?part=dag``, :func:`~.drawing.run_dag_svg`)."""
     doc = run_document(orc, run_id, tasks=tasks, events=LEDGER_ROWS, events_before=events_before)
     doc.pop("edges")
+    doc["lineage"] = orc.children.lineage(run_id)  # a child run's parent, a parent's child runs: links each way
     if sum(doc["counts"].values()) > DEFER_DRAWING_ABOVE and not SKELETON_CACHE.knows(run_id):
         return doc, None
     return doc, run_dag_svg(orc, run_id)
