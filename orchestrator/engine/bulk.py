@@ -43,7 +43,8 @@ RETRIED = (TaskState.FAILED.value, TaskState.DEAD_LETTER.value)
 class BulkPort(Protocol):
     """What :class:`Bulk` calls on its :class:`~orchestrator.engine.Orchestrator`."""
 
-    reads: Any
+    @property
+    def reads(self) -> Any: ...
 
     def runs(
         self, limit: int = 20, tenant: str | None = None, *, dag: str | None = None, state: Any = None,

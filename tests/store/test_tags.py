@@ -177,7 +177,7 @@ def test_a_bulk_action_without_a_filter_is_refused_and_touches_nothing(orc: Orch
             orc.bulk.apply(action, tags={}, state="", dag="", tenant="default")
     with pytest.raises(ValidationError, match="unknown bulk action 'purge'"):
         orc.bulk.apply("purge", tags={"customer": "42"})
-    with pytest.raises(ValidationError, match="unknown run state 'BROKEN'"):
+    with pytest.raises(ValidationError, match="unknown run state 'broken'"):
         orc.bulk.retry(state="broken")
     with pytest.raises(TagError):
         orc.bulk.retry(tags={"customer": 42})
