@@ -16,6 +16,7 @@ from .core.backoff import Backoff, Jitter
 from .core.config import Settings
 from .core.dag import DAG, Limits, MapArg, MapSpec, Node, OnDeadline, SizeLimits, load_spec
 from .core.errors import (
+    BulkFilterError,
     ConfigurationError,
     ConflictError,
     CycleError,
@@ -31,6 +32,7 @@ from .core.errors import (
     SchemaMissingError,
     Skip,
     SpecError,
+    TagError,
     TaskNotFound,
     UnknownLimitError,
     UnknownTaskError,
@@ -82,6 +84,7 @@ def get_run(run_id: str) -> RunHandle:
 __all__ = [
     "DAG",
     "Backoff",
+    "BulkFilterError",
     "ConfigurationError",
     "ConflictError",
     "CycleError",
@@ -118,6 +121,7 @@ __all__ = [
     "Skip",
     "SkipReason",
     "SpecError",
+    "TagError",
     "TaskNotFound",
     "TaskState",
     "TriggerRule",
