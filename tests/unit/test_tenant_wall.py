@@ -149,6 +149,11 @@ def test_python_api(world: tuple[Orchestrator, Orchestrator, str]) -> None:
         b.retry_task(run_id, "nope")
     assert b.logical_date(run_id) is None
     assert run_id not in {v.id for v in b.runs(100)}
+    # bulk actions select b's own runs only: a's RUNNING run is in no report, and nothing is written
+    for action in ("cancel", "retry", "rerun"):
+        assert b.bulk.apply(action, state="RUNNING").items == []
+        assert b.bulk.apply(action, dag="secret", tenant="a").items == []
+    assert written(a) == before
     assert b.runs(100, tenant="a") == [] and b.runs(100, tenant="a", state="RUNNING") == []
     assert b.reads.list_runs(100, tenant="a") == []
     # metrics: b's own families only, none of a's, and not the deployment's workers
@@ -309,6 +314,11 @@ def test_web_and_json_api(world: tuple[Orchestrator, Orchestrator, str]) -> None
     for name, (status, body) in listed.items():
         assert status == 200 and run_id not in body and "secret" not in body, name
     assert 'tenant="a"' not in listed["metrics"][1]
+    # bulk actions (the JSON API's and the runs list's form) select b's runs only: none of a's
+    bulk = [f"{where}/{action}?state=RUNNING" for where in ("/api/bulk", "/bulk") for action in ("cancel", "retry")]
+    for path, (status, body) in zip(bulk, _drive(app, [("POST", p) for p in bulk]), strict=True):
+        assert status == 200 and run_id not in body and "secret" not in body, (path, status, body[:300])
+    assert written(a) == before
     # served as the owner, the same addresses answer
     owner = make_app(a, auth=TOKEN, bind="127.0.0.1", cookie_secret="wall")
     ((status, body),) = _drive(owner, [("GET", f"/api/runs/{run_id}")])
