@@ -19,6 +19,7 @@ READY. :meth:`ChildRuns.tick` (one step of every reconciler pass, and callable o
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from ..core.children import ChildSpec, idempotency_key
@@ -40,6 +41,9 @@ class ChildRuns:
 
     def __init__(self, orc: Any) -> None:
         self.orc = orc
+        #: a check in progress: the child DAGs it builds are checked one level deep (a registered
+        #: DAG that names itself, or two that name each other, would otherwise never end)
+        self._local = threading.local()
 
     @property
     def rows(self) -> Any:
@@ -49,14 +53,20 @@ class ChildRuns:
         """At submit: each child-run node's DAG exists (a registered name and version, for the
         run's tenant) or validates (an inline spec, as a submit of it would). Raises
         :class:`ValidationError` naming the node; nothing is written."""
-        for node in dag.nodes.values():
-            spec = getattr(node, "child", None)
-            if spec is None:
-                continue
-            try:
-                self._build(spec, dag.tenant)
-            except (ValidationError, DagNotFound) as exc:
-                raise ValidationError(f"run_dag: {exc}", dag=dag.name, node=node.key) from None
+        if getattr(self._local, "checking", False):
+            return
+        self._local.checking = True
+        try:
+            for node in dag.nodes.values():
+                spec = getattr(node, "child", None)
+                if spec is None:
+                    continue
+                try:
+                    self._build(spec, dag.tenant)
+                except (ValidationError, DagNotFound) as exc:
+                    raise ValidationError(f"run_dag: {exc}", dag=dag.name, node=node.key) from None
+        finally:
+            self._local.checking = False
 
     def _build(self, spec: ChildSpec, tenant: str) -> tuple[DAG, int | None]:
         """The child's DAG (its params laid over), checked as a submit checks it, and the

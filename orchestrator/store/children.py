@@ -177,7 +177,7 @@ class ChildRows:
     ) -> list[Dispatch]:  # fmt: skip
         moved = self.ledger.move(
             conn, run_id, key, attempt, T.WAITING, dst, RECONCILER, reason=reason,
-            values={**values, "finished_at": sa.select(db_now()).scalar_subquery()},
+            values={**values, "finished_at": db_now()},
             fence=(t_tasks.c.child_run_id == child_id,) if child_id is not None else (),
         )  # fmt: skip
         if not moved:
@@ -191,8 +191,8 @@ class ChildRows:
         or moved to another attempt (cancelled, cleared, marked); with ``wait=False``: the
         parent run was cancelled or the node cleared."""
         c, p, pr = t_runs.alias("c"), t_tasks.alias("p"), t_runs.alias("pr")
-        policy = sa.func.coalesce(p.c.wait_spec.op("->>")("on_parent_end"), "cancel")
-        waits = sa.func.coalesce(p.c.wait_spec.op("->>")("wait"), "true") == "true"
+        policy = sa.func.coalesce(p.c.wait_spec["on_parent_end"].as_string(), "cancel")
+        waits = sa.func.coalesce(p.c.wait_spec["wait"].as_string(), "true") == "true"
         query = (
             sa.select(c.c.id, c.c.parent_run_id, c.c.parent_key)
             .join(p, sa.and_(p.c.run_id == c.c.parent_run_id, p.c.key == c.c.parent_key))
