@@ -212,3 +212,30 @@ def resource(self: Any, name: str = "fake", seconds: float = 0.0) -> int:
     if down:
         raise ConnectionError(f"fake resource {name} is down")
     return _attempt(self)
+
+
+#: :func:`txn_insert`'s table, in a schema of its own (the tests create it)
+TXN_WRITES = "txn_probe.writes"
+
+
+@app.task(bind=True)
+def txn_insert(self: Any, gate: str = "", hold_attempts: int = 0, timeout: float = 60.0) -> dict[str, Any]:
+    """A transactional node's probe (``dag.task(..., transactional=True)``): insert one row (run,
+    key, attempt, pid) into ``txn_probe.writes`` on the attempt's transaction
+    (``current_context().transaction``), record the execution (an effect, committed at once on a
+    connection of its own), then, on attempts up to ``hold_attempts``, wait until the file
+    ``gate`` exists (at most ``timeout`` seconds): a test acts while its write is uncommitted."""
+    import sqlalchemy as sa
+
+    ctx = current_context()
+    if ctx is None or ctx.transaction is None:
+        raise RuntimeError("txn_insert runs as a transactional node (dag.task(..., transactional=True))")
+    ctx.transaction.execute(
+        sa.text(f"INSERT INTO {TXN_WRITES} (run_id, key, attempt, pid) VALUES (:run, :key, :attempt, :pid)"),
+        {"run": ctx.run_id, "key": ctx.key, "attempt": ctx.attempt, "pid": os.getpid()},
+    )
+    _effect()
+    deadline = time.monotonic() + timeout
+    while gate and ctx.attempt <= hold_attempts and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"attempt": ctx.attempt, "pid": os.getpid()}

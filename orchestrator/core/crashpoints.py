@@ -18,6 +18,7 @@ POINTS = (
     "after_claim_commit",  # the task is RUNNING, its body not started
     "after_result_commit",  # the outcome is committed, the message not yet acked
     "after_child_commit",  # a child run is stored and linked to its parent node, nothing published
+    "before_transaction_commit",  # a transactional body's writes and its success written, not committed
 )
 
 

@@ -64,6 +64,12 @@ class SpecError(ValidationError):
     """A DAG spec file (YAML/JSON) cannot be read or has the wrong shape."""
 
 
+class TransactionalError(ValidationError):
+    """A ``transactional=True`` node that would break what its transaction promises: a form that
+    holds no worker while it waits (a sensor, a wait, a child run), a map, a time limit above
+    the lease, a coroutine body or one that raises ``Defer``."""
+
+
 class IdempotencyConflict(ValidationError):
     """The idempotency key was already used, for the same DAG name and tenant, by a run of
     another DAG body or other ``params``; nothing was written. ``run_id`` is that run's id

@@ -87,6 +87,8 @@ class Claim:
     #: a body called again after it deferred: ``{"event": payload or None, "state": what it
     #: saved, "timed_out": false}``; None on a first call
     resumed: dict[str, Any] | None = None
+    #: ``transactional=True``: the body runs in the transaction that commits its success
+    transactional: bool = False
 
 
 @dataclass(frozen=True)

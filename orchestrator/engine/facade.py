@@ -35,6 +35,7 @@ from ..core.dag import (
     TENANT_RE,
     dag_from_spec,
 )
+from ..core.dag.transactional import check_limits as check_transactional
 from ..core.errors import ConfigurationError, ConflictError, OperatorError, TaskNotFound, ValidationError
 from ..core.explain import Explanation, explain
 from ..core.models import (
@@ -307,6 +308,7 @@ class Orchestrator(WorkerPort):
         dag.validate(self.registry.is_registered, self.settings.limits)
         check_queues(dag)
         check_time_limits(dag, self.settings.max_time_limit)
+        check_transactional(dag.name, dag.nodes.values(), self.settings.lease_seconds, self.settings.max_time_limit)
         self.store.limits.check_dag(dag)
         if any(getattr(n, "child", None) is not None for n in dag.nodes.values()):
             self.children.check(dag)

@@ -21,6 +21,7 @@ from ..services.alerts import raise_alert
 from ..store import Store
 from ..store.reads import Reads
 from ..store.reads.workers import WorkerView
+from ..store.transactional import TaskTransaction
 
 
 class _Engine(Protocol):
@@ -61,6 +62,19 @@ class WorkerPort:
         outcome = self.store.attempts.succeed(
             token.run_id, token.key, token.attempt, result, self.settings.dispatch_window, claim=claim
         )
+        crash_point("after_result_commit")
+        self._after(outcome, token.run_id, token.key)
+        return outcome
+
+    def begin_transaction(self: _Engine, token: FencingToken) -> TaskTransaction:
+        """The transaction a transactional attempt's body runs in (``current_context().transaction``),
+        its idle time bounded by the lease."""
+        return self.store.attempts.begin(token.run_id, token.key, token.attempt, self.settings.lease_seconds)
+
+    def complete_in(self: _Engine, txn: TaskTransaction, token: FencingToken, result: Any) -> Outcome:
+        """Commit a transactional attempt's result with its body's writes in ``txn`` (fenced: a
+        refused compare-and-set rolls them back), then publish what its children made ready."""
+        outcome = self.store.attempts.succeed_in(txn, result, self.settings.dispatch_window)
         crash_point("after_result_commit")
         self._after(outcome, token.run_id, token.key)
         return outcome

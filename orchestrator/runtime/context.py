@@ -25,6 +25,11 @@ class TaskContext:
     resumed: dict[str, Any] | None = None
     #: records a progress report of this attempt (:mod:`orchestrator.runtime.progress`)
     reporter: Callable[[str, Any], None] | None = field(default=None, repr=False, compare=False)
+    #: a ``transactional=True`` node's attempt: a SQLAlchemy ``Connection`` to the orchestrator's
+    #: database inside the transaction that will commit the attempt's success; the body's writes
+    #: on it commit with that success, or roll back when the attempt is fenced or fails. Never
+    #: commit, roll back or close it in the body. ``None`` for any other task.
+    transaction: Any = field(default=None, repr=False, compare=False)
 
     def progress(self, meta: Any = None, *, state: str = "PROGRESS") -> None:
         """Report this attempt's progress, as Celery's ``self.update_state(state=state, meta=meta)``

@@ -53,6 +53,8 @@ from ..core.protocol import (
 )
 from ..core.waits import Defer, SensorSpec
 from ..engine.facade import Orchestrator
+from ..store.transactional import TaskTransaction
+from . import transactional
 from .aio import call_body, call_direct
 from .context import TaskContext as TaskContext
 from .context import _context
@@ -118,10 +120,17 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         worker = f"{self.request.hostname or socket.gethostname()}:{os.getpid()}"
         hb = _heartbeater(orc)
         started = time.monotonic()
-        args, kwargs, upstream, resumed, sensor = self._begin(orc, hb, token, worker, direct)
+        args, kwargs, upstream, resumed, sensor, txn = self._begin(orc, hb, token, worker, direct)
         context = _context.set(
             TaskContext(
-                token.run_id, token.key, token.attempt, upstream, orc.logical_date, resumed, reporter_for(orc, token)
+                token.run_id,
+                token.key,
+                token.attempt,
+                upstream,
+                orc.logical_date,
+                resumed,
+                reporter_for(orc, token),
+                transaction=None if txn is None else txn.connection,
             )
         )
         status: str | None = None
@@ -138,6 +147,8 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             if status == "failed":
                 raise _requeue()
         except Skip as exc:
+            if txn is not None:
+                txn.close()  # a skipped body leaves no writes
             if status == "lost":
                 # the lease was lost meanwhile: this attempt no longer holds the task
                 raise Ignore() from None
@@ -145,6 +156,9 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             orc.skip_attempt(token, exc.reason)
             return None
         except Defer as exc:
+            if txn is not None:
+                transactional.refuse_defer(orc, token, txn)  # rolled back and closed
+                return None
             if status == "lost":
                 raise Ignore() from None
             _claim_late(orc, token, worker, self.name, status)
@@ -159,25 +173,34 @@ class OrchestratedTask(Task):  # type: ignore[misc]
         except (Ignore, Reject):
             raise
         except BaseException as exc:
+            if txn is not None:
+                txn.close()  # the body's writes rolled back before its failure is recorded
             if status is None:
                 status = hb.untrack(token)
             _record_failure(orc, token, worker, self.name, status, exc)
             raise  # a terminated process goes on exiting
         finally:
             _context.reset(context)
+        if txn is not None:
+            try:
+                return self._succeed(orc, token, worker, status, result, sensor, resumed, started, txn)
+            finally:
+                txn.close()
         return self._succeed(orc, token, worker, status, result, sensor, resumed, started)
 
     def _begin(
         self, orc: Orchestrator, hb: Heartbeater, token: FencingToken, worker: str,
         direct: tuple[list[Any], dict[str, Any]] | None,
-    ) -> tuple[list[Any], dict[str, Any], dict[str, Any], Any, Any]:  # fmt: skip
+    ) -> tuple[list[Any], dict[str, Any], dict[str, Any], Any, Any, TaskTransaction | None]:  # fmt: skip
         """The attempt's claim (or, for a direct body under a claim delay, its tracking while it
-        runs unclaimed): ``(args, kwargs, upstream results, resumed state, sensor)``."""
+        runs unclaimed): ``(args, kwargs, upstream results, resumed state, sensor, transaction)``;
+        the transaction is a transactional task's (never a direct message's), opened here."""
         if direct is not None and orc.settings.claim_delay > 0:
             hb.track_direct(token, lambda: orc.claim(token, worker, self.name) is not None)
-            return direct[0], direct[1], {}, None, None
+            return direct[0], direct[1], {}, None, None, None
         claim = _claim_or_ignore(orc, token, worker, self.name)
         crash_point("after_claim_commit")
+        txn = transactional.open_for(orc, self, token) if claim.transactional else None
         kwargs = dict(claim.kwargs)
         upstream = claim.upstream_results
         if claim.wants_upstream and wants_upstream_kwarg(self):
@@ -187,14 +210,16 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             try:
                 args = passed_args(orc, self, token.run_id, args, upstream)
             except Skip as exc:  # an error callback whose part did not fail itself
+                if txn is not None:
+                    txn.close()
                 orc.skip_attempt(token, exc.reason)
                 raise Ignore() from None
         hb.track(token)
-        return args, kwargs, upstream, claim.resumed, claim.sensor
+        return args, kwargs, upstream, claim.resumed, claim.sensor, txn
 
     def _succeed(
         self, orc: Orchestrator, token: FencingToken, worker: str, status: str | None, result: Any, sensor: Any,
-        resumed: Any, started: float,
+        resumed: Any, started: float, txn: TaskTransaction | None = None,
     ) -> Any:  # fmt: skip
         """The body returned: a sensor's "not yet" defers, a result the node cannot use fails the
         attempt, else the success is committed (with the claim, for a direct body still unclaimed)."""
@@ -204,9 +229,13 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             return None
         problem = _result_problem(result, orc.settings.max_result_bytes)
         if problem is not None:
+            if txn is not None:
+                txn.rollback()
             _claim_late(orc, token, worker, self.name, status)
             orc.fail_attempt(token, error=problem, retryable=False)
             raise ResultNotSerializable(f"task {self.name} ({token.task_id}): {problem}")
+        if txn is not None:
+            return transactional.commit(orc, token, txn, result)
         if status == "unclaimed":
             try:
                 orc.complete(token, result, claim=(worker, self.name, time.monotonic() - started))

@@ -25,6 +25,7 @@ from .dbtime import db_after, db_now
 from .hotpath import HotPath
 from .ledger import Ledger, holds
 from .settlement import Settlement
+from .transactional import TaskTransaction
 
 T = TaskState
 t_tasks, t_edges = s.tasks, s.edges
@@ -76,7 +77,7 @@ class Attempts:
             return None
         return Claim(
             run_id, key, attempt, list(got["args"]), dict(got["kwargs"]), bool(got["wants_upstream"]),
-            dict(got["upstream"]), got.get("sensor"), got.get("resumed"),
+            dict(got["upstream"]), got.get("sensor"), got.get("resumed"), bool(got.get("transactional")),
         )  # fmt: skip
 
     def heartbeat(self, run_id: str, key: str, attempt: int, lease_seconds: float) -> bool:
@@ -123,6 +124,28 @@ class Attempts:
                 return self.fail(run_id, key, attempt, error=out["invalid"], window=window, retryable=False)
             return Outcome(False, None, [], out["conflict"])
         return Outcome(True, T.SUCCEEDED, [rows.dispatch(d) for d in out["dispatches"]])
+
+    def begin(self, run_id: str, key: str, attempt: int, lease_seconds: float) -> TaskTransaction:
+        """A transactional attempt's transaction (:mod:`.transactional`), open on a connection of
+        the store's pool; its body's writes commit with :meth:`succeed_in` or not at all."""
+        return TaskTransaction.open(self.db.engine, run_id, key, attempt, lease_seconds)
+
+    def succeed_in(self, txn: TaskTransaction, result: Any, window: int) -> Outcome:
+        """CAS RUNNING -> SUCCEEDED in the attempt's own transaction ``txn``, with its body's
+        writes: committed together, or all rolled back when the attempt was fenced. The refusal's
+        rejected event (rolled back with the rest) is then written alone; a result the node cannot
+        use fails the attempt without a retry, as :meth:`succeed` does."""
+        check_transition(T.RUNNING, T.SUCCEEDED, WORKER.role)
+        a = self.admission
+        run_id, key, attempt = txn.run_id, txn.key, txn.attempt
+        out = txn.succeed(result, window, a.worker_ttl, a.depth, a.aging)
+        if out["accepted"]:
+            return Outcome(True, T.SUCCEEDED, [rows.dispatch(d) for d in out["dispatches"]])
+        if out.get("invalid"):
+            return self.fail(run_id, key, attempt, error=out["invalid"], window=window, retryable=False)
+        why = "transactional attempt fenced: its writes rolled back"
+        conflict = self.db.transaction(lambda c: self.ledger.reject(c, run_id, key, attempt, T.SUCCEEDED, WORKER, why))
+        return Outcome(False, None, [], conflict)
 
     def skip(self, run_id: str, key: str, attempt: int, reason: str, window: int) -> Outcome:
         """CAS RUNNING -> SKIPPED (the body raised :class:`orchestrator.Skip`), settle the

@@ -270,6 +270,7 @@ def _task_rows(
     first)."""
     node_deadlines = any(n.deadline is not None for n in dag.nodes.values())
     uses_resources = any(n.resources for n in dag.nodes.values())
+    transactional = any(n.transactional for n in dag.nodes.values())
     children: dict[str, list[str]] = {}
     for node in dag.nodes.values():
         for parent in node.upstream:
@@ -334,6 +335,7 @@ def _task_rows(
             **({"deadline_seconds": node.deadline, "deadline_at": due.get(node.key)} if node_deadlines else {}),
             **(_dynamic_columns(dag, node, setups, map_sources, deciders) if dynamic else {}),
             **({"setup_scope": scopes.get(node.key), "scope_of": scope_of.get(node.key)} if scopes else {}),
+            **({"transactional": node.transactional or None} if transactional else {}),
         }
 
 

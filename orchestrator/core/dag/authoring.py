@@ -153,7 +153,7 @@ class DAG:
         branch: bool = False, short_circuit: bool = False, setup: bool = False, teardown: bool = False,
         fails_run: bool = False, min_success_ratio: float | None = None, mapping: MapSpec | None = None,
         wait: WaitSpec | None = None, sensor: SensorSpec | None = None, parent_arg: bool = False,
-        ignore_downstream_trigger_rules: bool = True, child: ChildSpec | None = None,
+        ignore_downstream_trigger_rules: bool = True, child: ChildSpec | None = None, transactional: bool = False,
     ) -> Node:  # fmt: skip
         """Add a node and return it (pass it in another node's ``upstream``).
 
@@ -184,7 +184,8 @@ class DAG:
         that share of its upstream, a map's children counted one by one, succeeded. ``mapping`` is
         :meth:`map`'s, ``wait`` :meth:`wait`'s and ``sensor`` :meth:`sensor`'s. ``parent_arg=True``: the
         node's single parent's result is its first positional argument, as a Celery chain passes it
-        (instead of through a parameter named ``upstream``).
+        (instead of through a parameter named ``upstream``). ``transactional=True``: the body gets
+        ``current_context().transaction``, and its writes commit with its success, or not at all.
 
         Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest of the
         checks run in :meth:`validate`."""
@@ -218,7 +219,7 @@ class DAG:
             deadline=deadline, map=mapping, branch=branch, short_circuit=short_circuit,
             ignore_downstream_trigger_rules=ignore_downstream_trigger_rules, setup=setup,
             teardown=teardown, fails_run=fails_run, min_success_ratio=min_success_ratio, wait=wait, sensor=sensor,
-            child=child,
+            child=child, transactional=transactional,
         )  # fmt: skip
         self.nodes[key] = node
         touch(group, node)

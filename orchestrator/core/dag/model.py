@@ -201,6 +201,8 @@ class Node:
     setup: bool = False
     teardown: bool = False
     fails_run: bool = False
+    #: the body runs in the transaction that commits its success (``current_context().transaction``)
+    transactional: bool = False
     #: all_success relaxed: READY once this share of the upstream (a map's children) succeeded
     min_success_ratio: float | None = None
     #: a wait node (``DAG.wait``, ``DAG.approval``): it never runs on a worker, it waits (WAITING)
@@ -246,7 +248,7 @@ class Node:
             spec["deadline"] = self.deadline
         if self.map is not None:
             spec["map"] = self.map.to_spec()
-        for flag in ("branch", "short_circuit", "setup", "teardown", "fails_run"):
+        for flag in ("branch", "short_circuit", "setup", "teardown", "fails_run", "transactional"):
             if getattr(self, flag):
                 spec[flag] = True
         if not self.ignore_downstream_trigger_rules:

@@ -48,6 +48,7 @@ NODE_FIELDS = {
     "setup",
     "teardown",
     "fails_run",
+    "transactional",
     "min_success_ratio",
     "wait",
     "sensor",
@@ -134,6 +135,7 @@ SPEC_FLAGS = (
     "setup",
     "teardown",
     "fails_run",
+    "transactional",
     "min_success_ratio",
 )
 
@@ -291,6 +293,7 @@ _SPEC_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
     ("setup", (bool,), "true or false"),
     ("teardown", (bool,), "true or false"),
     ("fails_run", (bool,), "true or false"),
+    ("transactional", (bool,), "true or false"),
     ("min_success_ratio", (int, float, type(None)), "a number above 0 and at most 1"),
 )
 

@@ -48,6 +48,7 @@ from .bounds import (
 )
 from .model import KWARGS, NO_FILL, MapArg, MapSpec, Node, OnDeadline
 from .passing import placeholder_problem
+from .transactional import check_form as check_transactional
 
 #: builds the error for one node's problem (the DAG and the node named)
 Fail = Callable[[str], ValidationError]
@@ -192,6 +193,7 @@ def validate_node(
         _check_map_forms(node, node.map, dag, is_registered, fail)
     if node.sensor is not None:
         _check_sensor(node, fail, d)
+    check_transactional(node, d)
 
 
 def _check_task_name(

@@ -230,6 +230,9 @@ tasks = sa.Table(
     #: a child-run node (``DAG.run_dag``): the child run its current attempt started (null until
     #: it is started; a clear or a retry starts another)
     sa.Column("child_run_id", sa.String(32), nullable=True),
+    #: ``dag.task(..., transactional=True)``: the body runs in the transaction that commits its
+    #: success (``current_context().transaction``); null: not transactional (never a direct message)
+    sa.Column("transactional", sa.Boolean, nullable=True),
 )
 #: the watchdog's flagged tasks, and the tasks held after a worker dropped their message
 sa.Index("ix_orc_tasks_stuck", tasks.c.run_id, postgresql_where=sa.text("stuck IS NOT NULL"))

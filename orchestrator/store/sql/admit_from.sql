@@ -15,7 +15,8 @@
 -- (orc_worker_tasks), or that a worker dropped as unregistered (dropped_by), is not looked at:
 -- it waits READY, and the reconciler's watchdog flags it. Each row says whether its message is
 -- direct: the message's arguments are all the body gets (no upstream results, map item, sensor
--- or resumed state), so a worker may start the body before claiming (orc_claim_succeed_v1). A task admitted with
+-- or resumed state; never a transactional task's), so a worker may start the body before claiming
+-- (orc_claim_succeed_v1). A task admitted with
 -- resources takes its half-open breakers' probe permits and counts in their ramps' waves
 -- (orc_breaker_admitted_v1); for a task without resources (every task an earlier release
 -- wrote) nothing changed.
@@ -205,7 +206,7 @@ BEGIN
             RETURNING t.run_id::text, t.key::text, t.attempt, t.task_name::text, t.args, t.kwargs, t.queue::text,
                       t.soft_time_limit, t.time_limit, t.priority_rank::int, t.ready_at,
                       NOT t.wants_upstream AND t.map_item_from IS NULL AND t.wait_spec IS NULL
-                          AND t.wait_resume IS NULL
+                          AND t.wait_resume IS NULL AND t.transactional IS NOT TRUE
         ), events AS (
             INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
             SELECT moved.run_id, moved.key, moved.attempt, 'READY', 'QUEUED', 'dispatcher', NULL, NULL, true, now()

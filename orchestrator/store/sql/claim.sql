@@ -7,7 +7,8 @@
 -- parents) or {"claimed": false, "conflict"} with the rejected event written (nothing is
 -- written for an unknown task). A child of a map mapped item by item gets its item, the result
 -- of the same key's child of the map before it, as its mapped keyword. A sensor's claim adds
--- "sensor" (its polling spec), a deferred body's called again "resumed" (orc_wake_v1).
+-- "sensor" (its polling spec), a deferred body's called again "resumed" (orc_wake_v1), a
+-- transactional task's (orc_tasks.transactional) "transactional": true.
 
 CREATE OR REPLACE FUNCTION orc_claim_v2(p_run text, p_key text, p_attempt integer, p_worker text,
     p_lease double precision, p_task text)
@@ -27,7 +28,8 @@ BEGIN
                            lease_expires_at = now() + make_interval(secs => p_lease), worker = p_worker
     WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'QUEUED' AND t.attempt = p_attempt
       AND t.task_name = p_task
-    RETURNING t.args, t.kwargs, t.wants_upstream, t.map_parent, t.map_item_from, t.wait_spec, t.wait_resume INTO row;
+    RETURNING t.args, t.kwargs, t.wants_upstream, t.map_parent, t.map_item_from, t.wait_spec, t.wait_resume,
+              t.transactional INTO row;
     IF NOT FOUND THEN
         conflict := orc_reject_v1(p_run, p_key, p_attempt, 'RUNNING', 'worker',
                                   'claim by ' || p_worker || ' for a message of ' || p_task);
@@ -58,6 +60,12 @@ BEGIN
                                  'wants_upstream', row.wants_upstream, 'upstream', coalesce(upstream, '{}'::json),
                                  'sensor', row.wait_spec, 'resumed', row.wait_resume);
     END IF;
+    IF row.transactional THEN
+        -- its body runs in the transaction that commits its success (the worker opens it)
+        RETURN json_build_object('claimed', true, 'args', row.args, 'kwargs', kwargs,
+                                 'wants_upstream', row.wants_upstream, 'upstream', coalesce(upstream, '{}'::json),
+                                 'transactional', true);
+    END IF;
     RETURN json_build_object('claimed', true, 'args', row.args, 'kwargs', kwargs,
                              'wants_upstream', row.wants_upstream, 'upstream', coalesce(upstream, '{}'::json));
 END
@@ -67,8 +75,8 @@ $$;
 -- are all the body gets: orc_admit_from_v2's direct flag) whose body finished before its worker's
 -- claim delay (ORCHESTRATOR_CLAIM_DELAY). One statement: QUEUED -> RUNNING for p_attempt with
 -- its ledger row, both stamped when the body started (p_elapsed seconds ago, not before the
--- task was dispatched), then orc_succeed_v2. The claim's
--- conditions are orc_claim_v2's plus the direct ones; a claim that loses writes the rejected
+-- task was dispatched), then orc_succeed_v2. The claim's conditions are orc_claim_v2's plus
+-- the direct ones (a transactional task is never direct); a claim that loses writes the rejected
 -- event and returns {"accepted": false, "conflict"} (the body's result is dropped, never
 -- committed), otherwise what orc_succeed_v2 returns.
 
@@ -88,7 +96,7 @@ BEGIN
                                                        coalesce(t.dispatched_at, now())), now())
     WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'QUEUED' AND t.attempt = p_attempt
       AND t.task_name = p_task AND NOT t.wants_upstream AND t.map_item_from IS NULL AND t.wait_spec IS NULL
-      AND t.wait_resume IS NULL
+      AND t.wait_resume IS NULL AND t.transactional IS NOT TRUE
     RETURNING t.started_at INTO began;
     IF NOT FOUND THEN
         conflict := orc_reject_v1(p_run, p_key, p_attempt, 'RUNNING', 'worker',
