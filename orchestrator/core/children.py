@@ -21,6 +21,7 @@ waiting for it (the parent run cancelled, the node cleared, marked or cancelled;
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -38,6 +39,8 @@ REF_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._:/-]{0,199})(?:@([1-9][0-9]{0,8}))
 MAX_PARAMS_BYTES = 64 * 1024
 MAX_SPEC_BYTES = 1024 * 1024
 CHILD_FIELDS = {"dag", "params", "wait", "on_parent_end"}
+#: the longest idempotency key a run holds (``core.dag.bounds.MAX_IDEMPOTENCY_KEY_CHARS``)
+MAX_KEY_CHARS = 200
 
 
 def _fail(message: str, where: tuple[str | None, str | None]) -> ValidationError:
@@ -54,8 +57,12 @@ def _json_size(value: Any, what: str, limit: int, where: tuple[str | None, str |
 
 
 def idempotency_key(run_id: str, key: str, attempt: int) -> str:
-    """The child run's idempotency key: one child per (parent run, node key, attempt)."""
-    return f"child:{run_id}:{key}:{attempt}"
+    """The child run's idempotency key: one child per (parent run, node key, attempt); a key too
+    long for the column (``orc_runs.idempotency_key``, 200 characters) is named by its hash."""
+    plain = f"child:{run_id}:{key}:{attempt}"
+    if len(plain) <= MAX_KEY_CHARS:
+        return plain
+    return f"child:{run_id}:{hashlib.sha256(key.encode()).hexdigest()[:40]}:{attempt}"
 
 
 @dataclass(frozen=True)
@@ -168,8 +175,3 @@ def child_from_spec(raw: Any, where: tuple[str | None, str | None]) -> ChildSpec
         raw["dag"], params=raw.get("params"), wait=raw.get("wait", True),
         on_parent_end=raw.get("on_parent_end", "cancel"), where=where,
     )  # fmt: skip
-
-
-def leaf_results(rows: list[tuple[str, Any]]) -> dict[str, Any]:
-    """The child's results as its parent node's result: its leaf tasks' results by key."""
-    return {key: result for key, result in rows}

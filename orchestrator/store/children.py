@@ -265,7 +265,7 @@ class ChildRows:
 def leaf_results(conn: Connection, run_id: str) -> dict[str, Any]:
     """A child run's results as its parent node's result: its leaf tasks' results by key (a task
     with no child task; a map's children are counted in their map, whose result is theirs)."""
-    leaf = sa.or_(t_tasks.c.children.is_(None), sa.cast(t_tasks.c.children, sa.Text) == "[]")
+    leaf = sa.or_(t_tasks.c.children.is_(None), sa.cast(t_tasks.c.children, sa.Text).in_(["[]", "null"]))
     rows = conn.execute(
         sa.select(t_tasks.c.key, t_tasks.c.result)
         .where(t_tasks.c.run_id == run_id, t_tasks.c.map_parent.is_(None), leaf)

@@ -236,3 +236,13 @@ def test_the_spec_format_round_trips(orc: Orchestrator) -> None:
     by_name = {"name": "p", "nodes": [{"key": "kid", "run_dag": {"dag": "etl@2", "wait": False}}]}
     node = dag_from_spec(by_name).nodes["kid"]
     assert node.child is not None and (node.child.name, node.child.version, node.child.wait) == ("etl", 2, False)
+
+
+def test_a_root_child_node_waits_from_the_submit(orc: Orchestrator) -> None:
+    dag = DAG("rooted")
+    dag.run_dag("kid", dag=child_dag())
+    run = orc.submit(dag)
+    assert orc.task(run.id, "kid").state.value == "WAITING"
+    run_all(orc, run.id)
+    assert orc.run_state(run.id).value == "SUCCEEDED"
+    assert orc.task(run.id, "kid").result == {"load": {"key": "load", "upstream": ["extract"]}}
