@@ -6,7 +6,9 @@ whose instant came and times out those whose deadline passed (``orc_wake_due_v1`
 watchdog (a task no live worker can take, a message re-published ``ORCHESTRATOR_STUCK_REPUBLISHES``
 times without a claim, a run with no transition for ``ORCHESTRATOR_STUCK_RUN_SECONDS``: flagged,
 ``needs_attention``, a ``task_stuck`` alert), deletes
-events past their retention, finishes the event triggers' open firings, judges the run and
+events past their retention, finishes the event triggers' open firings, runs the child pass
+(child runs of ``DAG.run_dag`` nodes started, their nodes ended with them, orphans cancelled by
+policy: ``orchestrator.engine.children``), judges the run and
 task deadlines that fell due (a miss is recorded once and alerted; a DAG with
 ``on_deadline="cancel"`` has its run cancelled), admits READY work into free capacity and
 closes runs whose counter missed their end. Each item is
