@@ -270,7 +270,6 @@ def _task_rows(
     first)."""
     node_deadlines = any(n.deadline is not None for n in dag.nodes.values())
     uses_resources = any(n.resources for n in dag.nodes.values())
-    transactional = any(n.transactional for n in dag.nodes.values())
     children: dict[str, list[str]] = {}
     for node in dag.nodes.values():
         for parent in node.upstream:
@@ -335,7 +334,6 @@ def _task_rows(
             **({"deadline_seconds": node.deadline, "deadline_at": due.get(node.key)} if node_deadlines else {}),
             **(_dynamic_columns(dag, node, setups, map_sources, deciders) if dynamic else {}),
             **({"setup_scope": scopes.get(node.key), "scope_of": scope_of.get(node.key)} if scopes else {}),
-            **({"transactional": node.transactional or None} if transactional else {}),
         }
 
 
@@ -350,7 +348,7 @@ def _row_kwargs(dag: DAG, node: Node) -> dict[str, Any]:
 
 
 def _dynamic(n: Node) -> bool:
-    """Whether a node uses a column of maps, branches, skips, setups or waits."""
+    """Whether a node uses a column of maps, branches, skips, setups, waits or transactions."""
     return (
         n.map is not None
         or n.branch
@@ -360,13 +358,14 @@ def _dynamic(n: Node) -> bool:
         or n.min_success_ratio is not None
         or _waits(n)
         or n.sensor is not None
+        or n.transactional
     )
 
 
 def _dynamic_columns(
     dag: DAG, node: Node, setups: set[str], map_sources: set[str], deciders: set[str] | None
 ) -> dict[str, Any]:
-    """A task row's columns of maps, branches, skips, setups and teardowns. ``deciders``: the
+    """A task row's columns of maps, branches, skips, setups, teardowns and transactions. ``deciders``: the
     nodes whose failure fails the run under ``run_state="leaves"`` (``None``: every node that is
     not a map header or a teardown)."""
     decides = node.key in deciders if deciders is not None else not (node.teardown and not node.fails_run)
@@ -379,6 +378,7 @@ def _dynamic_columns(
         "min_success_ratio": node.min_success_ratio,
         "map_spec": None if node.map is None else node.map.to_row(dag.per_item(node), decides=decides),
         "wait_spec": _wait_row(node),
+        "transactional": node.transactional or None,
     }
 
 

@@ -184,8 +184,7 @@ class DAG:
         that share of its upstream, a map's children counted one by one, succeeded. ``mapping`` is
         :meth:`map`'s, ``wait`` :meth:`wait`'s and ``sensor`` :meth:`sensor`'s. ``parent_arg=True``: the
         node's single parent's result is its first positional argument, as a Celery chain passes it
-        (instead of through a parameter named ``upstream``). ``transactional=True``: the body gets
-        ``current_context().transaction``, and its writes commit with its success, or not at all.
+        (instead of through a parameter named ``upstream``). ``transactional=True``: its writes commit with its success.
 
         Raises :class:`ValidationError` for a duplicate key or a malformed option; the rest of the
         checks run in :meth:`validate`."""
