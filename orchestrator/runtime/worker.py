@@ -200,7 +200,6 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             return direct[0], direct[1], {}, None, None, None
         claim = _claim_or_ignore(orc, token, worker, self.name)
         crash_point("after_claim_commit")
-        txn = transactional.open_for(orc, self, token) if claim.transactional else None
         kwargs = dict(claim.kwargs)
         upstream = claim.upstream_results
         if claim.wants_upstream and wants_upstream_kwarg(self):
@@ -210,10 +209,9 @@ class OrchestratedTask(Task):  # type: ignore[misc]
             try:
                 args = passed_args(orc, self, token.run_id, args, upstream)
             except Skip as exc:  # an error callback whose part did not fail itself
-                if txn is not None:
-                    txn.close()
                 orc.skip_attempt(token, exc.reason)
                 raise Ignore() from None
+        txn = transactional.open_for(orc, self, token) if claim.transactional else None
         hb.track(token)
         return args, kwargs, upstream, claim.resumed, claim.sensor, txn
 

@@ -214,3 +214,19 @@ def test_a_clear_while_the_body_holds_its_writes(cluster: Cluster, tmp_path: Pat
     assert writes(cluster, run.id) == [2]
     assert not [e for e in accepted(cluster.events(run.id), dst="SUCCEEDED") if e.attempt == 1]
     cluster.assert_clean([run.id])
+
+
+def test_a_body_that_defers_is_refused_and_its_writes_rolled_back(cluster: Cluster) -> None:
+    # Given a transactional node whose body raises Defer (it would wait holding no worker)
+    cluster.configure(ORCHESTRATOR_LEASE_SECONDS=LEASE)
+    cluster.worker("w1", concurrency=1)
+    dag = DAG("txn-defer")
+    dag.task("a", P + "deferring", max_attempts=3, transactional=True, time_limit=float(LEASE))
+
+    # When it runs, then its attempt fails without a retry and never waits
+    run = cluster.orc.submit(dag)
+    assert cluster.wait_run(run.id, 60) is RunState.FAILED
+    task = cluster.store.reads.get_task(run.id, "a")
+    assert task.attempt == 1 and (task.error or "").startswith("TransactionalError: a transactional body cannot Defer")
+    assert not [e for e in cluster.events(run.id) if e.to_state == "WAITING"]
+    cluster.assert_clean([run.id])

@@ -171,3 +171,23 @@ def test_a_direct_claim_folded_into_a_success_refuses_a_transactional_task(store
     out = store.attempts.hot.claim_succeed(run_id, "a", 1, "w", "t", 0.0, None, 10, a.worker_ttl, a.depth, a.aging)
     assert out["accepted"] is False
     assert store.reads.get_task(run_id, "a").state.value == "QUEUED"
+
+
+def test_a_coroutine_body_is_refused_when_it_runs(store: Store, pg_clean: str) -> None:
+    from types import SimpleNamespace
+
+    from celery.exceptions import Ignore
+
+    from orchestrator.core.protocol import FencingToken
+    from orchestrator.runtime import transactional
+
+    async def body() -> None:
+        return None
+
+    run_id = _claimed(store)
+    orc = _orc(store, pg_clean)
+    with pytest.raises(Ignore):
+        transactional.open_for(orc, SimpleNamespace(run=body), FencingToken(run_id, "a", 1))
+    task = store.reads.get_task(run_id, "a")
+    assert task.state.value == "FAILED" and task.attempt == 1, "no retry"
+    assert (task.error or "").startswith("TransactionalError: a coroutine body (async def) cannot be transactional")
