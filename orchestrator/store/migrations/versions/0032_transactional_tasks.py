@@ -11,7 +11,10 @@ each of them, and only this release writes it):
   its claim, outside its transaction);
 - ``orc_claim_succeed_v1`` refuses such a task (a direct body's claim folded into its success).
 
-The column is nullable with no default: adding it rewrites no row.
+The column is nullable with no default: adding it rewrites no row. A worker of the previous
+release that claims such a task mid-upgrade runs its body without ``current_context().transaction``
+(an ``AttributeError`` where the body reaches for it: the attempt fails and is retried), so the
+body's writes are never made outside a transaction.
 
 Revision ID: 0032
 Revises: 0031
