@@ -67,9 +67,8 @@ class Submission:
         ``orc_runs.tags`` (a submit that finds its run by its idempotency key or schedule instant
         returns that run with the tags it was created with).
         Raises :class:`ValidationError`, before anything is written, when a deadline after the
-        logical date is beyond what a date can hold. A child run (``parent``: the parent run,
-        node key and attempt) records its parent, and ``link(conn, run_id)`` runs in the
-        transaction that creates it (``store/children.py``: the parent's row fenced and linked).
+        logical date is beyond what a date can hold. A child run records its ``parent`` (run, key,
+        attempt); ``link(conn, run_id)`` runs in its transaction (``ChildRows.link``: the parent's CAS).
         """
         for node in dag.nodes.values():
             if node.resources:
@@ -92,8 +91,7 @@ class Submission:
             row.update(trace_context=trace_context, code_version=code_version, tags=tags or {})
             if dag.max_active_tasks is None and default_max_active is not None:
                 row["max_active_tasks"] = default_max_active  # ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS
-            if parent is not None:
-                row.update(parent_run_id=parent[0], parent_key=parent[1], parent_attempt=parent[2])
+            row.update(zip(("parent_run_id", "parent_key", "parent_attempt"), parent or (), strict=False))
             conn.execute(t_runs.insert().values(**row))
             self.ledger.create_run(conn, run_id, SUBMIT)
             self.db.backend.bulk_insert(conn, t_tasks, _task_rows(dag, run_id, now, queues, wants_upstream, due))
@@ -111,13 +109,7 @@ class Submission:
             with self.db.engine.begin() as conn:
                 found = existing(conn)
             if found is None:
-                # nothing was written (the transaction rolled back): a typed refusal, never a
-                # raw driver error (validation refuses every shape known to reach here)
-                constraint = getattr(getattr(exc.orig, "diag", None), "constraint_name", None) or "a unique key"
-                raise ValidationError(
-                    f"the run could not be stored: it would repeat {constraint} ({type(exc.orig).__name__})",
-                    dag=dag.name,
-                ) from exc
+                raise _not_stored(exc, dag) from exc
             return found, False
 
     def _start_roots(self, conn: Connection, run_id: str, dag: DAG) -> None:
@@ -454,6 +446,15 @@ def _flow(node: Node) -> str | None:
         # Airflow's ignore_downstream_trigger_rules=False: only the direct children are skipped
         return "short_circuit" if node.ignore_downstream_trigger_rules else "circuit_direct"
     return "wait" if _waits(node) else None
+
+
+def _not_stored(exc: sa.exc.IntegrityError, dag: DAG) -> ValidationError:
+    """Nothing was written (the transaction rolled back): a typed refusal, never a raw driver
+    error (validation refuses every shape known to reach here)."""
+    constraint = getattr(getattr(exc.orig, "diag", None), "constraint_name", None) or "a unique key"
+    return ValidationError(
+        f"the run could not be stored: it would repeat {constraint} ({type(exc.orig).__name__})", dag=dag.name
+    )
 
 
 def _wait_row(node: Node) -> dict[str, Any] | None:
