@@ -151,8 +151,10 @@ def test_python_api(world: tuple[Orchestrator, Orchestrator, str]) -> None:
     assert run_id not in {v.id for v in b.runs(100)}
     # bulk actions select b's own runs only: a's RUNNING run is in no report, and nothing is written
     for action in ("cancel", "retry", "rerun"):
-        assert b.bulk.apply(action, state="RUNNING").items == []
+        selected = b.bulk.apply(action, state="RUNNING", dry_run=True).items
+        assert selected and {i.tenant for i in selected} == {"b"} and run_id not in {i.run_id for i in selected}
         assert b.bulk.apply(action, dag="secret", tenant="a").items == []
+        assert b.bulk.apply(action, dag="secret").items == []
     assert written(a) == before
     assert b.runs(100, tenant="a") == [] and b.runs(100, tenant="a", state="RUNNING") == []
     assert b.reads.list_runs(100, tenant="a") == []
@@ -315,9 +317,14 @@ def test_web_and_json_api(world: tuple[Orchestrator, Orchestrator, str]) -> None
         assert status == 200 and run_id not in body and "secret" not in body, name
     assert 'tenant="a"' not in listed["metrics"][1]
     # bulk actions (the JSON API's and the runs list's form) select b's runs only: none of a's
-    bulk = [f"{where}/{action}?state=RUNNING" for where in ("/api/bulk", "/bulk") for action in ("cancel", "retry")]
+    bulk = [
+        f"{where}/{action}?state=RUNNING&dry_run=1"
+        for where in ("/api/bulk", "/bulk")
+        for action in ("cancel", "retry")
+    ] + [f"/api/bulk/cancel?dag=secret&tenant={t}" for t in ("a", "")]
     for path, (status, body) in zip(bulk, _drive(app, [("POST", p) for p in bulk]), strict=True):
-        assert status == 200 and run_id not in body and "secret" not in body, (path, status, body[:300])
+        assert status == 200 and run_id not in body, (path, status, body[:300])
+        assert '"matched": 0' in body if "secret" in path else "secret" not in body, (path, body[:300])
     assert written(a) == before
     # served as the owner, the same addresses answer
     owner = make_app(a, auth=TOKEN, bind="127.0.0.1", cookie_secret="wall")
