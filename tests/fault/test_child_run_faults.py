@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, RunState, TaskState
+from orchestrator.store import rows
 from orchestrator.store import schema as s
 from orchestrator.store.children import Pending
 from tests.fault.harness import Cluster, P, accepted, rejected
@@ -98,12 +99,18 @@ def test_one_child_per_attempt_under_a_kill_minus_9_and_duplicates(cluster: Clus
         ).scalar_one()
     assert cluster.orc.children.start(Pending(run.id, "kid", 1, "default", dict(spec))) is False
     assert cluster.orc.children.tick() == 0
-    # and the child's first message is delivered twice at once to two idle workers
+    # and, once two idle workers register (a registration admits READY work: x is published),
+    # a second copy of x's message is delivered while x runs
     wa, wb = cluster.start_worker("wa", concurrency=1), cluster.start_worker("wb", concurrency=1)
     cluster.wait_ready(wa, wb)
-    dispatches = cluster.orc.store.admission.admit_ready(cluster.orc.settings.dispatch_window)
-    assert [(d.run_id, d.key, d.attempt) for d in dispatches] == [(child.id, "x", 1)]
-    assert cluster.orc.publisher.publish(dispatches + dispatches) == 2
+    cluster.wait_task(child.id, "x", lambda t: t.state is T.RUNNING, 30, "x running")
+    with cluster.store.engine.connect() as conn:
+        x = conn.execute(
+            sa.select(*rows.DISPATCH_COLUMNS).where(s.tasks.c.run_id == child.id, s.tasks.c.key == "x")
+        ).one()
+    copy = rows.dispatch(x._mapping)
+    assert (copy.run_id, copy.key, copy.attempt) == (child.id, "x", 1)
+    assert cluster.orc.publisher.publish([copy]) == 1
     cluster.reconciler()
 
     # Then one child for attempt 1, its x ran once (the copy's claim refused), and kid ended once
