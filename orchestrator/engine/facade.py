@@ -9,7 +9,7 @@ by the caller (``app=`` wires the Celery ones; unit tests pass in-memory ones).
 Its API has one shape: the run-level calls are methods (``submit``, ``run``, ``cancel``,
 ``clear``, ``explain``...; the worker's calls come from :class:`~orchestrator.engine.worker_port.WorkerPort`),
 and every other concern is a sub-object with its own verbs: ``orc.schedules``, ``orc.triggers``,
-``orc.dags``, ``orc.limits``, ``orc.breakers``, ``orc.tenants``, ``orc.events``.
+``orc.dags``, ``orc.limits``, ``orc.breakers``, ``orc.tenants``, ``orc.events``, ``orc.bulk``.
 
 It is the wall around the store for applications, with known exceptions inside the package
 that take ``Orchestrator.store`` directly: the sub-objects of this folder, the DAG registry
