@@ -162,3 +162,11 @@ def test_bulk_cancel_and_rerun_and_their_refusals(use_cli: CliRunner, orc: Orche
         assert out.exit_code == 2 and out.stderr.startswith("error: ") and named in out.stderr, (args, out.output)
     assert ledger_rows(orc) == before
     assert "--dry-run" in use_cli.invoke(cli.main, ["bulk", "retry", "--help"]).stdout
+
+
+def test_submit_of_a_registered_dag_with_tags_keeps_its_version(use_cli: CliRunner, orc: Orchestrator) -> None:
+    version = orc.register(etl()).version
+    out = use_cli.invoke(cli.main, ["submit", "--dag", "etl", "--tag", "customer=42"])
+    assert out.exit_code == 0, out.output
+    view = orc.visible(out.stdout.strip())
+    assert (view.dag, view.dag_version, view.tags) == ("etl", version, {"customer": "42"})
