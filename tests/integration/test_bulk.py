@@ -2,7 +2,8 @@
 fail; ``orchestrator bulk retry --tag ... --state FAILED`` (the command line, a process of its
 own) retries exactly those, its ``--dry-run`` changes nothing (checked from the database), and
 they end SUCCEEDED; a bulk cancel meets a run whose task is running on the worker (revoked, the
-run CANCELLED, its late body never accepted) and skips the finished one."""
+run CANCELLED, its late body never accepted) and skips the finished one; a bulk retry sends a task
+parked in DEAD_LETTER back (attempt + 1) and its run succeeds."""
 
 from __future__ import annotations
 
@@ -141,3 +142,29 @@ def test_bulk_cancel_meets_a_busy_run(orc: Orchestrator, worker: WorkerProcess) 
     )
     assert "SUCCEEDED" not in {r[0] for r in accepted}
     assert check_runs(orc.store, [busy, finished]) == []
+
+
+def test_bulk_retry_sends_a_dead_lettered_task_back_and_its_run_succeeds(
+    orc: Orchestrator, worker: WorkerProcess
+) -> None:
+    lot = uuid.uuid4().hex[:12]
+    dag = DAG("bulk-poisoned")
+    # the same failure on attempts 1 and 2 (poison: DEAD_LETTER, the run RUNNING and needing a
+    # person), a success from attempt 3 on: the operator's retry after the fix
+    dag.task("work", P + "poisoned", kwargs={"until_attempt": 3}, max_attempts=5, backoff={"base": 0.01, "cap": 0.01})
+    dag.task("after", P + "noop", upstream=["work"])
+    run_id = orc.submit(dag, tags={"lot": lot}).id
+    parked = (s.tasks.c.run_id == run_id) & (s.tasks.c.key == "work") & (s.tasks.c.state == "DEAD_LETTER")
+    until("the task parked in DEAD_LETTER", lambda: sql(orc, sa.select(s.tasks.c.attempt).where(parked)), 120)
+    assert orc.run_state(run_id) is RunState.RUNNING
+
+    plan = orc.bulk.retry(tags={"lot": lot}, dry_run=True)
+    assert [(i.run_id, i.outcome, i.detail) for i in plan.items] == [
+        (run_id, "planned", "retry 1 DEAD_LETTER task(s): work")
+    ]
+    assert sql(orc, sa.select(s.tasks.c.attempt).where(parked)) == [(2,)]
+    done = orc.bulk.retry(tags={"lot": lot}, state="RUNNING", by="it")
+    assert [(i.run_id, i.outcome) for i in done.items] == [(run_id, "done")]
+    until("the run SUCCEEDED", lambda: orc.run_state(run_id) is RunState.SUCCEEDED, 120)
+    assert orc.task(run_id, "work").attempt == 3
+    assert check_runs(orc.store, [run_id]) == []
