@@ -128,7 +128,7 @@ for _s in TaskState:
 # a cancel: an operator's, or the reconciler's for a run whose DAG says ``on_deadline="cancel"``
 # and whose deadline (or a task's) passed before it was done (``store/deadlines.py``)
 for _s in NON_TERMINAL:
-    TRANSITIONS[(_s, T.CANCELLED)] = frozenset({"operator", "reconciler"})
+    TRANSITIONS[(_s, T.CANCELLED)] = frozenset({"operator", "reconciler", "submit"})
 
 
 class IllegalTransition(OrchestratorError):
@@ -150,7 +150,8 @@ RUN_TRANSITIONS: dict[tuple[RunState | None, RunState], frozenset[str]] = {
     (RunState.RUNNING, RunState.SUCCEEDED): frozenset({"worker", "submit", "reconciler", "operator", "event"}),
     (RunState.RUNNING, RunState.FAILED): frozenset({"worker", "submit", "reconciler", "operator", "event"}),
     # the reconciler cancels a run that missed a deadline when its DAG says on_deadline="cancel"
-    (RunState.RUNNING, RunState.CANCELLED): frozenset({"operator", "reconciler"}),
+    # ... and a submit cancels a held run of its concurrency key (skip, replace_queued, a debounce's merge)
+    (RunState.RUNNING, RunState.CANCELLED): frozenset({"operator", "reconciler", "submit"}),
     (RunState.FAILED, RunState.RUNNING): frozenset({"operator"}),
     # an operator's clear or mark reopens a finished run
     (RunState.SUCCEEDED, RunState.RUNNING): frozenset({"operator"}),
@@ -180,7 +181,13 @@ STUCK = "stuck"
 #: ``child_run``: a child-run node's attempt started its child run (``store/children.py``; the
 #: reason names the child), or a parent's child run was cancelled by its ``on_parent_end`` policy
 CHILD_RUN = "child_run"
+#: ``held`` / ``released``: keyed flow control held a run (why, in its reason) or released it
+#: (``store/flow.py``); ``held`` also marks a run that a newer submit cancels (``cancel_running``)
+FLOW_HELD = "held"
+FLOW_RELEASED = "released"
 ANNOTATIONS: dict[str, frozenset[str]] = {
+    FLOW_HELD: frozenset({"submit", "reconciler"}),
+    FLOW_RELEASED: frozenset({"submit", "reconciler"}),
     CHILD_RUN: frozenset({"reconciler"}),
     DEADLINE_MISSED: frozenset({"reconciler"}),
     STUCK: frozenset({"reconciler"}),

@@ -27,7 +27,7 @@ import json
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from ..core.config import Settings
 from ..core.dag import (
@@ -38,6 +38,7 @@ from ..core.dag import (
 from ..core.dag.transactional import check_limits as check_transactional
 from ..core.errors import ConfigurationError, ConflictError, OperatorError, TaskNotFound, ValidationError
 from ..core.explain import Explanation, explain
+from ..core.flow import FlowOptions
 from ..core.models import (
     Actor,
     EventView,
@@ -62,6 +63,7 @@ from .bulk import Bulk
 from .checks import check_queues, check_time_limits
 from .children import ChildRuns
 from .events import Events
+from .flow import release as release_held
 from .limits import Limits
 from .runs import RunHandle
 from .scope import local_by
@@ -191,7 +193,7 @@ class Orchestrator(WorkerPort):
         return Reconciler(
             self.store, self.publisher, self.settings, after=self._after,
             triggers=lambda: sum(1 for f in self.triggers.tick() if f.state == "fired"),
-            children=lambda: self.children.tick(),
+            children=lambda: self.children.tick(), flow=lambda: release_held(self),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ submit
@@ -208,6 +210,7 @@ class Orchestrator(WorkerPort):
         trigger: str | None = None,
         code_version: str | None = None,
         tags: Mapping[str, str] | None = None,
+        **flow: Unpack[FlowOptions],
     ) -> RunHandle:
         """Validate ``dag`` (a :class:`DAG`, or a Celery canvas: :meth:`DAG.from_canvas`), store it
         as a run in one transaction, then admit and publish
@@ -225,12 +228,15 @@ class Orchestrator(WorkerPort):
         keeps the caller's trace context (OpenTelemetry's, when installed): every message of the
         run carries it. ``tags`` label the run (``{"customer": "42"}``: :mod:`orchestrator.core.tags`;
         kept by its reruns; filtered by :meth:`runs` and :attr:`bulk`). A run by hand of a DAG that is
-        registered and paused still runs; its handle's ``warnings`` say so. Raises
+        registered and paused still runs; its handle's ``warnings`` say so. ``concurrency_key``,
+        ``max_concurrent``, ``on_busy``, ``throttle``, ``debounce``, ``max_wait``: keyed flow control
+        (:mod:`orchestrator.core.flow`; a held or skipped run's handle says so in ``warnings``). Raises
         :class:`ValidationError` (nothing is written or published) for bad input.
         """
         return submit_run(
             self, dag, idempotency_key=idempotency_key, tenant=tenant, logical_date=logical_date,
             schedule=schedule, dag_version=dag_version, trigger=trigger, code_version=code_version, tags=tags,
+            flow_options=flow,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ approvals

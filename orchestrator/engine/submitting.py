@@ -8,10 +8,12 @@ from typing import Any
 from ..core.dag import DAG, MAX_IDEMPOTENCY_KEY_CHARS, MAX_LOGICAL_DATE_CHARS, text_problem
 from ..core.dag.canvas import is_canvas
 from ..core.errors import ValidationError
+from ..core.flow import FlowOptions, check_flow
 from ..core.routing import route
 from ..core.tags import check_tags
 from ..core.workers import MAX_QUEUE_CHARS, check_code_version, pinned_queue
 from .checks import iso_problem
+from .flow import Keyed
 from .runs import RunHandle
 from .tracing import capture_trace_context
 
@@ -37,9 +39,11 @@ def submit_run(
     trigger: str | None,
     code_version: str | None,
     tags: Any = None,
+    flow_options: FlowOptions | None = None,
 ) -> RunHandle:
     """What :meth:`Orchestrator.submit` does (its docstring says it); ``orc`` is the orchestrator."""
     checked_tags = check_tags(tags)  # TagError before anything else is read or written
+    flow = check_flow(flow_options) if flow_options else None  # FlowControlError likewise
     dag = orc.check(as_dag(dag), tenant=tenant)
     if code_version is not None:
         check_code_version(code_version, dag.name)
@@ -73,6 +77,7 @@ def submit_run(
                 dag=dag.name,
             )
     wants = {name: orc.registry.wants_upstream(name) for name in {n.task for n in dag.nodes.values()}}
+    keyed = Keyed(orc, dag.tenant, flow) if flow is not None else None
     run_id, created = orc.store.submission.create_run(
         dag,
         queues=queues,
@@ -86,10 +91,12 @@ def submit_run(
         code_version=code_version,
         default_max_active=orc.settings.run_max_active_tasks or None,
         tags=checked_tags,
+        hold=keyed.hold if keyed else None,
+        link=keyed.link if keyed else None,
     )
-    if created:
+    if created and (keyed is None or keyed.after(run_id)):
         orc.publisher.publish(orc.store.admission.admit_ready(orc.settings.dispatch_window))
-    warnings = dag.lint()
+    warnings = dag.lint() + (keyed.warnings if keyed and created else [])
     if schedule is None and orc.store.dags.is_paused(dag.tenant, dag.name):
         warnings.append(
             f"DAG {dag.name!r} is paused: schedules and events start no run of it; this submit by hand does"

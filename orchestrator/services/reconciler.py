@@ -54,6 +54,7 @@ ACTIONS = (
     "events_pruned",
     "trigger_firings",
     "child_runs",
+    "flow_released",
     "breaker_changes",
     "stuck_flagged",
     "dispatched",
@@ -91,6 +92,7 @@ class Reconciler:
         after: Callable[[Outcome, str, str], None] | None = None,
         triggers: Callable[[], int] | None = None,
         children: Callable[[], int] | None = None,
+        flow: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -102,6 +104,9 @@ class Reconciler:
         #: the child pass (``orchestrator.engine.children``): starts the children of child-run
         #: nodes WAITING, ends those whose child ended, cancels orphans by policy; returns how many
         self.children = children
+        #: the flow pass (``orchestrator.engine.flow``): releases the runs keyed flow control holds
+        #: (a freed key, a throttle's slot, a debounce's quiet end); returns how many
+        self.flow = flow
         #: when this reconciler next deletes the events past their retention (monotonic)
         self._next_prune = 0.0
         #: when this reconciler next reads the READY backlog and the idle runs (monotonic)
@@ -181,6 +186,8 @@ class Reconciler:
             report["child_runs"] = guarded("starting and ending child runs", self.children) or 0
         finalized = guarded("closing finished runs", recovery.finalize_runs)
         report["runs_finalized"] = finalized or 0
+        if self.flow is not None:  # after the close: a run finished now frees its key now
+            report["flow_released"] = guarded("releasing held runs of concurrency keys", self.flow) or 0
         self._deadlines(report, guarded)
         return report
 

@@ -6,6 +6,8 @@ The store is a set of roles composed over one :class:`Database`, each in its own
 ``ledger.Ledger``         the one writer of task and run state (CAS + event, accepted or
                           rejected); every other role changes state through it
 ``submission``            a DAG becomes a run, tasks, edges and first events
+``flow``                  keyed flow control: a run admitted or held by its key (CAS on
+                          ``held``), held runs released by the reconciler's flow pass
 ``admission``             READY -> QUEUED within the live workers' capacity
 ``settlement``            counters, trigger rules, cascades, closing the run
 ``attempts``              the worker side: claim, heartbeat (the lease), fenced outcome
@@ -56,6 +58,7 @@ from .dags import DagRows
 from .database import Database, new_run_id
 from .deadlines import Deadlines
 from .deliveries import Deliveries
+from .flow import FlowRows
 from .ledger import Ledger
 from .limits import Limits
 from .operator import OperatorActions
@@ -104,6 +107,7 @@ class Store:
             self.db, self.ledger, worker_ttl=worker_ttl, depth=dispatch_depth, aging=priority_aging
         )
         self.submission = Submission(self.db, self.ledger)
+        self.flow = FlowRows(self.db, self.ledger, self.submission.start_roots)
         self.attempts = Attempts(
             self.db,
             self.ledger,

@@ -15,7 +15,7 @@ from ..core.dag import DAG, MAP_MARK, Node, expand_resources
 from ..core.dag.passing import placeholder
 from ..core.dag.scopes import setup_scopes
 from ..core.errors import IdempotencyConflict, ValidationError
-from ..core.models import SUBMIT
+from ..core.models import SUBMIT, Actor
 from ..core.states import RunState, TaskState, TriggerRule, check_transition
 from . import schema as s
 from .database import Database
@@ -48,6 +48,7 @@ class Submission:
         tags: dict[str, str] | None = None,
         parent: tuple[str, str, int] | None = None,
         link: Callable[[Connection, str], None] | None = None,
+        hold: Callable[[Connection, str], bool] | None = None,
     ) -> tuple[str, bool]:
         """Insert the run, its tasks, edges and first events in one transaction.
 
@@ -68,8 +69,8 @@ class Submission:
         returns that run with the tags it was created with).
         Raises :class:`ValidationError`, before anything is written, when a deadline after the
         logical date is beyond what a date can hold. A child run records its ``parent`` (run, key,
-        attempt); ``link(conn, run_id)`` runs in its transaction (``ChildRows.link``: the parent's CAS).
-        """
+        attempt); ``link(conn, run_id)`` runs in its transaction (``ChildRows.link``: the parent's CAS);
+        ``hold(conn, run_id)`` (``FlowRows.decide``) before the tasks are written: ``True`` holds the run."""
         for node in dag.nodes.values():
             if node.resources:
                 expand_resources(node.resources, dag.tenant, dag=dag.name, node=node.key)
@@ -94,9 +95,8 @@ class Submission:
             row.update(zip(("parent_run_id", "parent_key", "parent_attempt"), parent or (), strict=False))
             conn.execute(t_runs.insert().values(**row))
             self.ledger.create_run(conn, run_id, SUBMIT)
-            self.db.backend.bulk_insert(conn, t_tasks, _task_rows(dag, run_id, now, queues, wants_upstream, due))
-            self.db.backend.bulk_insert(conn, t_edges, _edge_rows(dag, run_id))
-            self._start_roots(conn, run_id, dag)
+            held = hold is not None and hold(conn, run_id)
+            self._tasks(conn, run_id, dag, _task_rows(dag, run_id, now, queues, wants_upstream, due), held)
             if link is not None:
                 link(conn, run_id)
             return run_id, True
@@ -112,10 +112,23 @@ class Submission:
                 raise _not_stored(exc, dag) from exc
             return found, False
 
-    def _start_roots(self, conn: Connection, run_id: str, dag: DAG) -> None:
-        """The run's roots start: plain ones READY, a map expanded, a wait node waiting."""
+    def _tasks(self, conn: Connection, run_id: str, dag: DAG, rows: Iterator[dict[str, Any]], held: bool) -> None:
+        """The run's tasks and edges written, then its roots started (a held run's: none, all PENDING)."""
+        self.db.backend.bulk_insert(conn, t_tasks, _held_rows(rows) if held else rows)
+        self.db.backend.bulk_insert(conn, t_edges, _edge_rows(dag, run_id))
+        if not held:
+            self.start_roots(conn, run_id, dag)
+
+    def start_roots(self, conn: Connection, run_id: str, dag: DAG, *, released: bool = False) -> None:
+        """The run's roots start: plain ones READY, a map expanded, a wait node waiting. A run
+        keyed flow control ``released`` (its tasks inserted PENDING): its roots move READY now."""
         starting = [n.key for n in dag.nodes.values() if _starts(n) and n.map is None and not _waits(n)]
-        self.ledger.roots_ready(conn, run_id, starting)
+        if released:
+            where = (t_tasks.c.run_id == run_id, t_tasks.c.key.in_(starting))
+            values = {"ready_at": db_now()}
+            self.ledger.move_many(conn, where, T.PENDING, T.READY, Actor("reconciler"), reason="root", values=values)
+        else:
+            self.ledger.roots_ready(conn, run_id, starting)
         for node in dag.nodes.values():
             if _starts(node) and node.map is not None:
                 self._expand_root(conn, run_id, node.key)
@@ -156,6 +169,14 @@ class Submission:
                 sa.text("SELECT orc_settle_v2(:run, :key, :state, CAST(:children AS json), 'submit', NULL)"),
                 {"run": run_id, "key": key, "state": out["state"], "children": json.dumps(out["children"])},
             )
+
+
+def _held_rows(rows: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """A held run's task rows (keyed flow control): every one PENDING, its roots too."""
+    for row in rows:
+        if row["state"] == T.READY.value:
+            row = {**row, "state": T.PENDING.value, "ready_at": None}
+        yield row
 
 
 def _starts(node: Node) -> bool:

@@ -68,6 +68,16 @@ runs = sa.Table(
     sa.Column("parent_run_id", sa.String(32), nullable=True),
     sa.Column("parent_key", sa.String(200), nullable=True),
     sa.Column("parent_attempt", sa.Integer, nullable=True),
+    #: keyed flow control (``submit(..., concurrency_key=...)``, :mod:`orchestrator.core.flow`):
+    #: the key (per tenant), the run's options (``FlowControl.to_row``), why it is held (``concurrency``,
+    #: ``throttle``, ``debounce``; null: not held, its roots started), until when (a debounce's quiet
+    #: end, a throttle's next slot), the first submit of its debounce burst, when it was admitted
+    sa.Column("flow_key", sa.String(200), nullable=True),
+    sa.Column("flow", sa.JSON, nullable=True),
+    sa.Column("held", sa.String(16), nullable=True),
+    sa.Column("held_until", TS, nullable=True),
+    sa.Column("flow_first_at", TS, nullable=True),
+    sa.Column("flow_admitted_at", TS, nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
     #: per tenant: two tenants' schedules may share a name (``orc_schedules`` is keyed by both)
     sa.UniqueConstraint("tenant", "schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
@@ -81,6 +91,14 @@ sa.Index("ix_orc_runs_schedule_state", runs.c.schedule, runs.c.state)
 #: runs by their tags (``tags @> '{"customer": "42"}'``: the runs list's and bulk actions' tag
 #: filter); ``jsonb_path_ops`` indexes containment only, smaller and faster than the default
 sa.Index("ix_orc_runs_tags", runs.c.tags, postgresql_using="gin", postgresql_ops={"tags": "jsonb_path_ops"})
+#: keyed flow control: a key's runs by state (partial: runs without a key are not in it)
+sa.Index(
+    "ix_orc_runs_flow_key",
+    runs.c.tenant,
+    runs.c.flow_key,
+    runs.c.state,
+    postgresql_where=sa.text("flow_key IS NOT NULL"),
+)
 #: the reconciler's deadline check: runs whose deadline is not judged yet, by due time (partial:
 #: runs without a deadline, and runs already judged, are not in it)
 DEADLINE_PENDING = "deadline_at IS NOT NULL AND deadline_checked_at IS NULL"

@@ -1,0 +1,245 @@
+"""Keyed flow control in the store (:mod:`orchestrator.core.flow`): a run with a concurrency key is
+admitted (its roots start) or held (a RUNNING run whose tasks are all PENDING, ``orc_runs.held``
+naming why) by the submit's own transaction, and a held run is released by a compare-and-set on
+``held`` (the reconciler's flow pass, :meth:`FlowRows.release`). Every decision about a key is
+taken under the key's advisory transaction lock, so two submits (or a submit and the pass) never
+both take its last slot. Every hold, release, skip, merge and replacement is a row of the
+run-level ledger (``orc_task_events``, ``key`` null): an annotation (``held``, ``released``) or the
+run's move to CANCELLED with its reason."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..core.dag.spec import dag_from_spec
+from ..core.flow import FlowControl
+from ..core.models import Actor
+from ..core.states import FLOW_HELD, FLOW_RELEASED, RunState, TaskState
+from . import schema as s
+from .database import Database
+from .dbtime import db_now
+from .ledger import RUN_EVENT_ATTEMPT, Ledger
+
+t_runs, t_tasks = s.runs, s.tasks
+SUBMIT, RECONCILER = Actor("submit"), Actor("reconciler")
+LOCK = sa.text("SELECT pg_advisory_xact_lock(hashtextextended('orc_flow:' || :tenant || '/' || :key, 0))")
+
+
+@dataclass
+class Decision:
+    """What a submit's flow control did: ``held`` (why, or ``None``: admitted), ``reason`` (the
+    ledger's words), ``skipped``, and the admitted runs to cancel once committed (``cancel_running``)."""
+
+    held: str | None = None
+    reason: str | None = None
+    skipped: bool = False
+    cancel: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Key:
+    """A key's runs as read under its lock: admitted ones, held ones (oldest first), recent admissions."""
+
+    active: list[str]
+    held: list[Any]
+    admitted: list[dt.datetime]
+
+
+class FlowRows:
+    def __init__(self, db: Database, ledger: Ledger, start_roots: Callable[..., None]) -> None:
+        self.db = db
+        self.ledger = ledger
+        self.start_roots = start_roots
+
+    # ------------------------------------------------------------------ submit
+
+    def decide(self, conn: Connection, run_id: str, tenant: str, flow: FlowControl) -> Decision:
+        """In the submit's transaction, after the run's rows are written and before its roots
+        start: admit the run (``Decision.held`` None: the caller starts its roots) or hold it."""
+        conn.execute(LOCK, {"tenant": tenant, "key": flow.key})
+        now = conn.execute(sa.select(db_now())).scalar_one()
+        key = self._read(conn, tenant, flow, now, exclude=run_id)
+        first = now
+        if flow.debounce is not None:
+            for prev in key.held:
+                if prev.held == "debounce":
+                    first = min(first, prev.flow_first_at or prev.created_at)
+                    self.cancel_held(conn, prev.id, SUBMIT, f"merged into run {run_id} (debounce on key {flow.key})")
+            until = now + dt.timedelta(seconds=flow.debounce)
+            if flow.max_wait is not None:
+                until = min(until, first + dt.timedelta(seconds=flow.max_wait))
+            if until > now:
+                why = f"debounced until {until.isoformat(timespec='seconds')} (key {flow.key})"
+                return self._hold(conn, run_id, flow, "debounce", until, first, why)
+        queued = [r for r in key.held if r.held != "debounce"]
+        busy = flow.max_concurrent is not None and len(key.active) >= flow.max_concurrent
+        if busy:
+            running = f"{len(key.active)} running: {', '.join(key.active)}"
+            why = f"held by concurrency key {flow.key} ({running})"
+            if flow.on_busy == "skip":  # cancelled by skip() once its tasks are written
+                self._hold(conn, run_id, flow, "concurrency", None, first, why)
+                return Decision("concurrency", f"skipped: concurrency key {flow.key} busy ({running})", skipped=True)
+            if flow.on_busy == "replace_queued":
+                for prev in queued:
+                    self.cancel_held(conn, prev.id, SUBMIT, f"replaced by run {run_id} (concurrency key {flow.key})")
+            if flow.on_busy == "cancel_running":
+                for other in key.active:
+                    self.ledger.annotate(
+                        conn, other, None, RUN_EVENT_ATTEMPT, RunState.RUNNING.value, SUBMIT, FLOW_HELD,
+                        f"to be cancelled: run {run_id} took concurrency key {flow.key} (on_busy=cancel_running)",
+                    )  # fmt: skip
+                decision = self._hold(conn, run_id, flow, "concurrency", None, first, why)
+                decision.cancel = list(key.active)
+                return decision
+            return self._hold(conn, run_id, flow, "concurrency", None, first, why)
+        if queued:  # first come, first served: behind the runs the key already holds
+            why = f"held by concurrency key {flow.key} (behind {len(queued)} held run(s))"
+            return self._hold(conn, run_id, flow, queued[0].held, queued[0].held_until, first, why)
+        slot = _next_slot(flow, key.admitted)
+        if slot is not None:
+            why = f"throttled: next slot at {slot.isoformat(timespec='seconds')} (key {flow.key})"
+            return self._hold(conn, run_id, flow, "throttle", slot, first, why)
+        conn.execute(
+            t_runs.update()
+            .where(t_runs.c.id == run_id)
+            .values(flow_key=flow.key, flow=flow.to_row(), flow_admitted_at=now, flow_first_at=first)
+        )
+        return Decision()
+
+    def _hold(
+        self, conn: Connection, run_id: str, flow: FlowControl, held: str, until: Any, first: Any, why: str
+    ) -> Decision:
+        conn.execute(
+            t_runs.update()
+            .where(t_runs.c.id == run_id)
+            .values(flow_key=flow.key, flow=flow.to_row(), held=held, held_until=until, flow_first_at=first)
+        )
+        self.ledger.annotate(conn, run_id, None, RUN_EVENT_ATTEMPT, RunState.RUNNING.value, SUBMIT, FLOW_HELD, why)
+        return Decision(held, why)
+
+    def skip(self, conn: Connection, run_id: str, decision: Decision) -> None:
+        """``on_busy="skip"``, at the end of the submit's transaction: the new run cancelled."""
+        if decision.skipped:
+            self.cancel_held(conn, run_id, SUBMIT, str(decision.reason))
+
+    def cancel_held(self, conn: Connection, run_id: str, actor: Actor, reason: str) -> bool:
+        """A held run (nothing of it started) RUNNING -> CANCELLED with ``reason``, its tasks
+        PENDING -> CANCELLED: compare-and-sets on the run's state and ``held`` (a released run is
+        left alone: ``False``)."""
+        moved = conn.execute(
+            t_runs.update()
+            .where(t_runs.c.id == run_id, t_runs.c.state == RunState.RUNNING.value, t_runs.c.held.is_not(None))
+            .values(held=None, held_until=None)
+            .returning(t_runs.c.id)
+        ).first()
+        if moved is None:
+            return False
+        values = {"finished_at": db_now(), "open_tasks": 0}
+        self.ledger.move_run(conn, run_id, RunState.RUNNING, RunState.CANCELLED, actor, reason=reason, values=values)
+        where = (t_tasks.c.run_id == run_id,)
+        self.ledger.move_many(conn, where, TaskState.PENDING, TaskState.CANCELLED, actor, reason=reason)
+        return True
+
+    # ------------------------------------------------------------------ release
+
+    def held_keys(self) -> list[tuple[str, str]]:
+        """The (tenant, key) pairs that hold a run."""
+        with self.db.engine.begin() as conn:
+            rows = conn.execute(
+                sa.select(t_runs.c.tenant, t_runs.c.flow_key)
+                .where(
+                    t_runs.c.flow_key.is_not(None), t_runs.c.state == RunState.RUNNING.value, t_runs.c.held.is_not(None)
+                )
+                .distinct()
+            ).all()
+        return [(r.tenant, r.flow_key) for r in rows]
+
+    def release(self) -> int:
+        """The reconciler's flow pass: every key that holds runs releases those it may now (a
+        freed slot, a throttle's next slot, a debounce's quiet end), oldest first, one transaction
+        per key. Returns how many runs were released (their roots READY: the caller admits)."""
+        released = 0
+        for tenant, key in self.held_keys():
+            released += self.db.transaction(partial(self.release_key, tenant=tenant, key_name=key))
+        return released
+
+    def release_key(self, conn: Connection, tenant: str, key_name: str) -> int:
+        """Release what ``key_name`` may release now, under the key's lock."""
+        conn.execute(LOCK, {"tenant": tenant, "key": key_name})
+        now = conn.execute(sa.select(db_now())).scalar_one()
+        widest = FlowControl(key_name, throttle=(1, 86400.0))
+        key = self._read(conn, tenant, widest, now)
+        released = 0
+        for run in key.held:
+            flow = FlowControl.from_row(key_name, run.flow or {})
+            if run.held == "debounce" and run.held_until is not None and run.held_until > now:
+                continue  # still quiet: it releases when its own instant comes
+            if flow.max_concurrent is not None and len(key.active) >= flow.max_concurrent:
+                break
+            slot = _next_slot(flow, [a for a in key.admitted if flow.throttle and a > now - _period(flow)])
+            if slot is not None:
+                if run.held != "throttle" or run.held_until != slot:
+                    conn.execute(t_runs.update().where(t_runs.c.id == run.id).values(held="throttle", held_until=slot))
+                break
+            if self._release(conn, run.id, run.held, now, key_name):
+                key.active.append(run.id)
+                key.admitted.insert(0, now)
+                released += 1
+        return released
+
+    def _release(self, conn: Connection, run_id: str, held: str, now: Any, key: str) -> bool:
+        """The compare-and-set ``held`` -> null of a RUNNING run, its ``released`` row, its roots started."""
+        row = conn.execute(
+            t_runs.update()
+            .where(t_runs.c.id == run_id, t_runs.c.state == RunState.RUNNING.value, t_runs.c.held == held)
+            .values(held=None, held_until=None, flow_admitted_at=now)
+            .returning(t_runs.c.dag_snapshot)
+        ).first()
+        if row is None:
+            return False
+        why = f"released: concurrency key {key} ({held} hold over)"
+        self.ledger.annotate(
+            conn, run_id, None, RUN_EVENT_ATTEMPT, RunState.RUNNING.value, RECONCILER, FLOW_RELEASED, why
+        )
+        self.start_roots(conn, run_id, dag_from_spec(row.dag_snapshot), released=True)
+        return True
+
+    def _read(self, conn: Connection, tenant: str, flow: FlowControl, now: Any, exclude: str | None = None) -> _Key:
+        c = t_runs.c
+        where = [c.tenant == tenant, c.flow_key == flow.key]
+        if exclude is not None:
+            where.append(c.id != exclude)
+        open_runs = conn.execute(
+            sa.select(c.id, c.held, c.held_until, c.flow_first_at, c.created_at, c.flow)
+            .where(*where, c.state == RunState.RUNNING.value)
+            .order_by(c.created_at, c.id)
+        ).all()
+        admitted: list[dt.datetime] = []
+        if flow.throttle is not None:
+            admitted = list(
+                conn.execute(
+                    sa.select(c.flow_admitted_at)
+                    .where(*where, c.flow_admitted_at > now - dt.timedelta(seconds=flow.throttle[1]))
+                    .order_by(c.flow_admitted_at.desc())
+                ).scalars()
+            )
+        return _Key([r.id for r in open_runs if r.held is None], [r for r in open_runs if r.held is not None], admitted)
+
+
+def _period(flow: FlowControl) -> dt.timedelta:
+    return dt.timedelta(seconds=flow.throttle[1] if flow.throttle else 0)
+
+
+def _next_slot(flow: FlowControl, admitted: list[dt.datetime]) -> dt.datetime | None:
+    """When the throttle next admits a run of the key (``None``: now). ``admitted``: the key's
+    admissions within the period, newest first."""
+    if flow.throttle is None or len(admitted) < flow.throttle[0]:
+        return None
+    return admitted[flow.throttle[0] - 1] + _period(flow)
