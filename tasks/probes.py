@@ -219,12 +219,15 @@ TXN_WRITES = "txn_probe.writes"
 
 
 @app.task(bind=True)
-def txn_insert(self: Any, gate: str = "", hold_attempts: int = 0, timeout: float = 60.0) -> dict[str, Any]:
+def txn_insert(
+    self: Any, gate: str = "", hold_attempts: int = 0, timeout: float = 60.0, item: Any = None
+) -> dict[str, Any]:
     """A transactional node's probe (``dag.task(..., transactional=True)``): insert one row (run,
     key, attempt, pid) into ``txn_probe.writes`` on the attempt's transaction
     (``current_context().transaction``), record the execution (an effect, committed at once on a
     connection of its own), then, on attempts up to ``hold_attempts``, wait until the file
-    ``gate`` exists (at most ``timeout`` seconds): a test acts while its write is uncommitted."""
+    ``gate`` exists (at most ``timeout`` seconds): a test acts while its write is uncommitted.
+    ``item``: a map's item, returned with the attempt."""
     import sqlalchemy as sa
 
     ctx = current_context()
@@ -238,4 +241,4 @@ def txn_insert(self: Any, gate: str = "", hold_attempts: int = 0, timeout: float
     deadline = time.monotonic() + timeout
     while gate and ctx.attempt <= hold_attempts and not os.path.exists(gate) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return {"attempt": ctx.attempt, "pid": os.getpid()}
+    return {"attempt": ctx.attempt, "pid": os.getpid(), "item": item}

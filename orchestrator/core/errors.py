@@ -66,8 +66,8 @@ class SpecError(ValidationError):
 
 class TransactionalError(ValidationError):
     """A ``transactional=True`` node that would break what its transaction promises: a form that
-    holds no worker while it waits (a sensor, a wait, a child run), a map, a time limit above
-    the lease, a coroutine body or one that raises ``Defer``."""
+    holds no worker while it waits (a sensor, a wait, a child run), a time limit above the
+    lease, a coroutine body or one that raises ``Defer``."""
 
 
 class IdempotencyConflict(ValidationError):

@@ -230,3 +230,38 @@ def test_a_body_that_defers_is_refused_and_its_writes_rolled_back(cluster: Clust
     assert task.attempt == 1 and (task.error or "").startswith("TransactionalError: a transactional body cannot Defer")
     assert not [e for e in cluster.events(run.id) if e.to_state == "WAITING"]
     cluster.assert_clean([run.id])
+
+
+def test_a_transactional_map_killed_before_a_child_commits(cluster: Cluster, tmp_path: Path) -> None:
+    # Given a transactional map of three children on a worker armed to die before the first
+    # child's commit
+    cluster.configure(ORCHESTRATOR_LEASE_SECONDS=LEASE, ORCHESTRATOR_WORKER_RECONCILER="0")
+    writes_table(cluster)
+    marker = tmp_path / "crashed-once"
+    crash = {"ORCHESTRATOR_CRASH_AT": "before_transaction_commit", "ORCHESTRATOR_CRASH_MARKER": str(marker)}
+    cluster.worker("w1", concurrency=2, env=crash)
+    cluster.reconciler()
+    dag = DAG("txn-map")
+    dag.map(
+        "m", P + "txn_insert", over=[1, 2, 3], kwarg="item", max_attempts=3, backoff=FAST_BACKOFF,
+        transactional=True, time_limit=float(LEASE),
+    )  # fmt: skip
+
+    # When it runs, one child's pool process is killed between its write and its commit
+    run = cluster.orc.submit(dag)
+    cluster.wait_for(marker.exists, 60, "a child killed before its commit", run_id=run.id)
+
+    # Then every child's row is there exactly once, of the attempt whose success was accepted
+    assert cluster.wait_run(run.id, 90) is RunState.SUCCEEDED
+    with cluster.store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT key, attempt FROM txn_probe.writes WHERE run_id = :run ORDER BY key"), {"run": run.id}
+        ).all()
+    won = {(e.key, e.attempt) for e in accepted(cluster.events(run.id), dst="SUCCEEDED") if e.key != "m"}
+    assert sorted(won) == [tuple(r) for r in rows] and len(rows) == 3, (rows, won)
+    retried = [e.key for e in accepted(cluster.events(run.id), src="RUNNING", dst="RETRYING")]
+    assert len(retried) == 1, retried
+    assert sum(cluster.effects(run.id).values()) == 4, "four executions, three rows"
+    children = [t for t in cluster.store.reads.get_tasks(run.id) if t.key != "m"]
+    assert sorted(t.result["item"] for t in children) == [1, 2, 3]
+    cluster.assert_clean([run.id])

@@ -63,17 +63,12 @@ def _rows(store: Store, run_id: str) -> list[int]:
         return list(conn.execute(sa.text(f"SELECT attempt FROM {WRITES} WHERE run_id = :r"), {"r": run_id}).scalars())
 
 
-def test_the_forms_that_hold_no_worker_and_maps_are_refused() -> None:
+def test_the_forms_that_hold_no_worker_are_refused() -> None:
     dag = DAG("forms")
     dag.sensor("s", "check", every=1, transactional=True)
     with pytest.raises(TransactionalError, match="cannot be a sensor") as caught:
         dag.validate(lambda _: True)
     assert caught.value.node == "s"
-    dag = DAG("forms")
-    src = dag.task("src", "t")
-    dag.map("m", "t", over=src, kwarg="x", transactional=True)
-    with pytest.raises(TransactionalError, match="cannot be a mapped node"):
-        dag.validate(lambda _: True)
     dag = DAG("forms")
     dag.nodes["w"] = Node("w", "orchestrator.wait", wait=WaitSpec.make(delay=5), transactional=True)
     with pytest.raises(TransactionalError, match="cannot be a wait"):
@@ -191,3 +186,15 @@ def test_a_coroutine_body_is_refused_when_it_runs(store: Store, pg_clean: str) -
     task = store.reads.get_task(run_id, "a")
     assert task.state.value == "FAILED" and task.attempt == 1, "no retry"
     assert (task.error or "").startswith("TransactionalError: a coroutine body (async def) cannot be transactional")
+
+
+def test_a_transactional_map_makes_transactional_children(store: Store) -> None:
+    dag = DAG("txn-map")
+    dag.map("m", "t", over=[10, 20], kwarg="item", transactional=True, time_limit=10)
+    run_id, _ = store.submission.create_run(
+        dag, queues={"m": route("default", dag.priority)}, wants_upstream=lambda _: False
+    )
+    dispatches = store.admission.admit_ready(10)
+    assert sorted((d.key, d.direct) for d in dispatches) == [("m[0]", False), ("m[1]", False)]
+    claim = store.attempts.claim(run_id, "m[1]", 1, "w", 30, "t")
+    assert claim is not None and claim.transactional and claim.kwargs == {"item": 20}

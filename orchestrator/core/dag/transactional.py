@@ -4,8 +4,8 @@ and at submit (against the deployment's lease).
 A transactional attempt's body runs inside one database transaction that the worker holds from
 the body's start until its success commits, so the node must hold a worker for its whole run and
 end within its lease: a sensor, a wait, an approval or a child run (which wait as rows, holding
-no worker) cannot be transactional, nor can a map (its children are inserted by the expansion,
-which does not carry the flag: not supported yet); its hard time limit, or the deployment's
+no worker) cannot be transactional (a map can: each child is a transactional task); its hard
+time limit, or the deployment's
 ``ORCHESTRATOR_MAX_TIME_LIMIT`` when it sets none, must not exceed ``ORCHESTRATOR_LEASE_SECONDS``.
 A coroutine body or a body that raises ``Defer`` is refused when it runs (the worker fails the
 attempt without a retry, its writes rolled back)."""
@@ -22,7 +22,6 @@ FORMS = (
     ("sensor", "a sensor (it waits between checks holding no worker)"),
     ("wait", "a wait or an approval (it holds no worker)"),
     ("child", "a child run (it waits holding no worker)"),
-    ("map", "a mapped node (not supported: make each child's work one transactional task)"),
 )
 
 

@@ -214,7 +214,8 @@ $$;
 -- key holds each item (its result is passed at claim time). The first slice (p_offset 0) also
 -- moves the node PENDING -> MAPPED with its total, widens its downstream's counters and grows
 -- the run's task counts by p_total. Recurses into the nodes mapped item by item over this one,
--- with the same slice. Each child uses its node's resources (their circuit breakers). A node
+-- with the same slice. Each child uses its node's resources (their circuit breakers) and is
+-- transactional when its node is (orc_tasks.transactional). A node
 -- expanded again (its map cleared with what it maps over: its attempt > 1, its old children
 -- removed) never reuses an attempt of a key: each child's first attempt continues after the
 -- highest one the ledger holds for its key in the run (one indexed look-up for the slice; a first
@@ -264,7 +265,7 @@ BEGIN
         wants_upstream, queue, priority, priority_rank, tenant, soft_time_limit, time_limit, ready_at, children,
         retry_on, no_retry_on, fingerprint_streak, lease_losses, pool, pool_slots, rate_limit, deadline_seconds,
         deadline_at, decides_run, map_parent, map_index, map_key, map_item_from, map_total, map_done, map_ok,
-        map_failed, map_skipped, resources)
+        map_failed, map_skipped, resources, transactional)
     SELECT p_run, p_key || '[' || (x->>'k') || ']', h.task_name, h.args,
            CASE WHEN p_item_of IS NULL THEN (h.kwargs::jsonb || (x->'kw'))::json ELSE h.kwargs END,
            CASE WHEN o <= cap THEN 'READY' ELSE 'PENDING' END,
@@ -283,7 +284,7 @@ BEGIN
            h.retry_on, h.no_retry_on, 0, 0, h.pool, h.pool_slots, h.rate_limit, h.deadline_seconds, h.deadline_at,
            coalesce((h.map_spec->>'decides')::boolean, true), p_key, (p_offset + o - 1)::int, x->>'k',
            CASE WHEN p_item_of IS NULL THEN NULL ELSE p_item_of || '[' || (x->>'k') || ']' END, 0, 0, 0, 0, 0,
-           h.resources
+           h.resources, h.transactional
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(x, o);
     readied := LEAST(cap, n);
     IF readied > 0 THEN
