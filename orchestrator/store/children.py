@@ -111,6 +111,9 @@ class ChildRows:
         reason = f"started child run {child_id} ({what})"
         self.ledger.annotate(conn, pending.run_id, pending.key, pending.attempt, T.WAITING.value, RECONCILER, CHILD_RUN,
                              reason)  # fmt: skip
+        # and on the child run's own ledger: whose child it is
+        whose = f"child of run {pending.run_id} (task {pending.key}, attempt {pending.attempt})"
+        self.ledger.annotate(conn, child_id, None, 0, RunState.RUNNING.value, RECONCILER, CHILD_RUN, whose)
         if wait:
             return []
         return self._end(conn, pending.run_id, pending.key, pending.attempt, child_id, T.SUCCEEDED,

@@ -98,6 +98,9 @@ def test_the_node_waits_as_a_row_and_its_child_is_started_once_per_attempt(orc: 
     assert child.idempotency_key == f"child:{d.run_id}:kid:1" and child.params == {"day": "2026-11-29"}
     assert task_row(orc, d.run_id, "kid").child_run_id == child.id
     assert annotations(orc, d.run_id, "kid") == [f"started child run {child.id} (etl)"]
+    assert [e.reason for e in orc.ledger(child.id) if e.kind == "child_run"] == [
+        f"child of run {d.run_id} (task kid, attempt 1)"
+    ]
     assert orc.explain(d.run_id, "kid")[0].reasons[0].detail.startswith(f"waiting on child run {child.id}")
     assert orc.children.lineage(child.id)["parent"] == {"run_id": d.run_id, "key": "kid", "attempt": 1}
     assert [c["run_id"] for c in orc.children.lineage(d.run_id)["children"]] == [child.id]
