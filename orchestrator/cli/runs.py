@@ -52,6 +52,15 @@ def _param(values: tuple[str, ...]) -> dict[str, Any] | None:
     help="Pin the run to workers advertising this code version (their QUEUE@VERSION queues; see `orchestrator"
     " workers`): its tasks wait until such a worker that has them is live.",
 )
+@click.option("--concurrency-key", metavar="KEY", help="Keyed flow control: the run's key (per tenant).")
+@click.option("--max-concurrent", type=int, help="With --concurrency-key: most runs of the key at once.")
+@click.option(
+    "--on-busy", type=click.Choice(["queue", "skip", "cancel_running", "replace_queued"]),
+    help="With --concurrency-key: what a submit to a busy key does (default queue).",
+)  # fmt: skip
+@click.option("--throttle", metavar="N/PERIOD", help="With --concurrency-key: most runs per period (10/minute).")
+@click.option("--debounce", metavar="DURATION", help="With --concurrency-key: run once the key is quiet (30s).")
+@click.option("--max-wait", metavar="DURATION", help="With --debounce: the longest a burst waits (5m).")
 @click.option(
     "--wait",
     "wait_",
@@ -69,6 +78,7 @@ def submit(
     code_version: str | None,
     wait_: bool,
     timeout: float | None,
+    **flow: Any,
 ) -> None:
     """Submit the DAG spec FILE (YAML or JSON), or the registered DAG named with --dag NAME[@N]
     (`orchestrator dag register`); prints the run id first, and each warning about the DAG (a
@@ -80,6 +90,7 @@ def submit(
     from .demo import follow
 
     tags = parse_tag_filters(tag_items) or None
+    flow = {k: v for k, v in flow.items() if v is not None}  # keyed flow control (core/flow.py checks it)
 
     if (file is None) == (registered is None):
         raise click.UsageError("give a spec FILE or --dag NAME[@N] (one of them)")
@@ -88,7 +99,7 @@ def submit(
     if registered is not None:
         name, version = parse_ref(registered)
         orc = base._ready_store()
-        if code_version is None and tags is None:
+        if code_version is None and tags is None and not flow:
             run = orc.submit_registered(
                 name, version, params=_param(params), idempotency_key=idempotency_key, tenant=tenant
             )
@@ -96,13 +107,15 @@ def submit(
             built, found = orc.dags.build(name, version, params=_param(params), tenant=tenant)
             run = orc.submit(
                 built, idempotency_key=idempotency_key, dag_version=found.version, code_version=code_version,
-                tags=tags,
+                tags=tags, **flow,
             )  # fmt: skip
     else:
         assert file is not None
         dag = load_spec(file)
         orc = base._ready_store()
-        run = orc.submit(dag, tenant=tenant, idempotency_key=idempotency_key, code_version=code_version, tags=tags)
+        run = orc.submit(
+            dag, tenant=tenant, idempotency_key=idempotency_key, code_version=code_version, tags=tags, **flow
+        )
     click.echo(run.id)
     for warning in run.warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -190,6 +203,8 @@ def runs(
         attention = "  (needs attention)" if v.needs_attention else ""
         name = v.dag if v.dag_version is None else f"{v.dag}@{v.dag_version}"
         tagged = f"  {tags_text(v.tags)}" if v.tags else ""
+        tagged += f"  key={v.flow_key}" if v.flow_key else ""
+        tagged += f" (held: {v.held})" if v.held and v.state.value == "RUNNING" else ""
         click.echo(
             f"{v.id}  {v.state.value:<9}  {name}  tenant={v.tenant}  tasks={v.task_count}  {created}{attention}{tagged}"
         )

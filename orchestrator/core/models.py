@@ -193,6 +193,11 @@ class RunView:
     stuck: str | None = None
     #: the run's tags (``submit(..., tags=)``, :mod:`orchestrator.core.tags`); ``{}``: none
     tags: dict[str, str] = field(default_factory=dict)
+    #: keyed flow control (:mod:`orchestrator.core.flow`): the run's concurrency key, why it is
+    #: held (``concurrency``, ``throttle``, ``debounce``; ``None``: not held) and until when
+    flow_key: str | None = None
+    held: str | None = None
+    held_until: dt.datetime | None = None
 
     @property
     def needs_attention(self) -> bool:
@@ -221,6 +226,9 @@ class RunView:
             "rerun_of": self.rerun_of,
             "trigger": self.trigger,
             "tags": dict(self.tags),
+            "concurrency_key": self.flow_key,
+            "held": self.held,
+            "held_until": _iso(self.held_until),
         }
 
 

@@ -63,6 +63,7 @@ from .bulk import Bulk
 from .checks import check_queues, check_time_limits
 from .children import ChildRuns
 from .events import Events
+from .flow import held_reasons
 from .flow import release as release_held
 from .limits import Limits
 from .runs import RunHandle
@@ -493,7 +494,7 @@ class Orchestrator(WorkerPort):
         s = self.settings
         scope = {key} if key is not None else keys
         data = self.reads.explain_input(run_id, worker_ttl=s.worker_ttl, depth=s.dispatch_depth, keys=scope)
-        found = explain(data, key)
+        found = held_reasons(self, run_id, explain(data, key))  # a run keyed flow control holds: why
         if keys is not None:
             found = [e for e in found if e.key in keys]
         if key is not None and not found:

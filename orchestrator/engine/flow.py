@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.explain import Explanation, Reason
 from ..core.flow import FlowControl
 from ..core.models import Actor
 from ..store.flow import Decision
@@ -58,3 +59,12 @@ class Keyed:
     def warnings(self) -> list[str]:
         """The handle's word on a held or skipped run (its reason)."""
         return [self.decision.reason] if self.decision.reason else []
+
+
+def held_reasons(orc: Any, run_id: str, found: list[Explanation]) -> list[Explanation]:
+    """``explain`` of a held run: each task's first reason says why the run is held (``held``:
+    ``held by concurrency key K (1 running: ID)``, ``throttled: next slot at T``, ``debounced until T``)."""
+    why = orc.store.flow.why_held(run_id) if found else None
+    if why is None:
+        return found
+    return [Explanation(e.key, e.state, [Reason("held", why), *e.reasons]) for e in found]

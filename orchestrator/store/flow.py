@@ -147,6 +147,26 @@ class FlowRows:
         self.ledger.move_many(conn, where, TaskState.PENDING, TaskState.CANCELLED, actor, reason=reason)
         return True
 
+    def why_held(self, run_id: str) -> str | None:
+        """Why the run is held, as of now (``None``: it is not)."""
+        c = t_runs.c
+        with self.db.engine.connect() as conn:
+            run = conn.execute(
+                sa.select(c.tenant, c.flow_key, c.held, c.held_until, c.flow).where(
+                    c.id == run_id, c.state == RunState.RUNNING.value
+                )
+            ).first()
+            if run is None or run.held is None:
+                return None
+            at = run.held_until.isoformat(timespec="seconds") if run.held_until is not None else None
+            if run.held == "debounce":
+                return f"debounced until {at} (key {run.flow_key})"
+            if run.held == "throttle":
+                return f"throttled: next slot at {at} (key {run.flow_key})"
+            flow = FlowControl.from_row(run.flow_key, run.flow or {})
+            active = self._read(conn, run.tenant, flow, None).active
+        return f"held by concurrency key {run.flow_key} ({len(active)} running: {', '.join(active)})"
+
     # ------------------------------------------------------------------ release
 
     def held_keys(self) -> list[tuple[str, str]]:

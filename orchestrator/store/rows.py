@@ -54,6 +54,9 @@ def run_view(row: Any, counts: dict[str, int]) -> RunView:
         trigger=row.trigger,
         stuck=getattr(row, "stuck", None),
         tags=dict(getattr(row, "tags", None) or {}),
+        flow_key=getattr(row, "flow_key", None),
+        held=getattr(row, "held", None),
+        held_until=aware(getattr(row, "held_until", None)),
     )
 
 

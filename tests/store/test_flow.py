@@ -6,12 +6,16 @@ refusals (``FlowControlError``) before anything is written; keys per tenant."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 
 from orchestrator import DAG, Orchestrator
+from orchestrator.cli import app as cli
+from orchestrator.cli import base as cli_base
 from orchestrator.core.flow import FlowControlError
 from orchestrator.engine.flow import release
 from orchestrator.store import schema as s
@@ -166,3 +170,40 @@ def test_bad_options_are_refused_before_anything_is_written(
         orc.submit(pipeline(), **options)
     with orc.store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(s.runs)).scalar_one() == before
+
+
+def test_explain_and_the_runs_list_say_why_a_run_is_held(orc: Orchestrator) -> None:
+    first = orc.submit(pipeline(), concurrency_key="customer:42")
+    second = orc.submit(pipeline(), concurrency_key="customer:42")
+    found = orc.explain(second.id)
+    assert {e.reasons[0].detail for e in found} == {f"held by concurrency key customer:42 (1 running: {first.id})"}
+    assert all(e.reasons[0].kind == "held" for e in found)
+    assert all(e.reasons[0].kind != "held" for e in orc.explain(first.id) if e.reasons)
+    view = orc.visible(second.id)
+    assert (view.flow_key, view.held) == ("customer:42", "concurrency")
+    assert view.to_json()["concurrency_key"] == "customer:42" and view.to_json()["held"] == "concurrency"
+    throttled = [orc.submit(pipeline(), concurrency_key="api", throttle="1/hour") for _ in range(2)][1]
+    assert orc.explain(throttled.id)[0].reasons[0].detail.startswith("throttled: next slot at ")
+    debounced = orc.submit(pipeline(), concurrency_key="idx", debounce="30s")
+    assert orc.explain(debounced.id)[0].reasons[0].detail.startswith("debounced until ")
+
+
+def test_the_command_line_submits_with_a_key_and_lists_the_held_state(
+    orc: Orchestrator, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orc)
+    spec = tmp_path / "sync.yaml"
+    spec.write_text("name: sync\nnodes:\n  - {key: extract, task: t}\n")
+    runner = CliRunner()
+    first = runner.invoke(cli.main, ["submit", str(spec), "--concurrency-key", "customer:7"])
+    assert first.exit_code == 0, first.output
+    second = runner.invoke(cli.main, ["submit", str(spec), "--concurrency-key", "customer:7", "--on-busy", "queue"])
+    assert second.exit_code == 0, second.output
+    held_id = second.stdout.split()[0]
+    assert run(orc, held_id).held == "concurrency"
+    assert "warning: held by concurrency key customer:7" in second.output
+    listed = runner.invoke(cli.main, ["runs"])
+    line = next(x for x in listed.output.splitlines() if x.startswith(held_id))
+    assert line.endswith("key=customer:7 (held: concurrency)")
+    bad = runner.invoke(cli.main, ["submit", str(spec), "--concurrency-key", "k", "--throttle", "lots"])
+    assert bad.exit_code != 0 and "throttle 'lots'" in bad.output
