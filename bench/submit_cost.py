@@ -1,7 +1,9 @@
-"""What tags cost a submit (issue 34): ``Orchestrator.submit`` of the same small DAG, plain and
-with tags, timed in one sitting on one database.
+"""What tags, or a concurrency key, cost a submit (issue 34): ``Orchestrator.submit`` of the same
+small DAG, plain and with tags (or with ``--with key``: ``concurrency_key="customer:<i>"``,
+``max_concurrent=1``, a key of its own per pair, free, so the run is admitted as a plain one is),
+timed in one sitting on one database.
 
-    python bench/submit_cost.py [--n 300] [--rounds 10] [--nodes 3] [--tags 4]
+    python bench/submit_cost.py [--n 300] [--rounds 10] [--nodes 3] [--tags 4] [--with tags|key]
 
 On its own database (``orchestrator_bench_submit``, re-created and migrated), with a recording
 publisher (no broker: what is measured is the submit's checks, its transaction and the admission
@@ -34,6 +36,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="rounds (default 10)")
     parser.add_argument("--nodes", type=int, default=3, help="the DAG's nodes, a chain (default 3)")
     parser.add_argument("--tags", type=int, default=4, help="tags of a tagged submit besides customer (default 4)")
+    parser.add_argument(
+        "--with", dest="variant", choices=("tags", "key"), default="tags", help="what the second submit adds"
+    )
     parser.add_argument("--database-url", default=DB, help="the bench database (re-created; its name holds 'bench')")
     args = parser.parse_args()
 
@@ -56,9 +61,16 @@ def main() -> None:
     tags = {f"key{i}": f"value-{i}-{'x' * 8}" for i in range(args.tags)}
     tags["customer"] = "42"
 
+    serial = iter(range(10**9))
+
     def one(with_tags: bool) -> float:
         began = time.perf_counter()
-        orc.submit(dag, tags=tags if with_tags else None)
+        if with_tags and args.variant == "key":
+            orc.submit(dag, concurrency_key=f"customer:{next(serial)}", max_concurrent=1)
+        elif with_tags:
+            orc.submit(dag, tags=tags)
+        else:
+            orc.submit(dag)
         spent = time.perf_counter() - began
         publisher.take()
         return spent
@@ -93,15 +105,17 @@ def main() -> None:
     def ms(x: float) -> str:
         return f"{x * 1e3:.3f} ms"
 
-    print(f"submit of a {args.nodes}-node chain, {args.n} pairs x {args.rounds} rounds (ABBA), {len(tags)} tags:")
-    for with_tags, name in ((False, "plain "), (True, "tagged")):
+    what = f"{len(tags)} tags" if args.variant == "tags" else "a free concurrency key (max_concurrent=1)"
+    print(f"submit of a {args.nodes}-node chain, {args.n} pairs x {args.rounds} rounds (ABBA), {what}:")
+    label = "tagged" if args.variant == "tags" else "keyed "
+    for with_tags, name in ((False, "plain "), (True, label)):
         m = medians[with_tags]
         print(
             f"  {name}  lowest {ms(min(m))}  median {ms(statistics.median(m))} per submit (round medians);"
             f"  median of single submits {ms(statistics.median(singles[with_tags]))}"
         )
     print(
-        f"  tagged / plain: lowest {min(medians[True]) / min(medians[False]):.3f}x,"
+        f"  {label.strip()} / plain: lowest {min(medians[True]) / min(medians[False]):.3f}x,"
         f" median {statistics.median(medians[True]) / statistics.median(medians[False]):.3f}x,"
         f" single-submit median {statistics.median(singles[True]) / statistics.median(singles[False]):.3f}x,"
         f" median of the pairs' ratios {statistics.median(ratios):.3f}x"

@@ -40,13 +40,13 @@ class Keyed:
         self.orc, self.tenant, self.flow = orc, tenant, flow
         self.decision = Decision()
 
-    def hold(self, conn: Any, run_id: str) -> bool:
+    def hold(self, conn: Any, run_id: str, row: dict[str, Any]) -> bool:
         # a retried transaction decides again: the last decision is the committed one
-        self.decision = self.orc.store.flow.decide(conn, run_id, self.tenant, self.flow)
+        self.decision = self.orc.store.flow.decide(conn, run_id, self.tenant, self.flow, row)
         return self.decision.held is not None
 
     def link(self, conn: Any, run_id: str) -> None:
-        self.orc.store.flow.skip(conn, run_id, self.decision)
+        self.orc.store.flow.settle(conn, run_id, self.decision)
 
     def after(self, run_id: str) -> bool:
         """After the commit: the displaced runs cancelled (``cancel_running``); whether the run

@@ -29,7 +29,7 @@ from .ledger import RUN_EVENT_ATTEMPT, Ledger
 
 t_runs, t_tasks = s.runs, s.tasks
 SUBMIT, RECONCILER = Actor("submit"), Actor("reconciler")
-LOCK = sa.text("SELECT pg_advisory_xact_lock(hashtextextended('orc_flow:' || :tenant || '/' || :key, 0))")
+READ = sa.text("SELECT * FROM orc_flow_v1(:tenant, :key, :exclude, :since)")
 
 
 @dataclass
@@ -60,74 +60,63 @@ class FlowRows:
 
     # ------------------------------------------------------------------ submit
 
-    def decide(self, conn: Connection, run_id: str, tenant: str, flow: FlowControl) -> Decision:
-        """In the submit's transaction, after the run's rows are written and before its roots
-        start: admit the run (``Decision.held`` None: the caller starts its roots) or hold it."""
-        conn.execute(LOCK, {"tenant": tenant, "key": flow.key})
-        now = conn.execute(sa.select(db_now())).scalar_one()
+    def decide(self, conn: Connection, run_id: str, tenant: str, flow: FlowControl, row: dict[str, Any]) -> Decision:
+        """In the submit's transaction, before the run's ``row`` is inserted (its flow columns
+        are set here): admit the run (``Decision.held`` None: its roots start) or hold it (every
+        task PENDING; :meth:`settle` writes why once the run is written)."""
+        now = row["created_at"]  # the transaction's now(), as the database gave it
         key = self._read(conn, tenant, flow, now, exclude=run_id)
-        first = now
+        row.update(flow_key=flow.key, flow=flow.to_row(), flow_first_at=now)
         if flow.debounce is not None:
             for prev in key.held:
                 if prev.held == "debounce":
-                    first = min(first, prev.flow_first_at or prev.created_at)
+                    row["flow_first_at"] = min(row["flow_first_at"], prev.flow_first_at or prev.created_at)
                     self.cancel_held(conn, prev.id, SUBMIT, f"merged into run {run_id} (debounce on key {flow.key})")
             until = now + dt.timedelta(seconds=flow.debounce)
             if flow.max_wait is not None:
-                until = min(until, first + dt.timedelta(seconds=flow.max_wait))
+                until = min(until, row["flow_first_at"] + dt.timedelta(seconds=flow.max_wait))
             if until > now:
-                why = f"debounced until {until.isoformat(timespec='seconds')} (key {flow.key})"
-                return self._hold(conn, run_id, flow, "debounce", until, first, why)
+                return _hold(
+                    row, "debounce", until, f"debounced until {until.isoformat(timespec='seconds')} (key {flow.key})"
+                )
         queued = [r for r in key.held if r.held != "debounce"]
-        busy = flow.max_concurrent is not None and len(key.active) >= flow.max_concurrent
-        if busy:
+        if flow.max_concurrent is not None and len(key.active) >= flow.max_concurrent:
             running = f"{len(key.active)} running: {', '.join(key.active)}"
             why = f"held by concurrency key {flow.key} ({running})"
-            if flow.on_busy == "skip":  # cancelled by skip() once its tasks are written
-                self._hold(conn, run_id, flow, "concurrency", None, first, why)
-                return Decision("concurrency", f"skipped: concurrency key {flow.key} busy ({running})", skipped=True)
+            if flow.on_busy == "skip":  # cancelled by settle() once its tasks are written
+                decision = _hold(row, "concurrency", None, f"skipped: concurrency key {flow.key} busy ({running})")
+                decision.skipped = True
+                return decision
             if flow.on_busy == "replace_queued":
                 for prev in queued:
                     self.cancel_held(conn, prev.id, SUBMIT, f"replaced by run {run_id} (concurrency key {flow.key})")
+            decision = _hold(row, "concurrency", None, why)
             if flow.on_busy == "cancel_running":
                 for other in key.active:
                     self.ledger.annotate(
                         conn, other, None, RUN_EVENT_ATTEMPT, RunState.RUNNING.value, SUBMIT, FLOW_HELD,
                         f"to be cancelled: run {run_id} took concurrency key {flow.key} (on_busy=cancel_running)",
                     )  # fmt: skip
-                decision = self._hold(conn, run_id, flow, "concurrency", None, first, why)
                 decision.cancel = list(key.active)
-                return decision
-            return self._hold(conn, run_id, flow, "concurrency", None, first, why)
+            return decision
         if queued:  # first come, first served: behind the runs the key already holds
             why = f"held by concurrency key {flow.key} (behind {len(queued)} held run(s))"
-            return self._hold(conn, run_id, flow, queued[0].held, queued[0].held_until, first, why)
+            return _hold(row, queued[0].held, queued[0].held_until, why)
         slot = _next_slot(flow, key.admitted)
         if slot is not None:
-            why = f"throttled: next slot at {slot.isoformat(timespec='seconds')} (key {flow.key})"
-            return self._hold(conn, run_id, flow, "throttle", slot, first, why)
-        conn.execute(
-            t_runs.update()
-            .where(t_runs.c.id == run_id)
-            .values(flow_key=flow.key, flow=flow.to_row(), flow_admitted_at=now, flow_first_at=first)
-        )
+            return _hold(
+                row, "throttle", slot, f"throttled: next slot at {slot.isoformat(timespec='seconds')} (key {flow.key})"
+            )
+        row["flow_admitted_at"] = now
         return Decision()
 
-    def _hold(
-        self, conn: Connection, run_id: str, flow: FlowControl, held: str, until: Any, first: Any, why: str
-    ) -> Decision:
-        conn.execute(
-            t_runs.update()
-            .where(t_runs.c.id == run_id)
-            .values(flow_key=flow.key, flow=flow.to_row(), held=held, held_until=until, flow_first_at=first)
-        )
-        self.ledger.annotate(conn, run_id, None, RUN_EVENT_ATTEMPT, RunState.RUNNING.value, SUBMIT, FLOW_HELD, why)
-        return Decision(held, why)
-
-    def skip(self, conn: Connection, run_id: str, decision: Decision) -> None:
-        """``on_busy="skip"``, at the end of the submit's transaction: the new run cancelled."""
+    def settle(self, conn: Connection, run_id: str, decision: Decision) -> None:
+        """At the end of the submit's transaction: a held run's ``held`` row (why), a skipped one cancelled."""
         if decision.skipped:
             self.cancel_held(conn, run_id, SUBMIT, str(decision.reason))
+        elif decision.held is not None:
+            state = RunState.RUNNING.value
+            self.ledger.annotate(conn, run_id, None, RUN_EVENT_ATTEMPT, state, SUBMIT, FLOW_HELD, str(decision.reason))
 
     def cancel_held(self, conn: Connection, run_id: str, actor: Actor, reason: str) -> bool:
         """A held run (nothing of it started) RUNNING -> CANCELLED with ``reason``, its tasks
@@ -192,7 +181,6 @@ class FlowRows:
 
     def release_key(self, conn: Connection, tenant: str, key_name: str) -> int:
         """Release what ``key_name`` may release now, under the key's lock."""
-        conn.execute(LOCK, {"tenant": tenant, "key": key_name})
         now = conn.execute(sa.select(db_now())).scalar_one()
         widest = FlowControl(key_name, throttle=(1, 86400.0))
         key = self._read(conn, tenant, widest, now)
@@ -232,25 +220,18 @@ class FlowRows:
         return True
 
     def _read(self, conn: Connection, tenant: str, flow: FlowControl, now: Any, exclude: str | None = None) -> _Key:
-        c = t_runs.c
-        where = [c.tenant == tenant, c.flow_key == flow.key]
-        if exclude is not None:
-            where.append(c.id != exclude)
-        open_runs = conn.execute(
-            sa.select(c.id, c.held, c.held_until, c.flow_first_at, c.created_at, c.flow)
-            .where(*where, c.state == RunState.RUNNING.value)
-            .order_by(c.created_at, c.id)
-        ).all()
-        admitted: list[dt.datetime] = []
-        if flow.throttle is not None:
-            admitted = list(
-                conn.execute(
-                    sa.select(c.flow_admitted_at)
-                    .where(*where, c.flow_admitted_at > now - dt.timedelta(seconds=flow.throttle[1]))
-                    .order_by(c.flow_admitted_at.desc())
-                ).scalars()
-            )
-        return _Key([r.id for r in open_runs if r.held is None], [r for r in open_runs if r.held is not None], admitted)
+        """The key's runs, under its lock (``orc_flow_v1``: one round trip)."""
+        since = now - dt.timedelta(seconds=flow.throttle[1]) if flow.throttle is not None and now is not None else None
+        rows = conn.execute(READ, {"tenant": tenant, "key": flow.key, "exclude": exclude, "since": since}).all()
+        active = [r.id for r in rows if r.open and r.held is None]
+        held = [r for r in rows if r.open and r.held is not None]
+        return _Key(active, held, [r.flow_admitted_at for r in rows if not r.open])
+
+
+def _hold(row: dict[str, Any], held: str, until: Any, why: str) -> Decision:
+    """The run's row held (``held``, ``held_until``) and the decision saying why."""
+    row.update(held=held, held_until=until)
+    return Decision(held, why)
 
 
 def _period(flow: FlowControl) -> dt.timedelta:

@@ -18,7 +18,7 @@ from importlib import resources
 #: ``_v1`` functions are checked when created)
 FILES = (
     "decide", "reject", "breaker", "limit_held", "admit_from", "pass_slot", "admit", "expand", "settle", "claim",
-    "succeed", "skip", "clear", "wait", "legacy",
+    "succeed", "skip", "clear", "wait", "flow", "legacy",
 )  # fmt: skip
 
 

@@ -48,7 +48,7 @@ class Submission:
         tags: dict[str, str] | None = None,
         parent: tuple[str, str, int] | None = None,
         link: Callable[[Connection, str], None] | None = None,
-        hold: Callable[[Connection, str], bool] | None = None,
+        hold: Callable[[Connection, str, dict[str, Any]], bool] | None = None,
     ) -> tuple[str, bool]:
         """Insert the run, its tasks, edges and first events in one transaction.
 
@@ -70,7 +70,7 @@ class Submission:
         Raises :class:`ValidationError`, before anything is written, when a deadline after the
         logical date is beyond what a date can hold. A child run records its ``parent`` (run, key,
         attempt); ``link(conn, run_id)`` runs in its transaction (``ChildRows.link``: the parent's CAS);
-        ``hold(conn, run_id)`` (``FlowRows.decide``) before the tasks are written: ``True`` holds the run."""
+        ``hold(conn, run_id, row)`` (``FlowRows.decide``) before the run is written: ``True`` holds the run."""
         for node in dag.nodes.values():
             if node.resources:
                 expand_resources(node.resources, dag.tenant, dag=dag.name, node=node.key)
@@ -93,9 +93,9 @@ class Submission:
             if dag.max_active_tasks is None and default_max_active is not None:
                 row["max_active_tasks"] = default_max_active  # ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS
             row.update(zip(("parent_run_id", "parent_key", "parent_attempt"), parent or (), strict=False))
+            held = hold is not None and hold(conn, run_id, row)
             conn.execute(t_runs.insert().values(**row))
             self.ledger.create_run(conn, run_id, SUBMIT)
-            held = hold is not None and hold(conn, run_id)
             self._tasks(conn, run_id, dag, _task_rows(dag, run_id, now, queues, wants_upstream, due), held)
             if link is not None:
                 link(conn, run_id)
