@@ -249,3 +249,14 @@ def test_a_root_child_node_waits_from_the_submit(orc: Orchestrator) -> None:
     run_all(orc, run.id)
     assert orc.run_state(run.id).value == "SUCCEEDED"
     assert orc.task(run.id, "kid").result == {"load": {"key": "load", "upstream": ["extract"]}}
+
+
+def test_a_retry_of_a_failed_child_run_node_waits_for_a_new_child(orc: Orchestrator) -> None:
+    d = drive(orc, parent_dag(child_dag(fail=True)), body)
+    run_all(orc, d.run_id)
+    assert d.states()["kid"] == "FAILED" and d.run_state() == "FAILED"
+    orc.retry_task(d.run_id, "kid")  # a clear: it waits again, on no worker
+    kid = task_row(orc, d.run_id, "kid")
+    assert (kid.state, kid.attempt) == ("WAITING", 2)
+    orc.children.tick()
+    assert [(c.parent_attempt, c.state) for c in children(orc, d.run_id)] == [(1, "FAILED"), (2, "RUNNING")]
