@@ -391,7 +391,8 @@ _CLEAR_RUNS = sa.text(
 _IDLE_RUNS = sa.text(
     """
     SELECT r.id FROM orc_runs r
-    WHERE r.state = 'RUNNING' AND r.stuck IS NULL AND r.created_at < now() - make_interval(secs => :idle)
+    WHERE r.state = 'RUNNING' AND r.stuck IS NULL AND r.held IS NULL
+      AND r.created_at < now() - make_interval(secs => :idle)
       AND NOT EXISTS (SELECT 1 FROM orc_tasks t WHERE t.run_id = r.id
                       AND t.state IN ('RUNNING', 'WAITING', 'RETRYING', 'DEAD_LETTER'))
       AND NOT EXISTS (SELECT 1 FROM orc_task_events e WHERE e.run_id = r.id AND e.kind IS NULL

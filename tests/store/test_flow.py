@@ -207,3 +207,17 @@ def test_the_command_line_submits_with_a_key_and_lists_the_held_state(
     assert line.endswith("key=customer:7 (held: concurrency)")
     bad = runner.invoke(cli.main, ["submit", str(spec), "--concurrency-key", "k", "--throttle", "lots"])
     assert bad.exit_code != 0 and "throttle 'lots'" in bad.output
+
+
+def test_a_held_run_is_not_flagged_idle_by_the_watchdog(orc: Orchestrator) -> None:
+    """A run keyed flow control holds waits by design (explain says why): the watchdog's idle
+    check leaves it alone, and still flags an admitted run with no transition for that long."""
+    first = orc.submit(pipeline(), concurrency_key="slow", throttle="1/hour")
+    second = orc.submit(pipeline(), concurrency_key="slow", throttle="1/hour")
+    assert run(orc, second.id).held == "throttle"
+    with orc.store.engine.begin() as conn:  # two hours pass with no transition
+        conn.execute(sa.text("UPDATE orc_runs SET created_at = created_at - interval '2 hours'"))
+        conn.execute(sa.text("UPDATE orc_task_events SET at = at - interval '2 hours'"))
+    flagged = {s.run_id for s in orc.store.recovery.watch(3600, scan_ready=False)}
+    assert second.id not in flagged and run(orc, second.id).stuck is None
+    assert first.id in flagged
