@@ -159,12 +159,16 @@ class FlowRows:
     # ------------------------------------------------------------------ release
 
     def held_keys(self) -> list[tuple[str, str]]:
-        """The (tenant, key) pairs that hold a run."""
+        """The (tenant, key) pairs that hold a run the key may release now (``ix_orc_runs_flow_held``)."""
+        c = t_runs.c
         with self.db.engine.begin() as conn:
             rows = conn.execute(
-                sa.select(t_runs.c.tenant, t_runs.c.flow_key)
+                sa.select(c.tenant, c.flow_key)
                 .where(
-                    t_runs.c.flow_key.is_not(None), t_runs.c.state == RunState.RUNNING.value, t_runs.c.held.is_not(None)
+                    c.held.is_not(None),
+                    c.state == RunState.RUNNING.value,
+                    # a debounce's quiet end or a throttle's slot still ahead: nothing to release yet
+                    sa.or_(c.held == "concurrency", c.held_until.is_(None), c.held_until <= db_now()),
                 )
                 .distinct()
             ).all()

@@ -120,7 +120,12 @@ def test_throttle_holds_beyond_the_rate_until_its_next_slot(orc: Orchestrator) -
     assert reasons and reasons[0].startswith("throttled: next slot at ")
     assert release(orc) == 0
     with orc.store.engine.begin() as conn:  # the minute passes (the admissions move back)
-        conn.execute(sa.text("UPDATE orc_runs SET flow_admitted_at = flow_admitted_at - interval '61 seconds'"))
+        conn.execute(
+            sa.text(
+                "UPDATE orc_runs SET flow_admitted_at = flow_admitted_at - interval '61 seconds',"
+                " held_until = held_until - interval '61 seconds'"
+            )
+        )
     assert release(orc) == 1 and run(orc, ids[2]).held is None
 
 

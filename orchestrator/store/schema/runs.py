@@ -99,6 +99,12 @@ sa.Index(
     runs.c.state,
     postgresql_where=sa.text("flow_key IS NOT NULL"),
 )
+#: the reconciler's flow pass: the held runs (partial: every other run is not in it)
+sa.Index(
+    "ix_orc_runs_flow_held",
+    runs.c.created_at,
+    postgresql_where=sa.text("held IS NOT NULL AND state = 'RUNNING'"),
+)
 #: the reconciler's deadline check: runs whose deadline is not judged yet, by due time (partial:
 #: runs without a deadline, and runs already judged, are not in it)
 DEADLINE_PENDING = "deadline_at IS NOT NULL AND deadline_checked_at IS NULL"

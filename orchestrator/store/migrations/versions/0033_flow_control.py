@@ -4,7 +4,8 @@ on_busy=..., throttle="10/minute", debounce=30, max_wait=300)``.
 New nullable columns of ``orc_runs``: ``flow_key`` (the key, per tenant), ``flow`` (the run's
 options), ``held`` (why a run is held: ``concurrency``, ``throttle`` or ``debounce``; null: its
 roots started), ``held_until``, ``flow_first_at``, ``flow_admitted_at``; and the partial index
-``ix_orc_runs_flow_key`` (tenant, key, state) over runs that have a key. A held run is a RUNNING
+``ix_orc_runs_flow_key`` (tenant, key, state) over runs that have a key, and
+``ix_orc_runs_flow_held`` over the held runs (the reconciler's flow pass). A held run is a RUNNING
 run whose roots have not started (every task PENDING), released by a compare-and-set on ``held``
 (``store/flow.py``). One new server function, ``orc_flow_v1`` (``store/sql/flow.sql``): a key's
 advisory lock and its runs read after it, in one round trip; no other function changed, the hot
@@ -75,12 +76,19 @@ def upgrade() -> None:
         ["tenant", "flow_key", "state"],
         postgresql_where=sa.text("flow_key IS NOT NULL"),
     )
+    op.create_index(
+        "ix_orc_runs_flow_held",
+        "orc_runs",
+        ["created_at"],
+        postgresql_where=sa.text("held IS NOT NULL AND state = 'RUNNING'"),
+    )
     op.execute(SQL)
 
 
 def downgrade() -> None:
     op.execute("DROP FUNCTION IF EXISTS orc_flow_v1(text, text, text, timestamptz)")
     # held runs would never start without these columns: a downgrade leaves them RUNNING, PENDING
+    op.drop_index("ix_orc_runs_flow_held", table_name="orc_runs")
     op.drop_index("ix_orc_runs_flow_key", table_name="orc_runs")
     for column in ("flow_admitted_at", "flow_first_at", "held_until", "held", "flow", "flow_key"):
         op.drop_column("orc_runs", column)
