@@ -87,7 +87,7 @@ class FlowRows:
                 decision = _hold(row, "concurrency", None, f"skipped: concurrency key {flow.key} busy ({running})")
                 decision.skipped = True
                 return decision
-            if flow.on_busy == "replace_queued":
+            if flow.on_busy in ("replace_queued", "cancel_running"):  # the new run goes first
                 for prev in queued:
                     self.cancel_held(conn, prev.id, SUBMIT, f"replaced by run {run_id} (concurrency key {flow.key})")
             decision = _hold(row, "concurrency", None, why)

@@ -82,12 +82,15 @@ def test_a_busy_key_skips_cancels_or_replaces(orc: Orchestrator, worker: WorkerP
     assert orc.run_state(queued) is RunState.CANCELLED
     assert (None, "CANCELLED", f"replaced by run {latest} (concurrency key {k})") in run_rows(orc, queued)
     assert held(orc, latest)[0] == "concurrency"
-    # cancel_running: the running run (and its task on the worker) cancelled, the newest one runs
+    # cancel_running: the running run (and its task on the worker) cancelled, the held one replaced,
+    # the newest one runs
     newest = orc.submit(fine(), concurrency_key=k, on_busy="cancel_running").id
     assert orc.run_state(first) is RunState.CANCELLED
     assert any(kind == "held" and reason and f"run {newest} took" in reason for kind, _, reason in run_rows(orc, first))
-    until("the held runs SUCCEEDED", lambda: {orc.run_state(latest), orc.run_state(newest)} == {RunState.SUCCEEDED})
+    assert (None, "CANCELLED", f"replaced by run {newest} (concurrency key {k})") in run_rows(orc, latest)
+    until("the newest run SUCCEEDED", lambda: orc.run_state(newest) is RunState.SUCCEEDED)
     assert orc.run_state(first) is RunState.CANCELLED and orc.run_state(skipped) is RunState.CANCELLED
+    assert orc.run_state(latest) is RunState.CANCELLED
 
 
 def test_queue_runs_the_held_run_when_the_key_frees(orc: Orchestrator, worker: WorkerProcess) -> None:

@@ -100,6 +100,15 @@ def test_cancel_running_cancels_the_admitted_run_and_admits_the_new_one(orc: Orc
     assert any(k == "released" for k, _, _ in ledger(orc, second.id))
 
 
+def test_cancel_running_goes_before_the_runs_the_key_held(orc: Orchestrator) -> None:
+    first = orc.submit(pipeline(), concurrency_key="k")
+    queued = orc.submit(pipeline(), concurrency_key="k")
+    newest = orc.submit(pipeline(), concurrency_key="k", on_busy="cancel_running")
+    assert orc.run_state(first.id).value == "CANCELLED" and orc.run_state(queued.id).value == "CANCELLED"
+    assert (None, "CANCELLED", f"replaced by run {newest.id} (concurrency key k)") in ledger(orc, queued.id)
+    assert run(orc, newest.id).held is None and task_states(orc, newest.id) != {"PENDING"}
+
+
 def test_replace_queued_keeps_the_latest(orc: Orchestrator) -> None:
     first = orc.submit(pipeline(), concurrency_key="k", on_busy="replace_queued")
     queued = orc.submit(pipeline(), concurrency_key="k", on_busy="replace_queued")
