@@ -7,8 +7,8 @@ once; ``on_busy`` says what a submit to a busy key does: ``queue`` (held until t
 ``skip`` (the new run is cancelled at once, recorded), ``cancel_running`` (the admitted runs of
 the key are cancelled and the runs it holds replaced: the new one runs when they are final) or
 ``replace_queued`` (the runs the key holds are cancelled, the new one is held in their place).
-``throttle="N/period"`` admits at most N runs of the key per period (the rest wait their turn, never dropped). ``debounce``
-(seconds) holds the run until the key has been quiet that long: a newer submit to the key
+``throttle="N/period"`` admits at most N runs of the key per period (the rest wait their turn,
+never dropped). ``debounce`` (seconds) holds the run until the key has been quiet that long: a newer submit to the key
 replaces it, keeping the burst's first instant, and ``max_wait`` bounds how long a burst waits.
 The decisions are the store's (:mod:`orchestrator.store.flow`)."""
 
