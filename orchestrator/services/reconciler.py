@@ -11,7 +11,8 @@ events past their retention, finishes the event triggers' open firings, runs the
 policy: ``orchestrator.engine.children``), judges the run and
 task deadlines that fell due (a miss is recorded once and alerted; a DAG with
 ``on_deadline="cancel"`` has its run cancelled), admits READY work into free capacity and
-closes runs whose counter missed their end. Each item is
+closes runs whose counter missed their end, then runs the flow pass (runs keyed flow control
+holds released when their key frees: ``orchestrator.engine.flow``). Each item is
 handled on its own: an error is logged and counted, and the pass goes on. Every action is a
 compare-and-set, so two passes running at once still act once per item.
 
