@@ -157,10 +157,10 @@ def test_debounce_merges_a_burst_into_one_run_and_max_wait_bounds_it(orc: Orches
 
 
 def test_keys_are_per_tenant(orc: Orchestrator) -> None:
-    orc.store.tenants.set_weight("a", 1) if hasattr(orc.store.tenants, "set_weight") else None
     a = orc.submit(pipeline(tenant="a"), concurrency_key="k")
     b = orc.submit(pipeline(tenant="b"), concurrency_key="k")
     assert run(orc, a.id).held is None and run(orc, b.id).held is None
+    assert run(orc, orc.submit(pipeline(tenant="a"), concurrency_key="k").id).held == "concurrency"
 
 
 @pytest.mark.parametrize(
