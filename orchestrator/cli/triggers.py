@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -47,13 +47,17 @@ def on() -> None:
 @click.option("--params", default=None, metavar="JSON", help="JSON object: params under the event's payload.")
 @click.option("--max-active-runs", type=int, default=None, help="Most runs of the trigger running at once.")
 @click.option(
+    "--batch", default=None, metavar="N,WINDOW",
+    help="Gather events: up to N, or WINDOW (5s, 2m) from the first, make one run (its 'events' param lists them).",
+)  # fmt: skip
+@click.option(
     "--paused/--no-paused",
     default=None,
     help="Add it paused (--no-paused: active); by default a new trigger is active and a replaced one keeps its flag.",
 )
 def on_add(
     name: str, event: str, match: str | None, spec_file: str | None, factory: str | None, registered: str | None,
-    params: str | None, max_active_runs: int | None, paused: bool | None,
+    params: str | None, max_active_runs: int | None, batch: str | None, paused: bool | None,
 ) -> None:  # fmt: skip
     """Add the event trigger NAME, or replace its definition. --dag takes a factory
     module:function or, as --spec does, a spec file (a path ending .yaml, .yml or .json)."""
@@ -66,6 +70,7 @@ def on_add(
     found = _triggers().add(
         name, event=event, match=_json_object(match, "--match"), spec=spec_file, dag=factory, registered=registered,
         params=_json_object(params, "--params"), max_active_runs=max_active_runs, paused=paused,
+        batch=_batch(batch),
     )  # fmt: skip
     state = "paused" if found.paused else "active"
     click.echo(f"trigger {name}: on {found.event}, {found.what}; {state}")
@@ -75,7 +80,7 @@ def on_add(
 @click.argument("file", type=_Path(dir_okay=False))
 def on_apply(file: str) -> None:
     """Upsert every trigger of FILE (YAML/JSON: {"triggers": [{name, event, match,
-    spec|dag|registered, params, max_active_runs, paused}]}; a spec path is relative to FILE).
+    spec|dag|registered, params, max_active_runs, batch, paused}]}; a spec path is relative to FILE).
     Every entry is checked before any is written."""
     for found in _triggers().apply(file):
         click.echo(f"trigger {found.name}: on {found.event}, {found.what}")
@@ -152,3 +157,11 @@ def on_remove(name: str) -> None:
     """Remove NAME and its firings (its runs stay)."""
     _triggers().remove(name)
     click.echo(f"trigger {name} removed")
+
+
+def _batch(text: str | None) -> tuple[Any, str] | None:
+    """``--batch 100,5s`` -> ``(100, "5s")`` (the service checks it)."""
+    if text is None:
+        return None
+    most, _, window = text.partition(",")
+    return (int(most) if most.strip().isdigit() else most.strip()), window.strip()

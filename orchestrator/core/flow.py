@@ -10,6 +10,9 @@ the key are cancelled and the runs it holds replaced: the new one runs when they
 ``throttle="N/period"`` admits at most N runs of the key per period (the rest wait their turn,
 never dropped). ``debounce`` (seconds) holds the run until the key has been quiet that long: a newer submit to the key
 replaces it, keeping the burst's first instant, and ``max_wait`` bounds how long a burst waits.
+``batch=(100, "5s")`` gathers submissions: the first of the key opens a held run, the next ones
+(up to 100 events, within 5 s of the first) are merged into it, their ``events`` param lists
+appended to its own (:data:`BATCH_PARAM`; event triggers submit ``events=[payload]``).
 The decisions are the store's (:mod:`orchestrator.store.flow`)."""
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ PERIODS = {"second": 1, "sec": 1, "s": 1, "minute": 60, "min": 60, "m": 60, "hou
 RATE_RE = re.compile(r"\s*(\d{1,6})\s*/\s*(\d{0,6})\s*([a-z]+)\s*")
 DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*")
 
+#: the param a batched run holds its events in (a list; a submission without one is one event: its params)
+BATCH_PARAM = "events"
+
+#: the most events one batch may hold
+MAX_BATCH = 10000
+
 #: the longest debounce, ``max_wait`` or throttle period (a day)
 MAX_SECONDS = 86400.0
 
@@ -49,6 +58,7 @@ class FlowOptions(TypedDict, total=False):
     throttle: str | None
     debounce: float | str | None
     max_wait: float | str | None
+    batch: Any
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ class FlowControl:
     throttle: tuple[int, float] | None = None  # (runs, period in seconds)
     debounce: float | None = None
     max_wait: float | None = None
+    batch: tuple[int, float] | None = None  # (most events, window in seconds)
 
     def to_row(self) -> dict[str, Any]:
         return {
@@ -69,11 +80,12 @@ class FlowControl:
             "throttle": list(self.throttle) if self.throttle else None,
             "debounce": self.debounce,
             "max_wait": self.max_wait,
+            "batch": list(self.batch) if self.batch else None,
         }
 
     @classmethod
     def from_row(cls, key: str, row: dict[str, Any]) -> FlowControl:
-        throttle = row.get("throttle")
+        throttle, batch = row.get("throttle"), row.get("batch")
         return cls(
             key=key,
             max_concurrent=row.get("max_concurrent"),
@@ -81,6 +93,7 @@ class FlowControl:
             throttle=(int(throttle[0]), float(throttle[1])) if throttle else None,
             debounce=row.get("debounce"),
             max_wait=row.get("max_wait"),
+            batch=(int(batch[0]), float(batch[1])) if batch else None,
         )
 
 
@@ -106,6 +119,16 @@ def parse_duration(value: Any, what: str) -> float:
     if seconds is None or not 0 < seconds <= MAX_SECONDS:
         raise FlowControlError(f"{what} {value!r} is not a duration above 0 and at most a day (30, '30s', '5m')")
     return seconds
+
+
+def parse_batch(value: Any) -> tuple[int, float]:
+    """``(100, "5s")`` -> ``(100, 5.0)``: at most that many events, or that long since the first."""
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise FlowControlError(f"batch {value!r} is not (most events, window) such as (100, '5s')")
+    most, window = value
+    if isinstance(most, bool) or not isinstance(most, int) or not 1 <= most <= MAX_BATCH:
+        raise FlowControlError(f"batch size must be an int from 1 to {MAX_BATCH}, not {most!r}")
+    return most, parse_duration(window, "batch window")
 
 
 def check_flow(options: FlowOptions) -> FlowControl | None:
@@ -134,7 +157,10 @@ def check_flow(options: FlowOptions) -> FlowControl | None:
     debounce, max_wait = options.get("debounce"), options.get("max_wait")
     if max_wait is not None and debounce is None:
         raise FlowControlError("max_wait bounds a debounce: give debounce too")
-    if most is None and throttle is None and debounce is None:
+    batch = options.get("batch")
+    if batch is not None and (debounce is not None or on_busy != "queue"):
+        raise FlowControlError("batch gathers submissions into one run: not with debounce or an on_busy policy")
+    if most is None and throttle is None and debounce is None and batch is None:
         most = 1  # a key alone: one run at a time (celery-once's lock)
     flow = FlowControl(
         key=key,
@@ -143,6 +169,7 @@ def check_flow(options: FlowOptions) -> FlowControl | None:
         throttle=parse_rate(throttle) if throttle is not None else None,
         debounce=parse_duration(debounce, "debounce") if debounce is not None else None,
         max_wait=parse_duration(max_wait, "max_wait") if max_wait is not None else None,
+        batch=parse_batch(batch) if batch is not None else None,
     )
     if flow.debounce is not None and flow.max_wait is not None and flow.max_wait < flow.debounce:
         raise FlowControlError(f"max_wait ({flow.max_wait:g}s) is shorter than the debounce ({flow.debounce:g}s)")

@@ -24,6 +24,13 @@ trigger records no firing for the events emitted while it is paused (they are no
 resume). A registered DAG that is paused skips the firing (``skipped``, with the reason). A
 firing that cannot start its run (the factory raises, the spec no longer validates) is
 ``failed``: the trigger keeps it as ``last_error`` and the alert hook is raised.
+
+With ``batch=(100, "5s")`` the events are gathered instead: each firing submits its run with
+``events=[payload]`` (the trigger's ``params`` beside it) under the concurrency key
+``trigger:NAME`` with keyed flow control's ``batch`` (:mod:`orchestrator.core.flow`): the first
+event opens a held run, the next ones (up to 100, within 5 s of the first) are merged into its
+``events`` list (each merged run CANCELLED, ``merged into run X``), and the reconciler's flow pass
+starts it when it is full or its window is over.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from ..core.dag import (
     text_problem,
 )
 from ..core.errors import OrchestratorError, SpecError, ValidationError
+from ..core.flow import BATCH_PARAM, KEY_RE, FlowControlError, parse_batch
 from ..core.routing import DEFAULT_TENANT
 from ..core.waits import check_event_key, check_match
 from ..store.schedules import iso
@@ -84,6 +92,7 @@ class Trigger:
     params: dict[str, Any]
     max_active_runs: int | None
     paused: bool
+    batch: tuple[int, float] | None = None
     last_error: str | None = None
     last_error_at: dt.datetime | None = None
     last_run_id: str | None = None
@@ -112,6 +121,7 @@ class Trigger:
             "registered_version": self.registered_version,
             "params": self.params,
             "max_active_runs": self.max_active_runs,
+            "batch": list(self.batch) if self.batch else None,
             "paused": self.paused,
             "last_run": self.last_run_id,
             "last_run_state": self.last_run_state,
@@ -161,6 +171,8 @@ class TriggerPort(Protocol):
         schedule: str | None = None,
         dag_version: int | None = None,
         trigger: str | None = None,
+        concurrency_key: str | None = None,
+        batch: Any = None,
     ) -> _Submitted: ...
 
     @property
@@ -169,7 +181,7 @@ class TriggerPort(Protocol):
     def is_transient(self, exc: BaseException) -> bool: ...
 
 
-_ALLOWED = {"name", "event", "match", "spec", "dag", "registered", "params", "max_active_runs", "paused"}
+_ALLOWED = {"name", "event", "match", "spec", "dag", "registered", "params", "max_active_runs", "paused", "batch"}
 
 
 class Triggers:
@@ -202,14 +214,18 @@ class Triggers:
         params: Mapping[str, Any] | None = None,
         max_active_runs: int | None = None,
         paused: bool | None = None,
+        batch: Any = None,
     ) -> Trigger:
         """Create the trigger ``name`` or replace its definition: each event ``event`` of its
         tenant whose payload contains ``match`` starts a run of ``spec`` (a spec file's path, a
         parsed spec or a :class:`DAG`, snapshotted now), ``dag`` (a factory ``module:function``)
         or ``registered`` (``NAME`` or ``NAME@N``). ``paused``: ``None`` keeps a replaced
-        trigger's flag (a new one starts unpaused). Raises :class:`TriggerError` /
+        trigger's flag (a new one starts unpaused). ``batch=(100, "5s")``: up to 100 events, or
+        5 s from the first, make one run whose ``events`` param lists their payloads. Raises :class:`TriggerError` /
         :class:`ValidationError` naming the problem; nothing is written then."""
-        tenant, values = self._prepare(name, event, match, spec, dag, registered, params, max_active_runs, paused)
+        tenant, values = self._prepare(
+            name, event, match, spec, dag, registered, params, max_active_runs, paused, batch=batch
+        )
         rows = self._of(tenant)
         existing = rows.get(name)
         values["paused"] = bool(existing.paused) if paused is None and existing is not None else bool(paused)
@@ -227,6 +243,8 @@ class Triggers:
         params: Any,
         max_active_runs: Any,
         paused: Any,
+        *,
+        batch: Any = None,
     ) -> tuple[str, dict[str, Any]]:
         """Check a definition (building its DAG as it would fire now, with no payload) and
         return (tenant, the row's values); writes nothing."""
@@ -248,6 +266,14 @@ class Triggers:
             isinstance(max_active_runs, bool) or not isinstance(max_active_runs, int) or max_active_runs < 1
         ):
             raise TriggerError(f"trigger {name!r}: max_active_runs must be an integer of at least 1")
+        try:
+            batched = parse_batch(batch) if batch is not None else None
+            if batched is not None and not KEY_RE.fullmatch(f"trigger:{name}"):
+                raise FlowControlError(
+                    f"batch is keyed by 'trigger:{name}': a name of letters, digits, '_ . : / - @ ='"
+                )
+        except FlowControlError as exc:
+            raise TriggerError(f"trigger {name!r}: {exc}") from None
         if paused is not None and not isinstance(paused, bool):
             raise TriggerError(f"trigger {name!r}: paused must be true or false, not {paused!r}")
         try:  # plain JSON, nested at most MAX_JSON_DEPTH (a deeper one would overflow the encoder)
@@ -278,11 +304,12 @@ class Triggers:
             "registered_version": ref[1] if ref else None,
             "params": params,
             "max_active_runs": max_active_runs,
+            "batch": list(batched) if batched else None,
         }
 
     def apply(self, path: str | Path) -> list[Trigger]:
         """Upsert every trigger of a YAML/JSON file ``{"triggers": [{name, event, match, spec (a
-        path relative to the file) | dag | registered, params, max_active_runs, paused}]}``.
+        path relative to the file) | dag | registered, params, max_active_runs, batch, paused}]}``.
         Every entry is checked before any is written. An entry without ``paused`` keeps the
         trigger's flag."""
         p = Path(path)
@@ -309,6 +336,7 @@ class Triggers:
             self._prepare(
                 name, kwargs.get("event"), kwargs.get("match"), kwargs.get("spec"), kwargs.get("dag"),
                 kwargs.get("registered"), kwargs.get("params"), kwargs.get("max_active_runs"), kwargs.get("paused"),
+                batch=kwargs.get("batch"),
             )  # fmt: skip
         return [self.add(name, **kwargs) for name, kwargs in prepared]
 
@@ -398,6 +426,9 @@ class Triggers:
             trig = _view(row, None)
             at = found.emitted_at if found.emitted_at.tzinfo else found.emitted_at.replace(tzinfo=dt.UTC)
             payload = dict(found.payload or {})
+            key = f"trigger:{name}" if trig.batch is not None else None
+            if trig.batch is not None:  # gathered: the run's events param lists the payloads
+                payload = {BATCH_PARAM: [payload]}
             try:
                 built, version = self.build(trig, at, payload)
                 dag = self.orc.check(built, tenant=tenant)
@@ -411,6 +442,8 @@ class Triggers:
                     logical_date=iso(at),
                     dag_version=version,
                     trigger=name,
+                    concurrency_key=key,
+                    batch=trig.batch,
                 )
             except Exception as exc:
                 if self.orc.is_transient(exc):
@@ -504,6 +537,7 @@ def _view(row: Any, last: tuple[str, str] | None) -> Trigger:
         params=dict(row.params or {}),
         max_active_runs=row.max_active_runs,
         paused=bool(row.paused),
+        batch=(int(row.batch[0]), float(row.batch[1])) if getattr(row, "batch", None) else None,
         last_error=row.last_error,
         last_error_at=_aware(row.last_error_at),
         last_run_id=last[0] if last else None,

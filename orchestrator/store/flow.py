@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..core.dag.spec import dag_from_spec
-from ..core.flow import FlowControl
+from ..core.flow import BATCH_PARAM, FlowControl
 from ..core.models import Actor
 from ..core.states import FLOW_HELD, FLOW_RELEASED, RunState, TaskState
 from . import schema as s
@@ -29,6 +29,8 @@ from .ledger import RUN_EVENT_ATTEMPT, Ledger
 
 t_runs, t_tasks = s.runs, s.tasks
 SUBMIT, RECONCILER = Actor("submit"), Actor("reconciler")
+#: the holds that gather submissions until their instant (not a place in the key's queue)
+GATHERING = ("debounce", "batch")
 READ = sa.text("SELECT * FROM orc_flow_v1(:tenant, :key, :exclude, :since)")
 
 
@@ -67,6 +69,8 @@ class FlowRows:
         now = row["created_at"]  # the transaction's now(), as the database gave it
         key = self._read(conn, tenant, flow, now, exclude=run_id)
         row.update(flow_key=flow.key, flow=flow.to_row(), flow_first_at=now)
+        if flow.batch is not None:
+            return self._batch(conn, run_id, flow, key, row, now)
         if flow.debounce is not None:
             for prev in key.held:
                 if prev.held == "debounce":
@@ -79,7 +83,7 @@ class FlowRows:
                 return _hold(
                     row, "debounce", until, f"debounced until {until.isoformat(timespec='seconds')} (key {flow.key})"
                 )
-        queued = [r for r in key.held if r.held != "debounce"]
+        queued = [r for r in key.held if r.held not in GATHERING]
         if flow.max_concurrent is not None and len(key.active) >= flow.max_concurrent:
             running = f"{len(key.active)} running: {', '.join(key.active)}"
             why = f"held by concurrency key {flow.key} ({running})"
@@ -109,6 +113,41 @@ class FlowRows:
             )
         row["flow_admitted_at"] = now
         return Decision()
+
+    def _batch(
+        self, conn: Connection, run_id: str, flow: FlowControl, key: _Key, row: dict[str, Any], now: Any
+    ) -> Decision:
+        """``batch=(N, window)``: the submission's events merged into the key's open batch (the
+        oldest held ``batch`` run with room: its ``events`` param appended to; the new run is
+        cancelled, ``merged into run X``) or a new batch opened (held until the window ends;
+        a batch that reaches N is due at once: the flow pass releases it)."""
+        assert flow.batch is not None
+        most, window = flow.batch
+        events, at = batch_events(row["params"]), _event_time(row, now)
+        for prev in key.held:
+            if prev.held != "batch":
+                continue
+            found = conn.execute(
+                sa.select(t_runs.c.params, t_runs.c.dag_snapshot).where(t_runs.c.id == prev.id).with_for_update()
+            ).first()
+            have = batch_events(found.params) if found is not None else []
+            if found is None or len(have) + len(events) > most or not (prev.held_until and prev.held_until > at):
+                continue  # full, or its window is over: the flow pass releases it as it is
+            merged = have + events
+            params = {**(found.params or {}), BATCH_PARAM: merged}
+            values: dict[str, Any] = {"params": params, "dag_snapshot": {**found.dag_snapshot, "params": params}}
+            if len(merged) >= most:
+                values["held_until"] = now  # full: released by the next flow pass
+            conn.execute(t_runs.update().where(t_runs.c.id == prev.id, t_runs.c.held == "batch").values(**values))
+            why = f"merged into run {prev.id} (batch on key {flow.key}: {len(merged)} of {most} events)"
+            decision = _hold(row, "batch", now, why)
+            decision.skipped = True  # cancelled by settle() once its tasks are written
+            return decision
+        params = {**row["params"], BATCH_PARAM: events}
+        row.update(params=params, dag_snapshot={**row["dag_snapshot"], "params": params})
+        until = now if len(events) >= most else at + dt.timedelta(seconds=window)
+        why = f"batching until {until.isoformat(timespec='seconds')} (key {flow.key}: {len(events)} of {most} events)"
+        return _hold(row, "batch", until, why)
 
     def settle(self, conn: Connection, run_id: str, decision: Decision) -> None:
         """At the end of the submit's transaction: a held run's ``held`` row (why), a skipped one cancelled."""
@@ -150,6 +189,8 @@ class FlowRows:
             at = run.held_until.isoformat(timespec="seconds") if run.held_until is not None else None
             if run.held == "debounce":
                 return f"debounced until {at} (key {run.flow_key})"
+            if run.held == "batch":
+                return f"batching until {at} (key {run.flow_key})"
             if run.held == "throttle":
                 return f"throttled: next slot at {at} (key {run.flow_key})"
             flow = FlowControl.from_row(run.flow_key, run.flow or {})
@@ -191,8 +232,10 @@ class FlowRows:
         released = 0
         for run in key.held:
             flow = FlowControl.from_row(key_name, run.flow or {})
-            if run.held == "debounce" and run.held_until is not None and run.held_until > now:
+            if run.held in GATHERING and run.held_until is not None and run.held_until > now:
                 continue  # still quiet: it releases when its own instant comes
+            if run.held == "batch" and self._unfired(conn, tenant, run.id, run.held_until, flow):
+                continue  # its trigger has events of its window still to merge
             if flow.max_concurrent is not None and len(key.active) >= flow.max_concurrent:
                 break
             slot = _next_slot(flow, [a for a in key.admitted if flow.throttle and a > now - _period(flow)])
@@ -205,6 +248,23 @@ class FlowRows:
                 key.admitted.insert(0, now)
                 released += 1
         return released
+
+    def _unfired(self, conn: Connection, tenant: str, run_id: str, until: Any, flow: FlowControl) -> bool:
+        """Whether the batch run (not full) of a trigger has an open firing (pending, waiting) of
+        an event emitted before ``until`` (its window's end): a lagging finisher has not merged it yet."""
+        found = conn.execute(sa.select(t_runs.c.trigger, t_runs.c.params).where(t_runs.c.id == run_id)).first()
+        if until is None or found is None or found.trigger is None or flow.batch is None:
+            return False
+        if len(batch_events(found.params)) >= flow.batch[0]:
+            return False  # full: released at once
+        f = s.trigger_firings.c
+        trigger = found.trigger
+        query = sa.select(
+            sa.exists().where(
+                f.tenant == tenant, f.trigger == trigger, f.state.in_(("pending", "waiting")), f.at < until
+            )
+        )
+        return bool(conn.execute(query).scalar())
 
     def _release(self, conn: Connection, run_id: str, held: str, now: Any, key: str) -> bool:
         """The compare-and-set ``held`` -> null of a RUNNING run, its ``released`` row, its roots started."""
@@ -236,6 +296,24 @@ def _hold(row: dict[str, Any], held: str, until: Any, why: str) -> Decision:
     """The run's row held (``held``, ``held_until``) and the decision saying why."""
     row.update(held=held, held_until=until)
     return Decision(held, why)
+
+
+def batch_events(params: Any) -> list[Any]:
+    """A submission's events: its ``events`` param (a list), else its params as one event."""
+    params = dict(params or {})
+    found = params.get(BATCH_PARAM)
+    return list(found) if isinstance(found, list) else [params]
+
+
+def _event_time(row: dict[str, Any], now: Any) -> Any:
+    """When a batched submission's event happened: an event trigger's run has its event's time as
+    its logical date (its window is in event time, whatever the finishers' lag); else ``now``."""
+    if row.get("trigger") and row.get("logical_date"):
+        try:
+            return dt.datetime.fromisoformat(row["logical_date"])
+        except ValueError:
+            pass
+    return now
 
 
 def _period(flow: FlowControl) -> dt.timedelta:

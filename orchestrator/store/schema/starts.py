@@ -146,6 +146,8 @@ triggers = sa.Table(
     sa.Column("registered_version", sa.Integer, nullable=True),
     sa.Column("params", sa.JSON, nullable=False),
     sa.Column("max_active_runs", sa.Integer, nullable=True),
+    #: ``[most events, window seconds]``: events gathered into one run (``events`` param), or null
+    sa.Column("batch", sa.JSON, nullable=True),
     sa.Column("paused", sa.Boolean, nullable=False),
     sa.Column("last_error", sa.Text, nullable=True),
     sa.Column("last_error_at", TS, nullable=True),
