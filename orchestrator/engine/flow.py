@@ -63,7 +63,8 @@ class Keyed:
 
 def held_reasons(orc: Any, run_id: str, found: list[Explanation]) -> list[Explanation]:
     """``explain`` of a held run: each task's first reason says why the run is held (``held``:
-    ``held by concurrency key K (1 running: ID)``, ``throttled: next slot at T``, ``debounced until T``)."""
+    ``held by concurrency key K (1 running: ID)``, ``throttled: next slot at T``, ``debounced until T``,
+    ``batching until T``)."""
     why = orc.store.flow.why_held(run_id) if found else None
     if why is None:
         return found

@@ -1,9 +1,10 @@
 """Keyed flow control in the store (:mod:`orchestrator.core.flow`): a run with a concurrency key is
 admitted (its roots start) or held (a RUNNING run whose tasks are all PENDING, ``orc_runs.held``
 naming why) by the submit's own transaction, and a held run is released by a compare-and-set on
-``held`` (the reconciler's flow pass, :meth:`FlowRows.release`). Every decision about a key is
-taken under the key's advisory transaction lock, so two submits (or a submit and the pass) never
-both take its last slot. Every hold, release, skip, merge and replacement is a row of the
+``held`` (the reconciler's flow pass, :meth:`FlowRows.release`). A ``batch`` run gathers the
+key's next submissions (their ``events`` appended to its own, each merged run cancelled). Every
+decision about a key is taken under the key's advisory transaction lock, so two submits (or a
+submit and the pass) never both take its last slot. Every hold, release, skip, merge and replacement is a row of the
 run-level ledger (``orc_task_events``, ``key`` null): an annotation (``held``, ``released``) or the
 run's move to CANCELLED with its reason."""
 
