@@ -173,3 +173,11 @@ def _json_object(text: str | None, option: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise ValidationError(f"{option} must be a JSON object, not {type(value).__name__}")
     return value
+
+
+def _batch_option(text: str | None) -> tuple[Any, str] | None:
+    """``--batch 100,5s`` -> ``(100, "5s")`` (core/flow.py checks it)."""
+    if text is None:
+        return None
+    most, _, window = text.partition(",")
+    return (int(most) if most.strip().isdigit() else most.strip()), window.strip()

@@ -12,7 +12,7 @@ import click
 
 from ..core.tags import tags_text
 from . import base
-from .base import _dump, _Path, format_task_table
+from .base import _batch_option, _dump, _Path, format_task_table
 
 
 def _param(values: tuple[str, ...]) -> dict[str, Any] | None:
@@ -62,6 +62,11 @@ def _param(values: tuple[str, ...]) -> dict[str, Any] | None:
 @click.option("--debounce", metavar="DURATION", help="With --concurrency-key: run once the key is quiet (30s).")
 @click.option("--max-wait", metavar="DURATION", help="With --debounce: the longest a burst waits (5m).")
 @click.option(
+    "--batch", metavar="N,WINDOW",
+    help="With --concurrency-key: gather submits, up to N or WINDOW (5s) from the first, into one run"
+    " (its 'events' param lists them).",
+)  # fmt: skip
+@click.option(
     "--wait",
     "wait_",
     is_flag=True,
@@ -91,6 +96,8 @@ def submit(
 
     tags = parse_tag_filters(tag_items) or None
     flow = {k: v for k, v in flow.items() if v is not None}  # keyed flow control (core/flow.py checks it)
+    if "batch" in flow:
+        flow["batch"] = _batch_option(flow["batch"])
 
     if (file is None) == (registered is None):
         raise click.UsageError("give a spec FILE or --dag NAME[@N] (one of them)")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from . import base
-from .base import _dump, _json_object, _Path
+from .base import _batch_option, _dump, _json_object, _Path
 
 if TYPE_CHECKING:
     from ..services.triggers import Triggers
@@ -70,7 +70,7 @@ def on_add(
     found = _triggers().add(
         name, event=event, match=_json_object(match, "--match"), spec=spec_file, dag=factory, registered=registered,
         params=_json_object(params, "--params"), max_active_runs=max_active_runs, paused=paused,
-        batch=_batch(batch),
+        batch=_batch_option(batch),
     )  # fmt: skip
     state = "paused" if found.paused else "active"
     click.echo(f"trigger {name}: on {found.event}, {found.what}; {state}")
@@ -157,11 +157,3 @@ def on_remove(name: str) -> None:
     """Remove NAME and its firings (its runs stay)."""
     _triggers().remove(name)
     click.echo(f"trigger {name} removed")
-
-
-def _batch(text: str | None) -> tuple[Any, str] | None:
-    """``--batch 100,5s`` -> ``(100, "5s")`` (the service checks it)."""
-    if text is None:
-        return None
-    most, _, window = text.partition(",")
-    return (int(most) if most.strip().isdigit() else most.strip()), window.strip()

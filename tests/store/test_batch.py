@@ -170,3 +170,21 @@ def test_the_command_line_adds_a_batched_trigger(
         cli.main, ["on", "add", "other", "--event", "orders.new", "--spec", str(spec), "--batch", "0,5s"]
     )
     assert bad.exit_code != 0 and "batch size" in bad.output
+
+
+def test_the_command_line_submits_a_batch(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orc)
+    spec = tmp_path / "gather.yaml"
+    spec.write_text("name: gather\nnodes:\n  - {key: extract, task: t}\n")
+    runner = CliRunner()
+    args = ["submit", str(spec), "--concurrency-key", "orders", "--batch", "2,1h"]
+    first, second = runner.invoke(cli.main, args), runner.invoke(cli.main, args)
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    opened, merged = first.output.split()[0], second.output.split()[0]
+    with orc.store.engine.connect() as conn:
+        rows = dict(conn.execute(sa.select(s.runs.c.id, s.runs.c.held).where(s.runs.c.id.in_([opened, merged]))).all())
+    assert rows == {opened: "batch", merged: None}  # the second merged into the first (CANCELLED), the batch full
+    bad = runner.invoke(cli.main, ["submit", str(spec), "--concurrency-key", "orders", "--batch", "0,5s"])
+    assert bad.exit_code != 0 and "batch size" in bad.output
+    with orc.store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(s.runs)).scalar_one() == 2
