@@ -235,3 +235,24 @@ def test_a_held_run_is_not_flagged_idle_by_the_watchdog(orc: Orchestrator) -> No
     flagged = {s.run_id for s in orc.store.recovery.watch(3600, scan_ready=False)}
     assert second.id not in flagged and run(orc, second.id).stuck is None
     assert first.id in flagged
+
+
+def test_cancels_meet_the_key_a_held_run_cancelled_stays_cancelled_and_the_next_one_goes(orc: Orchestrator) -> None:
+    # the key's running run and two held behind it; the operator cancels the first held one (by a
+    # bulk cancel of its tag) and then the running one
+    first = orc.submit(pipeline(), concurrency_key="k")
+    second = orc.submit(pipeline(), concurrency_key="k", tags={"batch": "old"})
+    third = orc.submit(pipeline(), concurrency_key="k")
+    assert (run(orc, second.id).held, run(orc, third.id).held) == ("concurrency", "concurrency")
+    report = orc.bulk.cancel(tags={"batch": "old"})
+    assert [(i.run_id, i.outcome) for i in report.items] == [(second.id, "done")], report
+    assert orc.run_state(second.id).value == "CANCELLED"
+    assert release(orc) == 0  # the key is still busy with the first
+    orc.cancel(first.id)
+    orc.reconcile()  # closes the cancelled run: the key frees
+    assert orc.run_state(first.id).value == "CANCELLED"
+    # then the cancelled held run is never released (the release is fenced on RUNNING): the third goes
+    assert run(orc, second.id).state == "CANCELLED"
+    assert run(orc, third.id).held is None
+    assert not [r for r in ledger(orc, second.id) if r[0] == "released"]
+    assert drive(orc, pipeline(), run_id=third.id).run_state() == "SUCCEEDED"
