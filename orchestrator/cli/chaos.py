@@ -12,7 +12,7 @@ import click
     "--runs", default=100, show_default=True, help="At least this many DAG runs (more while faults are owed)."
 )
 @click.option("--seed", default=1, show_default=True, help="Random seed of the DAGs and of the fault sequence.")
-@click.option("--workers", default=2, show_default=True, help="Prefork worker processes (-c 2 each).")
+@click.option("--workers", default=2, show_default=True, help="Worker processes (-c 2 each, -c 8 with --pool threads).")
 @click.option("--min-faults", default=200, show_default=True, help="Keep injecting until this many faults.")
 @click.option("--database-url", envvar="ORCHESTRATOR_CHAOS_DATABASE_URL", default=None,
               help="Use this Postgres database (wiped first) instead of a private server of the soak's own;"
@@ -23,6 +23,16 @@ import click
 @click.option("--mix", default=0, show_default=True, type=click.IntRange(min=0),
               help="Also this many operator actions, maps, waits and events at random moments (the interaction"
                    " soak; see docs/operations.md).")  # fmt: skip
+@click.option("--keep", is_flag=True, default=False,
+              help="Leave the soak's data directory (logs) and its private server's data directory behind"
+                   " (the server stopped) and print where: to read the ledger after a violation.")  # fmt: skip
+@click.option("--pool", type=click.Choice(["prefork", "threads"]), default="prefork", show_default=True,
+              help="The workers' pool: prefork (-c 2: two pool processes each) or threads (-c 8: eight threads of"
+                   " one process; kill_child is then not dealt, there is no pool process).")  # fmt: skip
+@click.option("--group-commit", is_flag=True, default=False,
+              help="The workers' ORCHESTRATOR_GROUP_COMMIT=1: the hot-path calls a worker's threads make at"
+                   " once go in one transaction (it acts on a threads pool; a prefork process is a lone"
+                   " caller).")  # fmt: skip
 def chaos(
     runs: int,
     seed: int,
@@ -32,6 +42,9 @@ def chaos(
     timeout: float,
     claim_delay: float,
     mix: int,
+    keep: bool,
+    pool: str,
+    group_commit: bool,
 ) -> None:
     """Soak a local deployment (private Postgres and Redis, real workers, reconciler) under
     eleven kinds of random fault, and report them per kind.
@@ -42,4 +55,5 @@ def chaos(
     from ..testing.chaos import run_chaos
 
     sys.exit(run_chaos(runs=runs, seed=seed, database_url=database_url, workers=workers,
-                       min_faults=min_faults, timeout=timeout, claim_delay=claim_delay, mix=mix))  # fmt: skip
+                       min_faults=min_faults, timeout=timeout, claim_delay=claim_delay, mix=mix, keep=keep,
+                       pool=pool, group_commit=group_commit))  # fmt: skip

@@ -32,11 +32,26 @@ SKEWED = "chaos0"
 LACKING = "chaos-lacking"
 LACKED_MODULE = "tasks.dynamic"
 DEFAULT_MODULES = ("tasks.probes", "tasks.etl", "tasks.dynamic", "tasks.canvas")
+#: the worker pools the soak can run (``--pool``) and the concurrency of each worker: prefork
+#: ``-c 2`` (two pool processes, each a lone hot-path caller), threads ``-c 8`` (eight threads of
+#: one process sharing its hot-path connections: enough calls in flight at once for group commit
+#: to gather them, on a workload of at most 8 runs of 2-40 short tasks in flight)
+POOLS = {"prefork": 2, "threads": 8}
 LIBFAKETIME = [
     Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"),
     Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1"),
     Path("/usr/local/lib/faketime/libfaketimeMT.so.1"),
 ]
+
+
+class ChaosConfigError(ValueError):
+    """A soak option the soak cannot run with (an unknown pool...): raised before anything starts."""
+
+
+def check_pool(pool: str) -> None:
+    """Refuse a pool the soak does not run (:data:`POOLS`), with :class:`ChaosConfigError`."""
+    if pool not in POOLS:
+        raise ChaosConfigError(f"unknown pool {pool!r}: the soak runs {' or '.join(sorted(POOLS))} workers")
 
 
 def free_port() -> int:
@@ -295,6 +310,13 @@ class Deployment:
     claim_delay: float = 0.0
     #: also run worker ``LACKING``, started without one task module (``--mix``)
     lacking: bool = False
+    #: the workers' pool, a key of :data:`POOLS` (``--pool``)
+    pool: str = "prefork"
+    #: ORCHESTRATOR_GROUP_COMMIT=1 for the workers (``--group-commit``)
+    group_commit: bool = False
+
+    def __post_init__(self) -> None:
+        check_pool(self.pool)
 
     @property
     def broker_url(self) -> str:
@@ -347,11 +369,18 @@ class Deployment:
             .render_as_string(hide_password=False)
         )
 
+    def worker_command(self, name: str) -> list[str]:
+        """The command line of worker ``name``: its pool (``--pool``) at that pool's concurrency."""
+        return [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", self.pool,
+                "-c", str(POOLS[self.pool]), "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+                "-n", f"{name}@%h"]  # fmt: skip
+
     def start_worker(self, name: str) -> None:
-        cmd = [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", "prefork", "-c", "2",
-               "--without-gossip", "--without-mingle", "--loglevel", "INFO", "-n", f"{name}@%h"]  # fmt: skip
+        cmd = self.worker_command(name)
         broker_port = self.broker_relay.port if self.broker_relay else None
         env = self.env(database_url=self._relayed_url(self.pg_relays.get(name)), broker_port=broker_port)
+        if self.group_commit:
+            env["ORCHESTRATOR_GROUP_COMMIT"] = "1"
         if name == LACKING:
             env["ORCHESTRATOR_TASK_MODULES"] = ",".join(m for m in DEFAULT_MODULES if m != LACKED_MODULE)
         lib = libfaketime()

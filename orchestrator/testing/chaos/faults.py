@@ -91,14 +91,17 @@ class Injector:
         self.faults: list[Fault] = []
         #: the last task-commit mark seen (``orc_task_events.id`` of a SUCCEEDED transition)
         self.mark = 0
-        available = set(DECK)
-        if dep.pg is None:
-            available.discard("pg_restart")  # never restart a server the soak does not own
+        #: the kinds this deployment cannot take, and why (reported with the per kind table)
+        self.skipped: dict[str, str] = {}
+        if dep.pg is None:  # never restart a server the soak does not own
+            self.skipped["pg_restart"] = "the database is not the soak's own server (--database-url)"
         if not dep.pg_relays:
-            available.discard("pg_partition")
+            self.skipped["pg_partition"] = "the database is reached over a Unix socket (no relay)"
         if dep.clock_file is None:
-            available.discard("clock_jump")
-        self.available = available
+            self.skipped["clock_jump"] = "libfaketime is not installed"
+        if dep.pool == "threads":  # a threads pool runs its tasks in the worker process itself
+            self.skipped["kill_child"] = "a threads pool has no pool processes (kill_worker kills the worker)"
+        self.available = set(DECK) - set(self.skipped)
 
     @property
     def db_down(self) -> bool:

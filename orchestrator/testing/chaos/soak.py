@@ -60,8 +60,10 @@ from ...engine.facade import Orchestrator
 from ...store import Store, make_engine, migrate
 from .deployment import (
     LACKING,
+    POOLS,
     Deployment,
     PrivatePostgres,
+    check_pool,
 )
 from .faults import Injector
 from .mix import Mixer, run_states
@@ -101,6 +103,9 @@ def run_chaos(
     action_interval: float = 0.8,
     settle: float = SETTLE_SECONDS,
     lacking: bool = True,
+    keep: bool = False,
+    pool: str = "prefork",
+    group_commit: bool = False,
     echo: Callable[[str], None] = print,
 ) -> int:
     """Run the soak; print the report; return 0 only if no invariant was broken (nothing lost,
@@ -117,8 +122,14 @@ def run_chaos(
     are followed too. After the last fault and the last action every run must be final within
     ``settle`` seconds, or wait on something ``explain`` names; past it the soak stops waiting and
     counts the rest as stuck. ``lacking``: with ``mix``, also run a worker without one task
-    module.
+    module. ``keep``: leave the data directory (worker logs) and the private server's data
+    directory behind, the server stopped, and say where (to read the ledger after a violation).
+    ``pool``: the workers' pool, ``prefork`` (``-c 2``) or ``threads`` (``-c 8``; ``kill_child`` is
+    then not dealt: there is no pool process); ``group_commit``: the workers'
+    ``ORCHESTRATOR_GROUP_COMMIT=1``. A bad option raises :class:`ChaosConfigError` before
+    anything is started.
     """
+    check_pool(pool)
     # two generators, so the DAGs do not depend on how the faults interleave with them
     rng = random.Random(seed)
     fault_rng = random.Random(seed + 1_000_003)
@@ -137,7 +148,8 @@ def run_chaos(
             pg.init()
             pg.start()
             database_url = pg.url
-        dep = Deployment(database_url, workers, data, pg=pg, claim_delay=claim_delay, lacking=bool(mix) and lacking)
+        dep = Deployment(database_url, workers, data, pg=pg, claim_delay=claim_delay, lacking=bool(mix) and lacking,
+                         pool=pool, group_commit=group_commit)  # fmt: skip
         engine = make_engine(database_url)
         migrate.reset(engine)
         engine.dispose()
@@ -163,7 +175,7 @@ def run_chaos(
             time.sleep(0.05)
         report = loop.report(time.monotonic() - started)
     finally:
-        _clean_up(dep, probe, orc, pg, data, previous, window)
+        _clean_up(dep, probe, orc, pg, data, previous, window, keep=keep, echo=echo)
     return _verdict(report, echo)
 
 
@@ -183,9 +195,10 @@ def _prepare(mix: int) -> tuple[Any, int]:
 
 def _clean_up(
     dep: Deployment | None, probe: sa.Engine | None, orc: Orchestrator | None, pg: PrivatePostgres | None,
-    data: Path, previous: Any, window: int,
+    data: Path, previous: Any, window: int, *, keep: bool = False, echo: Callable[[str], None] = print,
 ) -> None:  # fmt: skip
-    """After the soak, whatever happened: every process it started stopped, its files removed."""
+    """After the soak, whatever happened: every process it started stopped, its files removed
+    (with ``keep``: left behind, the private server stopped, and their paths printed)."""
     if dep is not None:
         dep.stop()
     if probe is not None:
@@ -193,9 +206,16 @@ def _clean_up(
     if orc is not None:
         with contextlib.suppress(Exception):
             orc.store.engine.dispose()
-    if pg is not None:
-        pg.close()
-    shutil.rmtree(data, ignore_errors=True)
+    if keep:
+        if pg is not None:
+            with contextlib.suppress(Exception):
+                pg.stop("fast")
+            echo(f"kept: the private server's files {pg.root} (data/, server.log; port {pg.port})")
+        echo(f"kept: the soak's data directory {data} (worker, reconciler and Redis logs)")
+    else:
+        if pg is not None:
+            pg.close()
+        shutil.rmtree(data, ignore_errors=True)
     if previous is not None:
         signal.signal(signal.SIGTERM, previous)
     dag_bounds.MAP_WINDOW = window
@@ -369,6 +389,10 @@ class _Loop:
         report["restarts"] = self.restarts
         report["emitted"], report["woken"] = self.emitted, self.woken
         report["waits"] = _waits(orc, run_ids)
+        dep = self.dep
+        report["mode"] = (f"{len(dep.worker_procs)} workers --pool {dep.pool} -c {POOLS[dep.pool]}, group commit"
+                          f" {'on' if dep.group_commit else 'off'}, claim delay {dep.claim_delay:g}s")  # fmt: skip
+        report["skipped"] = dict(self.injector.skipped)
         return report
 
 
@@ -487,7 +511,8 @@ def _format(r: dict[str, Any]) -> list[str]:
     if not r:
         return ["chaos: no report (the soak did not start)"]
     faults = ", ".join(f"{k}={v}" for k, v in sorted(r["faults"].items()))
-    lines = [
+    lines = [f"workers: {r['mode']}"] if r.get("mode") else []
+    lines += [
         f"runs: {r['runs']}  tasks: {r['tasks']}  executions: {r['executions']}"
         + (f"  (and {r['removed']} runs verified, then removed by db clean)" if r.get("removed") else ""),
         f"rejected events (fenced duplicates and late results): {r['rejected_events']}",
@@ -499,6 +524,7 @@ def _format(r: dict[str, Any]) -> list[str]:
         median = "-" if k["recovery_median"] is None else f"{k['recovery_median']}s"
         most = "-" if k["recovery_max"] is None else f"{k['recovery_max']}s"
         lines.append(f"  {kind:<18} {k['count']:>5}   {median} / {most}")
+    lines.extend(f"  {kind:<18}  not dealt: {why}" for kind, why in sorted(r.get("skipped", {}).items()))
     lines += [
         f"waits begun: {r.get('waits', 0)}  events emitted: {r.get('emitted', 0)}  waits and bodies they woke:"
         f" {r.get('woken', 0)}",

@@ -1,0 +1,101 @@
+"""``orchestrator chaos --pool threads --group-commit``: the options reach the workers' command
+line and environment, the fault deck leaves out the kinds a threads pool cannot take (and says
+so), and a bad option is refused with a typed error before anything is started. Nothing here
+starts a process: the spawn is replaced by a recorder."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import orchestrator.testing.chaos as chaos_pkg
+from orchestrator.cli.chaos import chaos
+from orchestrator.testing.chaos import soak
+from orchestrator.testing.chaos.deployment import POOLS, ChaosConfigError, Deployment
+from orchestrator.testing.chaos.faults import DECK, Injector
+
+
+def spawned(dep: Deployment, monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment ``start_worker(name)`` would start the worker with."""
+    seen: list[tuple[list[str], dict[str, str]]] = []
+
+    def record(name: str, cmd: list[str], env: dict[str, str] | None = None) -> Any:
+        seen.append((cmd, env or {}))
+        return object()
+
+    monkeypatch.setattr(dep, "_spawn", record)
+    dep.start_worker(name)
+    assert len(seen) == 1
+    return seen[0]
+
+
+def pool_of(cmd: list[str]) -> tuple[str, str]:
+    return cmd[cmd.index("--pool") + 1], cmd[cmd.index("-c") + 1]
+
+
+def test_the_default_is_prefork_c2_without_group_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_GROUP_COMMIT", "1")  # the soak's workers never inherit it
+    dep = Deployment("postgresql+psycopg://postgres@127.0.0.1:1/x", 2, tmp_path)
+    cmd, env = spawned(dep, monkeypatch, "chaos1")
+    assert pool_of(cmd) == ("prefork", "2")
+    assert "ORCHESTRATOR_GROUP_COMMIT" not in env
+    assert env["ORCHESTRATOR_CLAIM_DELAY"] == "0.0"
+
+
+def test_threads_and_group_commit_reach_the_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = Deployment("postgresql+psycopg://postgres@127.0.0.1:1/x", 2, tmp_path, pool="threads", group_commit=True,
+                     claim_delay=0.2)  # fmt: skip
+    cmd, env = spawned(dep, monkeypatch, "chaos1")
+    assert pool_of(cmd) == ("threads", str(POOLS["threads"])) == ("threads", "8")
+    assert env["ORCHESTRATOR_GROUP_COMMIT"] == "1"
+    assert env["ORCHESTRATOR_CLAIM_DELAY"] == "0.2"
+    assert "ORCHESTRATOR_GROUP_COMMIT" not in dep.env()  # the workers', not the reconciler's or the soak's
+
+
+def test_a_threads_deck_leaves_out_kill_child_and_says_why(tmp_path: Path) -> None:
+    dep = Deployment("postgresql+psycopg://postgres@127.0.0.1:1/x", 2, tmp_path, pool="threads")
+    injector = Injector(dep, None, random.Random(7), print)  # type: ignore[arg-type]
+    assert "kill_child" not in injector.available
+    assert "pool processes" in injector.skipped["kill_child"]
+    dealt = [injector._draw() for _ in range(3 * len(DECK))]
+    assert "kill_child" not in dealt and None not in dealt
+    prefork = Injector(Deployment("postgresql+psycopg://x@127.0.0.1:1/x", 2, tmp_path), None, random.Random(7), print)  # type: ignore[arg-type]
+    assert "kill_child" in prefork.available and "kill_child" not in prefork.skipped
+
+
+def test_an_unknown_pool_is_refused_before_anything_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def must_not(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the soak started something")
+
+    monkeypatch.setattr(soak.tempfile, "mkdtemp", must_not)
+    monkeypatch.setattr(soak, "PrivatePostgres", must_not)
+    monkeypatch.setattr(soak, "Deployment", must_not)
+    with pytest.raises(ChaosConfigError, match="unknown pool 'gevent'"):
+        soak.run_chaos(runs=1, seed=1, pool="gevent")
+    with pytest.raises(ChaosConfigError):
+        Deployment("postgresql+psycopg://x@127.0.0.1:1/x", 2, tmp_path, pool="solo")
+    assert issubclass(ChaosConfigError, ValueError)
+
+
+def test_the_cli_passes_the_options_on_and_refuses_a_bad_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def fake_run_chaos(**kwargs: Any) -> int:
+        calls.append(kwargs)
+        return 0
+
+    monkeypatch.setattr(chaos_pkg, "run_chaos", fake_run_chaos)
+    runner = CliRunner()
+    bad = runner.invoke(chaos, ["--pool", "gevent"])
+    assert bad.exit_code == 2 and "Invalid value for '--pool'" in bad.output
+    assert calls == []
+    done = runner.invoke(chaos, ["--pool", "threads", "--group-commit", "--claim-delay", "0.2", "--keep"])
+    assert done.exit_code == 0, done.output
+    assert calls[-1]["pool"] == "threads" and calls[-1]["group_commit"] is True
+    assert calls[-1]["claim_delay"] == 0.2 and calls[-1]["keep"] is True
+    runner.invoke(chaos, [])
+    assert calls[-1]["pool"] == "prefork" and calls[-1]["group_commit"] is False and calls[-1]["keep"] is False
