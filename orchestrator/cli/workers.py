@@ -88,6 +88,11 @@ def reconcile(once: bool, interval: float | None, name: str | None) -> None:
     Every worker already runs one; this command is for deployments that want it apart from
     the workers. Only one reconciler is on duty at a time across the deployment (a Postgres
     advisory lock); the others wait and print nothing. Prints one line of counts per pass.
+
+    With ORCHESTRATOR_RECONCILER_SHARDS=K (the sharded mode) every instance reconciles at once,
+    each the runs of the shards it claimed (ceil(K / live instances)), every write fenced by the
+    shard's epoch; `--once` then takes this instance's share for one pass and gives it back.
+    `orchestrator shards` shows who holds what.
     """
     import os
     import socket
@@ -101,10 +106,10 @@ def reconcile(once: bool, interval: float | None, name: str | None) -> None:
         interval=interval or orc.settings.tick_seconds,
         stall_seconds=orc.settings.reconciler_stall_seconds,
     )
-    if once:
+    if once and service.shards is None:
         click.echo(" ".join(f"{k}={v}" for k, v in orc.reconcile().items()))
         return
-    service.run(echo=lambda report: click.echo(" ".join(f"{k}={v}" for k, v in report.items())))
+    service.run(once=once, echo=lambda report: click.echo(" ".join(f"{k}={v}" for k, v in report.items())))
 
 
 @click.command()

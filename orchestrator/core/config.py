@@ -68,6 +68,17 @@ class Settings:
     worker_reconciler: bool = True
     #: seconds a paused process may hold the reconciler duty before the database frees it
     reconciler_stall_seconds: float = 10.0
+    #: the sharded control plane (issue 35): 0 (the default) keeps one reconciler on duty for the
+    #: whole deployment (a session advisory lock); K > 0 splits the runs over K logical shards
+    #: (``hash(run id) mod K``) that the reconciler instances claim by compare-and-set, each
+    #: renewing a lease on its shards and taking ceil(K / live instances); every write one makes
+    #: for a run carries the epoch it read for the run's shard and is refused once it moved. K is
+    #: stored by the first sharded reconciler and fixed for the deployment's life (a later value
+    #: that differs is ignored with a warning)
+    reconciler_shards: int = 0
+    #: seconds a shard's owner holds it without renewing (every pass renews): a killed owner's
+    #: shards are taken over this long after its last pass at most
+    reconciler_shard_lease: float = 10.0
     #: most tasks QUEUED or RUNNING at once; the rest waits in the database as READY
     dispatch_window: int = 2000
     #: a READY task that waited this many seconds is admitted as if one priority class higher
@@ -192,6 +203,15 @@ class Settings:
         if settings.run_max_active_tasks < 0:
             raise ConfigurationError(
                 f"{PREFIX}RUN_MAX_ACTIVE_TASKS={settings.run_max_active_tasks} must be 0 (no cap) or more"
+            )
+        if not 0 <= settings.reconciler_shards <= 4096:
+            raise ConfigurationError(
+                f"{PREFIX}RECONCILER_SHARDS={settings.reconciler_shards} must be 0 (one reconciler on duty)"
+                " or a number of shards from 1 to 4096"
+            )
+        if settings.reconciler_shard_lease <= 0:
+            raise ConfigurationError(
+                f"{PREFIX}RECONCILER_SHARD_LEASE={settings.reconciler_shard_lease} must be more than 0 seconds"
             )
         if settings.db_pool_size < 1:
             raise ConfigurationError(f"{PREFIX}DB_POOL_SIZE={settings.db_pool_size} must be at least 1")

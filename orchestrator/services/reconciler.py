@@ -23,6 +23,10 @@ deployment: it holds a Postgres session-level advisory lock on a dedicated conne
 the process on duty is killed its connection closes and the lock is free at once, so the
 next service to tick takes the duty; when it is paused, the server ends its idle session
 after ``reconciler_stall_seconds`` and the duty moves too.
+
+The sharded mode (``ORCHESTRATOR_RECONCILER_SHARDS``, issue 35; ``docs/shards.md``): every
+service reconciles at once, each the runs of the shards it claimed (``store.shards``), every
+write for a run fenced by the shard epoch it read.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from ..core.config import Settings
 from ..core.models import RECONCILER, Outcome
 from ..core.publisher import Publisher
 from ..store import Store
+from ..store.shards import Fence, Shards
 from .alerts import raise_alert
 
 log = logging.getLogger(__name__)
@@ -116,9 +121,15 @@ class Reconciler:
         #: only when a later pass, half a tick on at least, sees them so again
         self._idle_seen: dict[tuple[str, str, int, Any], float] = {}
 
-    def run_pass(self) -> dict[str, int]:
-        """One pass; returns how many items each action handled (``errors``: items that failed)."""
-        s, recovery = self.settings, self.store.recovery
+    def run_pass(self, fence: Fence | None = None) -> dict[str, int]:
+        """One pass; returns how many items each action handled (``errors``: items that failed).
+
+        ``fence`` (the sharded mode, :class:`ReconcilerService` with
+        ``ORCHESTRATOR_RECONCILER_SHARDS``): the per-run actions (due retries, lost dispatches,
+        expired leases, waits due, runs to close) act on the runs of the shards it holds, each
+        write refused and recorded once the shard's epoch moved; the passes that are not per run
+        run on the holder of shard 0 only; the admission runs on every instance (a
+        compare-and-set under its own lock, skipped when another holds it)."""
         report = dict.fromkeys(ACTIONS, 0)
 
         def guarded(what: str, fn: Callable[[], Any]) -> Any:
@@ -129,10 +140,44 @@ class Reconciler:
                 report["errors"] += 1
                 return None
 
-        report["released"] = guarded("releasing due retries", recovery.release_due_retries) or 0
-        stale = guarded("finding lost dispatches", lambda: recovery.stale_queued(s.dispatch_timeout)) or []
+        leader = fence is None or fence.leader
+        self._recover(report, guarded, fence)
+        if leader:
+            self._chores(report, guarded)
+        # one admission per pass, after everything above made its tasks READY; deadlines after
+        # it, so a slow alert webhook never delays dispatch (slots a deadline's cancel frees
+        # are admitted by the next pass)
+        s = self.settings
+        admitted = guarded(
+            "admitting ready tasks", lambda: self.store.admission.admit_ready(s.dispatch_window, wait=False)
+        )
+        if admitted:
+            report["dispatched"] += self.publisher.publish(admitted)
+        if leader and self.triggers is not None:
+            report["trigger_firings"] = guarded("finishing event triggers' firings", self.triggers) or 0
+        if leader and self.children is not None:
+            report["child_runs"] = guarded("starting and ending child runs", self.children) or 0
+        finalized = guarded("closing finished runs", lambda: self.store.recovery.finalize_runs(fence=fence))
+        report["runs_finalized"] = finalized or 0
+        if leader and self.flow is not None:  # after the close: a run finished now frees its key now
+            report["flow_released"] = guarded("releasing held runs of concurrency keys", self.flow) or 0
+        if leader:
+            self._deadlines(report, guarded)
+        return report
+
+    def _recover(
+        self, report: dict[str, int], guarded: Callable[[str, Callable[[], Any]], Any], fence: Fence | None
+    ) -> None:
+        """Due retries released, lost dispatches re-published, expired leases failed, waits due
+        woken: of the runs of ``fence``'s shards (every run without one)."""
+        s, recovery = self.settings, self.store.recovery
+        report["released"] = guarded("releasing due retries", lambda: recovery.release_due_retries(fence)) or 0
+        stale = guarded("finding lost dispatches", lambda: recovery.stale_queued(s.dispatch_timeout, fence=fence)) or []
         for run_id, key, attempt, version in self._confirmed(stale):
-            d = guarded(f"re-publishing {run_id}.{key}", lambda: recovery.redispatch(run_id, key, attempt, version))  # noqa: B023
+            d = guarded(
+                f"re-publishing {run_id}.{key}",
+                lambda: recovery.redispatch(run_id, key, attempt, version, fence),  # noqa: B023
+            )
             if d is not None:
                 report["republished"] += self.publisher.publish([d])
                 flag = guarded(
@@ -141,19 +186,26 @@ class Reconciler:
                 )
                 if flag is not None:
                     self._alert_stuck(report, guarded, [flag])
-        for run_id, key, attempt in guarded("finding expired leases", recovery.expired_leases) or []:
+        for run_id, key, attempt in (
+            guarded("finding expired leases", lambda: recovery.expired_leases(fence=fence)) or []
+        ):
             outcome = guarded(
                 f"expiring the lease of {run_id}.{key}",
-                lambda: recovery.lose_lease(run_id, key, attempt, s.dispatch_window),  # noqa: B023
+                lambda: recovery.lose_lease(run_id, key, attempt, s.dispatch_window, fence),  # noqa: B023
             )
             if outcome is not None:
                 report["leases_expired"] += int(outcome.accepted)
                 guarded(f"publishing after {run_id}.{key}", lambda: self.after(outcome, run_id, key))  # noqa: B023
         for _ in range(WAKE_ROUNDS):
-            woken = guarded("waking the waits due", lambda: self.store.waits.wake_due(WAKE_BATCH)) or 0
+            woken = guarded("waking the waits due", lambda: self.store.waits.wake_due(WAKE_BATCH, fence)) or 0
             report["waits_woken"] += woken
             if woken < WAKE_BATCH:
                 break
+
+    def _chores(self, report: dict[str, int], guarded: Callable[[str, Callable[[], Any]], Any]) -> None:
+        """What is not per run: events past their retention, interrupted cancels, the breakers,
+        the watchdog."""
+        s = self.settings
         if time.monotonic() >= self._next_prune:  # a delete of a few old rows: once a minute is enough
             self._next_prune = time.monotonic() + PRUNE_EVERY
             report["events_pruned"] = (
@@ -173,24 +225,6 @@ class Reconciler:
                 lambda: raise_alert(event.alert(), webhook=webhook, actor="reconciler"),  # noqa: B023
             )
         self._watch(report, guarded)
-        # one admission per pass, after everything above made its tasks READY; deadlines after
-        # it, so a slow alert webhook never delays dispatch (slots a deadline's cancel frees
-        # are admitted by the next pass)
-        admitted = guarded(
-            "admitting ready tasks", lambda: self.store.admission.admit_ready(s.dispatch_window, wait=False)
-        )
-        if admitted:
-            report["dispatched"] += self.publisher.publish(admitted)
-        if self.triggers is not None:
-            report["trigger_firings"] = guarded("finishing event triggers' firings", self.triggers) or 0
-        if self.children is not None:
-            report["child_runs"] = guarded("starting and ending child runs", self.children) or 0
-        finalized = guarded("closing finished runs", recovery.finalize_runs)
-        report["runs_finalized"] = finalized or 0
-        if self.flow is not None:  # after the close: a run finished now frees its key now
-            report["flow_released"] = guarded("releasing held runs of concurrency keys", self.flow) or 0
-        self._deadlines(report, guarded)
-        return report
 
     def _finish_cancels(self, guarded: Callable[[str, Callable[[], Any]], Any]) -> None:
         """Cancels whose process died after the run's CANCELLED, before its tasks were all
@@ -280,7 +314,15 @@ class ReconcilerService:
     """Runs reconciler passes every ``interval`` seconds while on duty (see the module docstring).
 
     ``name`` labels the duty connection (``application_name`` on Postgres), so an operator
-    can see in ``pg_stat_activity`` which process is on duty.
+    can see in ``pg_stat_activity`` which process is on duty; in the sharded mode it is the
+    instance's name in ``orc_shards.owner`` and ``orc_reconcilers``.
+
+    The sharded mode (``ORCHESTRATOR_RECONCILER_SHARDS`` > 0, issue 35): no duty lock; each step
+    first takes this instance's turn on the shard table (``Shards.rebalance``: heartbeat, renew
+    its shards, give back what is over ceil(K / live instances) or claim up to it), then runs a
+    pass fenced by the epochs it read (``Reconciler.run_pass(fence)``). A killed instance's
+    shards are claimed by the others once their lease (``ORCHESTRATOR_RECONCILER_SHARD_LEASE``)
+    passed; a stopped one gives them back at once.
     """
 
     def __init__(self, reconciler: Reconciler, *, name: str, interval: float, stall_seconds: float) -> None:
@@ -289,7 +331,16 @@ class ReconcilerService:
         self.name = name
         self.interval = interval
         self.stall_seconds = stall_seconds
-        reconciler.store.db.check_duty()
+        settings = reconciler.settings
+        #: the sharded mode's shard count asked for (0: one reconciler on duty, the duty lock)
+        self.wanted_shards = settings.reconciler_shards
+        self.shard_lease = settings.reconciler_shard_lease
+        self.shards: Shards | None = Shards(self.store.db) if self.wanted_shards > 0 else None
+        #: what this instance read at its last turn (the sharded mode): its shards and epochs
+        self.fence: Fence | None = None
+        self._configured = False
+        if self.shards is None:
+            reconciler.store.db.check_duty()
         self._duty: Connection | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -297,13 +348,30 @@ class ReconcilerService:
 
     @property
     def on_duty(self) -> bool:
+        """On duty (holding the duty lock), or in the sharded mode holding at least one shard."""
+        if self.shards is not None:
+            return bool(self.fence and self.fence.epochs)
         return self._duty is not None
 
     def step(self) -> dict[str, int] | None:
-        """Take or keep the duty, and run one pass if on duty; ``None`` when another has it."""
+        """Take or keep the duty, and run one pass if on duty; ``None`` when another has it.
+        In the sharded mode: this instance's turn on the shard table, then a pass fenced by
+        the epochs it read (a pass even without a shard: the admission)."""
+        if self.shards is not None:
+            return self._sharded_step(self.shards)
         if not self._hold_duty():
             return None
         report = self.reconciler.run_pass()
+        self.passes += 1
+        return report
+
+    def _sharded_step(self, shards: Shards) -> dict[str, int]:
+        if not self._configured:
+            shards.configure(self.wanted_shards)
+            self._configured = True
+        held = self.fence.epochs if self.fence is not None else {}
+        self.fence = shards.rebalance(self.name, held, self.shard_lease)
+        report = self.reconciler.run_pass(self.fence)
         self.passes += 1
         return report
 
@@ -354,7 +422,15 @@ class ReconcilerService:
             log.debug("closing the inherited duty socket failed", exc_info=True)
 
     def release(self) -> None:
-        """Give up the duty (another service takes it at its next tick)."""
+        """Give up the duty (another service takes it at its next tick); in the sharded mode,
+        this instance's shards and heartbeat row (the others claim the shards at once)."""
+        if self.shards is not None:
+            self.fence = None
+            try:
+                self.shards.leave(self.name)
+            except Exception:
+                log.debug("giving the shards back failed", exc_info=True)
+            return
         conn, self._duty = self._duty, None
         if conn is None:
             return

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 from ..core.models import RECONCILER, Dispatch, Outcome
 from ..core.states import STUCK, TERMINAL, RunState, TaskState
 from ..core.workers import dropped_text, pinned_text, split_pinned, unregistered_text
-from . import rows
+from . import rows, shards
 from . import schema as s
 from .admission import Admission
 from .attempts import Attempts
@@ -24,6 +24,7 @@ from .database import Database
 from .dbtime import db_after, db_now
 from .ledger import Ledger, holds
 from .settlement import Settlement
+from .shards import Fence
 
 T = TaskState
 t_tasks, t_runs = s.tasks, s.runs
@@ -58,14 +59,27 @@ class Recovery:
         self.attempts = attempts
         self.crash_loop_threshold = crash_loop_threshold
 
-    def release_due_retries(self) -> int:
+    def release_due_retries(self, fence: Fence | None = None) -> int:
         """CAS RETRYING -> READY for retries whose ``not_before`` has passed; returns how many.
-        They are admitted with the rest of the READY backlog (``Admission``)."""
+        They are admitted with the rest of the READY backlog (``Admission``).
+
+        With ``fence`` (the sharded reconciler): only the runs of the shards it still holds at
+        the epochs it read, locked ``FOR SHARE`` in this transaction; the due retries of a shard
+        that moved get a rejected ledger row naming the stale epoch instead."""
 
         def tx(conn: Connection) -> int:
+            where: tuple[Any, ...] = (t_tasks.c.not_before <= db_now(),)
+            if fence is not None:
+                valid, refused = shards.hold(conn, fence)
+                if refused:
+                    due = (t_tasks.c.state == T.RETRYING.value, *where)
+                    shards.refuse_tasks(conn, fence, refused, due, T.READY.value)
+                if not valid:
+                    return 0
+                where += (fence.only(valid).where(t_tasks.c.run_id),)
             moved = self.ledger.move_many(
                 conn,
-                (t_tasks.c.not_before <= db_now(),),
+                where,
                 T.RETRYING,
                 T.READY,
                 RECONCILER,
@@ -76,7 +90,7 @@ class Recovery:
 
         return self.db.transaction(tx)
 
-    def stale_queued(self, dispatch_timeout: float, limit: int = 500) -> list[Stale]:
+    def stale_queued(self, dispatch_timeout: float, limit: int = 500, fence: Fence | None = None) -> list[Stale]:
         """QUEUED tasks whose message looks lost: (run, key, attempt, dispatched_at, overtaken).
 
         Unclaimed for longer than ``dispatch_timeout`` is not enough: with a dispatch depth
@@ -87,11 +101,13 @@ class Recovery:
         busy slots is neither, and is never re-published. ``overtaken`` is the first, certain,
         case; an idle slot is one instant's look (between a task's end and the next claim a busy
         slot looks idle too), which the reconciler confirms on a later pass before it acts.
+        With ``fence``: the runs of its shards only.
         """
+        mine = () if fence is None else (fence.where(t_tasks.c.run_id),)
         with self.db.engine.connect() as conn:
             candidates = conn.execute(
                 sa.select(t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt, t_tasks.c.dispatched_at, t_tasks.c.queue)
-                .where(t_tasks.c.state == T.QUEUED.value, t_tasks.c.dispatched_at < db_after(-dispatch_timeout))
+                .where(t_tasks.c.state == T.QUEUED.value, t_tasks.c.dispatched_at < db_after(-dispatch_timeout), *mine)
                 .order_by(t_tasks.c.dispatched_at)
                 .limit(limit)
             ).all()
@@ -117,14 +133,21 @@ class Recovery:
                 lost.append(Stale(c.run_id, c.key, c.attempt, c.dispatched_at, overtaken))
         return lost
 
-    def redispatch(self, run_id: str, key: str, attempt: int, dispatched_at: Any) -> Dispatch | None:
+    def redispatch(
+        self, run_id: str, key: str, attempt: int, dispatched_at: Any, fence: Fence | None = None
+    ) -> Dispatch | None:
         """CAS QUEUED -> QUEUED (same attempt, new ``dispatched_at``) for one stale task.
 
         ``dispatched_at`` is the version read by :meth:`stale_queued`: of two reconcilers
         that saw the same stale row, one re-publishes and the other loses (rejected event).
+        With ``fence``: refused (a rejected event naming the stale epoch) unless the run's shard
+        is still held at the epoch read (:func:`shards.check`, in this transaction).
         """
 
         def tx(conn: Connection) -> Dispatch | None:
+            if fence is not None and (stale := shards.check(conn, fence, run_id)) is not None:
+                self.ledger.reject(conn, run_id, key, attempt, T.QUEUED, RECONCILER, stale)
+                return None
             moved = self.ledger.move(
                 conn, run_id, key, attempt, T.QUEUED, T.QUEUED, RECONCILER,
                 reason="unclaimed past the dispatch timeout: re-published",
@@ -136,22 +159,29 @@ class Recovery:
 
         return self.db.transaction(tx)
 
-    def expired_leases(self, limit: int = 500) -> list[tuple[str, str, int]]:
-        """RUNNING attempts whose lease deadline (``lease_expires_at``) has passed."""
+    def expired_leases(self, limit: int = 500, fence: Fence | None = None) -> list[tuple[str, str, int]]:
+        """RUNNING attempts whose lease deadline (``lease_expires_at``) has passed (with
+        ``fence``: of the runs of its shards)."""
+        mine = () if fence is None else (fence.where(t_tasks.c.run_id),)
         with self.db.engine.connect() as conn:
             found = conn.execute(
                 sa.select(t_tasks.c.run_id, t_tasks.c.key, t_tasks.c.attempt)
-                .where(t_tasks.c.state == T.RUNNING.value, t_tasks.c.lease_expires_at < db_now())
+                .where(t_tasks.c.state == T.RUNNING.value, t_tasks.c.lease_expires_at < db_now(), *mine)
                 .limit(limit)
             ).all()
         return [(r.run_id, r.key, r.attempt) for r in found]
 
-    def lose_lease(self, run_id: str, key: str, attempt: int, window: int) -> Outcome:
+    def lose_lease(self, run_id: str, key: str, attempt: int, window: int, fence: Fence | None = None) -> Outcome:
         """Fail an attempt whose lease expired: RETRYING with backoff, FAILED when attempts are
         exhausted, DEAD_LETTER after ``crash_loop_threshold`` consecutive lost leases.
-        Re-checks the deadline inside the CAS, so a heartbeat that just landed wins."""
+        Re-checks the deadline inside the CAS, so a heartbeat that just landed wins. With
+        ``fence``: refused like :meth:`redispatch` once the run's shard moved."""
 
         def tx(conn: Connection) -> Outcome:
+            if fence is not None and (stale := shards.check(conn, fence, run_id)) is not None:
+                return Outcome(
+                    False, None, [], self.ledger.reject(conn, run_id, key, attempt, T.RETRYING, RECONCILER, stale)
+                )
             row = conn.execute(
                 sa.select(t_tasks.c.max_attempts, t_tasks.c.backoff, t_tasks.c.lease_losses, t_tasks.c.worker)
                 .where(*holds(run_id, key, T.RUNNING, attempt), t_tasks.c.lease_expires_at < db_now())
@@ -177,23 +207,28 @@ class Recovery:
 
         return self.db.transaction(tx)
 
-    def finalize_runs(self, limit: int = 100) -> int:
-        """Close RUNNING runs whose tasks are all terminal (safety net for the counter)."""
+    def finalize_runs(self, limit: int = 100, fence: Fence | None = None) -> int:
+        """Close RUNNING runs whose tasks are all terminal (safety net for the counter). With
+        ``fence``: the runs of its shards, each refused (a rejected run event naming the stale
+        epoch) once its shard moved. Returns how many runs it closed."""
         open_task = (
             sa.select(t_tasks.c.key)
             .where(t_tasks.c.run_id == t_runs.c.id, t_tasks.c.state.not_in([st.value for st in TERMINAL]))
             .exists()
         )
+        mine = () if fence is None else (fence.where(t_runs.c.id),)
         with self.db.engine.connect() as conn:
             ids = conn.execute(
-                sa.select(t_runs.c.id).where(t_runs.c.state == RunState.RUNNING.value, ~open_task).limit(limit)
+                sa.select(t_runs.c.id).where(t_runs.c.state == RunState.RUNNING.value, ~open_task, *mine).limit(limit)
             ).scalars().all()  # fmt: skip
-        for run_id in ids:
-            self.db.transaction(functools.partial(self._recount, run_id))
-        return len(ids)
+        return sum(self.db.transaction(functools.partial(self._recount, run_id, fence)) for run_id in ids)
 
-    def _recount(self, run_id: str, conn: Connection) -> None:
+    def _recount(self, run_id: str, fence: Fence | None, conn: Connection) -> bool:
+        if fence is not None and (stale := shards.check(conn, fence, run_id)) is not None:
+            shards.refuse_run(conn, run_id, RunState.RUNNING.value, RunState.RUNNING.value, f"closing the run: {stale}")
+            return False
         self.settlement.close_tasks(conn, run_id, 0, RECONCILER, recount=True)
+        return True
 
     # ------------------------------------------------------------------ the watchdog
 

@@ -21,6 +21,7 @@ from . import schema as s
 from .database import Database
 from .dbtime import aware, db_now
 from .ledger import Ledger
+from .shards import stored_shard
 
 T = TaskState
 t_tasks, t_runs, t_edges, t_keys = s.tasks, s.runs, s.edges, s.idempotency_keys
@@ -94,7 +95,7 @@ class Submission:
                 row["max_active_tasks"] = default_max_active  # ORCHESTRATOR_RUN_MAX_ACTIVE_TASKS
             row.update(zip(("parent_run_id", "parent_key", "parent_attempt"), parent or (), strict=False))
             held = hold is not None and hold(conn, run_id, row)
-            conn.execute(t_runs.insert().values(**row))
+            conn.execute(t_runs.insert().values(**row, shard=stored_shard(run_id)))
             self.ledger.create_run(conn, run_id, SUBMIT)
             self._tasks(conn, run_id, dag, _task_rows(dag, run_id, now, queues, wants_upstream, due), held)
             if link is not None:

@@ -78,6 +78,10 @@ runs = sa.Table(
     sa.Column("held_until", TS, nullable=True),
     sa.Column("flow_first_at", TS, nullable=True),
     sa.Column("flow_admitted_at", TS, nullable=True),
+    #: the reconciler shard of the run (``store.shards.shard_of``: hash of the id mod the
+    #: deployment's shard count), set at submit once ``orc_shard_config`` exists; null on older
+    #: runs, whose shard the same expression computes where it is read (no row rewritten)
+    sa.Column("shard", sa.Integer, nullable=True),
     sa.UniqueConstraint("dag_name", "tenant", "idempotency_key", name="uq_orc_runs_idempotency"),
     #: per tenant: two tenants' schedules may share a name (``orc_schedules`` is keyed by both)
     sa.UniqueConstraint("tenant", "schedule", "logical_date", name="uq_orc_runs_schedule_instant"),
