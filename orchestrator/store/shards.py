@@ -67,6 +67,9 @@ class Fence:
     owner: str
     shards: int
     epochs: Mapping[int, int] = field(default_factory=dict)
+    #: the shards' lease (seconds): a fenced transaction left idle this long (its process paused
+    #: while it holds its shards ``FOR SHARE``) is ended by the server, so a claim never waits on it
+    lease: float = 0.0
 
     @property
     def leader(self) -> bool:
@@ -83,7 +86,7 @@ class Fence:
 
     def only(self, shards: list[int]) -> Fence:
         """This fence narrowed to ``shards`` (those :func:`hold` found still held)."""
-        return Fence(self.owner, self.shards, {k: v for k, v in self.epochs.items() if k in shards})
+        return Fence(self.owner, self.shards, {k: v for k, v in self.epochs.items() if k in shards}, self.lease)
 
     def where(self, run_id: Any) -> Any:
         """A filter on a run id column: the run is in one of the shards this instance holds."""
@@ -278,7 +281,7 @@ class Shards:
                 del epochs[shard]
         elif len(epochs) < target:
             epochs.update(self.claim(owner, target - len(epochs), lease))
-        return Fence(owner, k, epochs)
+        return Fence(owner, k, epochs, lease)
 
     # ------------------------------------------------------------------ what an operator sees
 
@@ -306,10 +309,11 @@ class Shards:
 
 def hold(conn: Connection, fence: Fence) -> tuple[list[int], dict[int, str]]:
     """In the caller's transaction: lock ``FOR SHARE`` the shards ``fence`` holds whose owner
-    and epoch still match (a claim of one waits for this transaction to end). Returns those
+    and epoch still match (a claim passes them over until this transaction ends). Returns those
     shards, and for every other shard of the fence the reason a write to it is refused."""
     if not fence.epochs:
         return [], {}
+    _bound(conn, fence)
     pairs = sa.tuple_(t_shards.c.shard, t_shards.c.epoch).in_(list(fence.epochs.items()))
     valid = list(
         conn.execute(
@@ -335,6 +339,7 @@ def check(conn: Connection, fence: Fence, run_id: str) -> str | None:
     shard = shard_of(run_id, fence.shards)
     epoch = fence.epochs.get(shard)
     if epoch is not None:
+        _bound(conn, fence)
         ok = conn.execute(
             sa.select(t_shards.c.shard)
             .where(t_shards.c.shard == shard, t_shards.c.owner == fence.owner, t_shards.c.epoch == epoch)
@@ -376,6 +381,14 @@ def refuse_run(conn: Connection, run_id: str, state: str, dst: str, reason: str)
             reason=reason, accepted=False, at=db_now(),
         )
     )  # fmt: skip
+
+
+def _bound(conn: Connection, fence: Fence) -> None:
+    """This transaction ended by the server when left idle for the shards' lease (a process paused
+    in it would otherwise hold its shards' rows locked, and no other instance could claim them)."""
+    if fence.lease > 0:
+        ms = str(max(int(fence.lease * 1000), 1000))
+        conn.execute(sa.select(sa.func.set_config("idle_in_transaction_session_timeout", ms, True)))
 
 
 def _f(value: Any) -> float | None:
