@@ -1,4 +1,4 @@
--- orc_settle_v2: a task became terminal; count it into its children and decide them.
+-- orc_settle_v3: a task became terminal; count it into its children and decide them.
 --
 -- Adds the finished task to each child's counters (one UPDATE ... RETURNING per child, by
 -- primary key: never a scan of the run), decides the child's trigger rule (orc_decide_v2),
@@ -12,15 +12,17 @@
 -- A finished child of a map is also counted into its map's header: a wide map inserts its next
 -- window of children (orc_map_window_v1), a map held by max_active admits its next waiting
 -- child, and the header closes (MAPPED -> SUCCEEDED / FAILED /
--- SKIPPED, a summary that does not decide the run) after its last child. The run closes
--- (RUNNING -> SUCCEEDED / FAILED) when no task is left open: FAILED when a task that decides
--- the run (not a teardown, unless it asked to; not a map header) ended FAILED or
--- UPSTREAM_FAILED. The actor that caused the first change acts for the cascade.
--- Returns how many tasks it made READY (orc_succeed_v2 passes its slot on when none).
+-- SKIPPED, a summary that does not decide the run) after its last child. The actor that caused
+-- the first change acts for the cascade.
+-- The caller passes what it knows of the finished task (p_setup: it is a setup; p_map_parent:
+-- its map's header), read in its own compare-and-set's RETURNING, so the settlement reads no row
+-- it does not write. Returns how many tasks it made READY and how many it closed (the task
+-- itself and its cascade): the caller closes them in the run with orc_close_v1, as the last
+-- statement of its transaction, so that the run's row, which every completion of the run
+-- updates, is locked for as short a time as possible.
 
-CREATE OR REPLACE FUNCTION orc_settle_v2(p_run text, p_key text, p_state text, p_children json, p_actor text,
-    p_by text)
- RETURNS integer
+CREATE OR REPLACE FUNCTION orc_settle_v3(p_run text, p_key text, p_state text, p_children json, p_actor text,
+    p_by text, p_setup boolean, p_map_parent text, OUT readied integer, OUT closed integer)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
 AS $$
@@ -28,11 +30,9 @@ DECLARE
     q_keys text[] := ARRAY[p_key];
     q_states text[] := ARRAY[p_state];
     q_children json[] := ARRAY[p_children];
-    q_setup boolean[];
-    q_parents text[];
+    q_setup boolean[] := ARRAY[coalesce(p_setup, false)];
+    q_parents text[] := ARRAY[p_map_parent];
     i int := 1;
-    closed int := 1;
-    readied int := 0;
     kids text[];
     kid text;
     direct int;
@@ -43,13 +43,10 @@ DECLARE
     verdict text;
     why text;
     expanded json;
-    run_row record;
-    failed int;
     outcome text;
 BEGIN
-    SELECT t.role = 'setup' AS setup, t.map_parent INTO r FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
-    q_setup := ARRAY[coalesce(r.setup, false)];
-    q_parents := ARRAY[r.map_parent];
+    closed := 1;
+    readied := 0;
     WHILE i <= array_length(q_keys, 1) LOOP
         IF q_children[i] IS NOT NULL AND json_typeof(q_children[i]) = 'array' THEN
             kids := ARRAY(SELECT json_array_elements_text(q_children[i]));
@@ -194,7 +191,25 @@ BEGIN
         END IF;
         i := i + 1;
     END LOOP;
-    UPDATE orc_runs SET open_tasks = open_tasks - closed WHERE id = p_run RETURNING open_tasks, state INTO run_row;
+END
+$$;
+
+-- orc_close_v1: p_closed tasks of the run closed (orc_settle_v3's count); the run closes
+-- (RUNNING -> SUCCEEDED / FAILED) when no task is left open: FAILED when a task that decides the
+-- run (not a teardown, unless it asked to; not a map header) ended FAILED or UPSTREAM_FAILED.
+-- Called last in the transaction of the completion (its row lock is held until the commit).
+
+CREATE OR REPLACE FUNCTION orc_close_v1(p_run text, p_closed integer, p_actor text, p_by text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    run_row record;
+    failed int;
+    outcome text;
+BEGIN
+    UPDATE orc_runs SET open_tasks = open_tasks - p_closed WHERE id = p_run RETURNING open_tasks, state INTO run_row;
     IF FOUND AND run_row.open_tasks <= 0 AND run_row.state = 'RUNNING' THEN
         SELECT count(*) INTO failed FROM orc_tasks
         WHERE run_id = p_run AND state IN ('FAILED', 'UPSTREAM_FAILED') AND decides_run;
@@ -208,6 +223,26 @@ BEGIN
                     true, now());
         END IF;
     END IF;
-    RETURN readied;
+END
+$$;
+
+-- orc_settle_v2: orc_settle_v3 and orc_close_v1 in one call, for the callers that know only the
+-- task's key (a skip, a wait's end, a clear's cascade, a submit's skipped roots): the task's
+-- setup role and map header are read first. Returns how many tasks it made READY.
+
+CREATE OR REPLACE FUNCTION orc_settle_v2(p_run text, p_key text, p_state text, p_children json, p_actor text,
+    p_by text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    r record;
+    s record;
+BEGIN
+    SELECT t.role = 'setup' AS setup, t.map_parent INTO r FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
+    SELECT * INTO s FROM orc_settle_v3(p_run, p_key, p_state, p_children, p_actor, p_by, r.setup, r.map_parent);
+    PERFORM orc_close_v1(p_run, s.closed, p_actor, p_by);
+    RETURN s.readied;
 END
 $$;

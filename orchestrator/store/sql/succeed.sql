@@ -2,9 +2,14 @@
 --
 -- One statement, so one round trip in autocommit: the result checked (orc_result_problem_v1),
 -- the compare-and-set and its ledger row, a branch's or short circuit's skips
--- (orc_follow_v1), the settlement (orc_settle_v2), then what to publish (orc_dispatch_v1), then,
+-- (orc_follow_v1), the settlement (orc_settle_v3), then what to publish (orc_dispatch_v1), then,
 -- for a task that uses resources, the call counted by their breakers (orc_breaker_v1; a task
--- without resources, as every task an earlier release wrote, costs one null check).
+-- without resources, as every task an earlier release wrote, costs one null check), and last the
+-- run's count of open tasks (orc_close_v1: the run's row, which every completion of the run
+-- updates, stays locked only from there to the commit).
+-- A task with no branch or short circuit that feeds no map (every task but those) is settled
+-- from its compare-and-set alone: the UPDATE's RETURNING gives what the rest needs, no row is
+-- read before it. The others read their node first, for the result's check.
 -- Returns {"accepted": true, "dispatches": [...]}, {"accepted": false, "conflict"} or, for a
 -- result its node cannot use (nothing written), {"accepted": false, "invalid":
 -- "BranchError: ..." | "MapError: ..."}: the worker then fails the attempt.
@@ -16,41 +21,48 @@ CREATE OR REPLACE FUNCTION orc_succeed_v2(p_run text, p_key text, p_attempt inte
  SET plan_cache_mode TO 'force_generic_plan'
 AS $$
 DECLARE
-    kids json;
-    who text;
+    t record;
     flow text;
     feeds boolean;
     conflict text;
     problem text;
-    res text[];
     dispatches json;
     readied int := 0;
+    s record;
 BEGIN
-    SELECT t.flow, t.feeds_map, t.resources INTO flow, feeds, res
-    FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
-    IF flow IS NOT NULL OR feeds THEN
-        problem := orc_result_problem_v1(p_run, p_key, p_result);
-        IF problem IS NOT NULL THEN
-            RETURN json_build_object('accepted', false, 'invalid', problem);
-        END IF;
-    END IF;
-    UPDATE orc_tasks t SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
-    WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'RUNNING' AND t.attempt = p_attempt
-    RETURNING t.children, t.worker INTO kids, who;
+    UPDATE orc_tasks x SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
+    WHERE x.run_id = p_run AND x.key = p_key AND coalesce(x.state, '') = 'RUNNING' AND x.attempt = p_attempt
+      AND x.flow IS NULL AND NOT x.feeds_map
+    RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow INTO t;
     IF NOT FOUND THEN
-        conflict := orc_reject_v1(p_run, p_key, p_attempt, 'SUCCEEDED', 'worker', NULL);
-        RETURN json_build_object('accepted', false, 'conflict', coalesce(conflict, 'no such task'));
+        -- a branch, a short circuit, a map's source (its result is checked first), or a conflict
+        SELECT x.flow, x.feeds_map INTO flow, feeds FROM orc_tasks x WHERE x.run_id = p_run AND x.key = p_key;
+        IF flow IS NOT NULL OR feeds THEN
+            problem := orc_result_problem_v1(p_run, p_key, p_result);
+            IF problem IS NOT NULL THEN
+                RETURN json_build_object('accepted', false, 'invalid', problem);
+            END IF;
+        END IF;
+        UPDATE orc_tasks x SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
+        WHERE x.run_id = p_run AND x.key = p_key AND coalesce(x.state, '') = 'RUNNING' AND x.attempt = p_attempt
+        RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow INTO t;
+        IF NOT FOUND THEN
+            conflict := orc_reject_v1(p_run, p_key, p_attempt, 'SUCCEEDED', 'worker', NULL);
+            RETURN json_build_object('accepted', false, 'conflict', coalesce(conflict, 'no such task'));
+        END IF;
     END IF;
     INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
     VALUES (p_run, p_key, p_attempt, 'RUNNING', 'SUCCEEDED', 'worker', NULL, NULL, true, now());
-    IF flow IS NOT NULL THEN
-        readied := orc_follow_v1(p_run, p_key, flow, kids, p_result, 'worker', NULL);
+    IF t.flow IS NOT NULL THEN
+        readied := orc_follow_v1(p_run, p_key, t.flow, t.children, p_result, 'worker', NULL);
     END IF;
-    readied := readied + orc_settle_v2(p_run, p_key, 'SUCCEEDED', kids, 'worker', NULL);
-    dispatches := orc_dispatch_v1(readied, who, p_window, p_worker_ttl, p_depth, p_aging);
-    IF res IS NOT NULL THEN
-        PERFORM orc_breaker_v1(res, p_run, p_key, p_attempt, false, NULL, 'worker');
+    SELECT * INTO s FROM orc_settle_v3(p_run, p_key, 'SUCCEEDED', t.children, 'worker', NULL, t.setup, t.map_parent);
+    readied := readied + s.readied;
+    dispatches := orc_dispatch_v1(readied, t.worker, p_window, p_worker_ttl, p_depth, p_aging);
+    IF t.resources IS NOT NULL THEN
+        PERFORM orc_breaker_v1(t.resources, p_run, p_key, p_attempt, false, NULL, 'worker');
     END IF;
+    PERFORM orc_close_v1(p_run, s.closed, 'worker', NULL);
     RETURN json_build_object('accepted', true, 'dispatches', dispatches);
 END
 $$;

@@ -1,0 +1,371 @@
+"""The settlement off the hot rows' critical sections (issue 35): fewer statements per completion.
+
+- ``orc_settle_v3`` (new): ``orc_settle_v2``'s settlement, told by its caller whether the finished
+  task is a setup and which map header it belongs to (read in the caller's own compare-and-set's
+  RETURNING: no row read before the first write), and returning how many tasks it made READY and
+  how many it closed, without closing them in the run.
+- ``orc_close_v1`` (new): those closed tasks taken off the run's open count, and the run closed
+  when none is left: the statement on the run's row, which every completion of the run updates,
+  now runs last in the completion's transaction, so the row is locked from there to the commit
+  only (it was locked through the admission before).
+- ``orc_succeed_v2`` changed in place: a task with no branch or short circuit that feeds no map
+  succeeds in one UPDATE ... RETURNING (its node read before it only for the others, whose
+  result is checked first); then ``orc_settle_v3``, the admission, the breakers, ``orc_close_v1``.
+  Same signature and result.
+- ``orc_settle_v2`` changed in place: a wrapper (``orc_settle_v3`` then ``orc_close_v1``) for its
+  other callers; same signature and result.
+
+A worker of the previous release calls the same ``orc_succeed_v2`` and gets the same answer.
+
+Revision ID: 0037
+Revises: 0036
+"""
+
+import importlib
+import re
+
+from alembic import op
+
+revision = "0037"
+down_revision = "0036"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute(SQL)
+
+
+def downgrade() -> None:
+    # orc_succeed_v2 as 0018 installed it and orc_settle_v2 as 0028 did (no revision between
+    # changed them); the two new functions dropped
+    for revision_module, name in (("0018_circuit_breakers", "orc_succeed_v2"), ("0028_setup_scope", "orc_settle_v2")):
+        text = importlib.import_module(f"orchestrator.store.migrations.versions.{revision_module}").SQL
+        found = re.search(rf"CREATE OR REPLACE FUNCTION {name}\(.*?\n\$\$;\n", text, re.S)
+        assert found is not None, f"{revision_module} defines {name}"
+        op.execute(found.group(0))
+    op.execute("DROP FUNCTION IF EXISTS orc_close_v1(text, integer, text, text)")
+    op.execute("DROP FUNCTION IF EXISTS orc_settle_v3(text, text, text, json, text, text, boolean, text)")
+
+
+#: the four functions of store/sql/settle.sql and succeed.sql as this revision installs them
+#: (frozen: a later change is a later migration)
+SQL = r"""
+-- orc_settle_v3: a task became terminal; count it into its children and decide them.
+--
+-- Adds the finished task to each child's counters (one UPDATE ... RETURNING per child, by
+-- primary key: never a scan of the run), decides the child's trigger rule (orc_decide_v2),
+-- moves decided children PENDING -> READY / SKIPPED / UPSTREAM_FAILED with their ledger rows
+-- (a verdict reached before every parent is done says "early verdict"), expands a mapped child
+-- whose rule says READY (orc_expand_v1) and begins a wait node's wait (orc_wait_v1) instead,
+-- and cascades the terminal ones the same way. A task with a setup scope (orc_tasks.setup_scope,
+-- Airflow's setup constraint) is decided by orc_scope_verdict_v1 over its rule's verdict, and a
+-- setup that finishes decides again the PENDING tasks of its scope (its scope_of) that are not
+-- its children, their counters unchanged.
+-- A finished child of a map is also counted into its map's header: a wide map inserts its next
+-- window of children (orc_map_window_v1), a map held by max_active admits its next waiting
+-- child, and the header closes (MAPPED -> SUCCEEDED / FAILED /
+-- SKIPPED, a summary that does not decide the run) after its last child. The actor that caused
+-- the first change acts for the cascade.
+-- The caller passes what it knows of the finished task (p_setup: it is a setup; p_map_parent:
+-- its map's header), read in its own compare-and-set's RETURNING, so the settlement reads no row
+-- it does not write. Returns how many tasks it made READY and how many it closed (the task
+-- itself and its cascade): the caller closes them in the run with orc_close_v1, as the last
+-- statement of its transaction, so that the run's row, which every completion of the run
+-- updates, is locked for as short a time as possible.
+
+CREATE OR REPLACE FUNCTION orc_settle_v3(p_run text, p_key text, p_state text, p_children json, p_actor text,
+    p_by text, p_setup boolean, p_map_parent text, OUT readied integer, OUT closed integer)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    q_keys text[] := ARRAY[p_key];
+    q_states text[] := ARRAY[p_state];
+    q_children json[] := ARRAY[p_children];
+    q_setup boolean[] := ARRAY[coalesce(p_setup, false)];
+    q_parents text[] := ARRAY[p_map_parent];
+    i int := 1;
+    kids text[];
+    kid text;
+    direct int;
+    j int;
+    r record;
+    m record;
+    hdr record;
+    verdict text;
+    why text;
+    expanded json;
+    outcome text;
+BEGIN
+    closed := 1;
+    readied := 0;
+    WHILE i <= array_length(q_keys, 1) LOOP
+        IF q_children[i] IS NOT NULL AND json_typeof(q_children[i]) = 'array' THEN
+            kids := ARRAY(SELECT json_array_elements_text(q_children[i]));
+            direct := cardinality(kids);
+            IF q_setup[i] THEN
+                -- a setup: the tasks of its scope that are not its children are decided again
+                kids := kids || coalesce((SELECT t.scope_of FROM orc_tasks t
+                                          WHERE t.run_id = p_run AND t.key = q_keys[i]), '{}');
+            END IF;
+            FOR j IN 1..cardinality(kids) LOOP
+                kid := kids[j];
+                IF j > direct THEN
+                    SELECT t.key, t.state, t.attempt, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded,
+                           t.n_failed, t.n_upstream_failed, t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped,
+                           t.min_success_ratio, t.map_spec IS NOT NULL AS mapped, t.flow = 'wait' AS waits,
+                           t.setup_scope INTO r
+                    FROM orc_tasks t WHERE t.run_id = p_run AND t.key = kid FOR UPDATE;
+                ELSE
+                UPDATE orc_tasks t SET
+                    n_done = t.n_done + 1,
+                    n_succeeded = t.n_succeeded + (q_states[i] = 'SUCCEEDED')::int,
+                    n_failed = t.n_failed + (q_states[i] = 'FAILED')::int,
+                    n_upstream_failed = t.n_upstream_failed + (q_states[i] = 'UPSTREAM_FAILED')::int,
+                    n_skipped = t.n_skipped + (q_states[i] = 'SKIPPED')::int,
+                    n_setup_ok = t.n_setup_ok + (q_setup[i] AND q_states[i] = 'SUCCEEDED')::int,
+                    n_setup_skipped = t.n_setup_skipped + (q_setup[i] AND q_states[i] = 'SKIPPED')::int
+                WHERE t.run_id = p_run AND t.key = kid
+                RETURNING t.key, t.state, t.attempt, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded,
+                          t.n_failed, t.n_upstream_failed, t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped,
+                          t.min_success_ratio, t.map_spec IS NOT NULL AS mapped, t.flow = 'wait' AS waits,
+                          t.setup_scope INTO r;
+                END IF;
+                CONTINUE WHEN NOT FOUND OR r.state <> 'PENDING';
+                verdict := orc_decide_v2(r.trigger_rule, r.n_upstream, r.n_done, r.n_succeeded, r.n_failed,
+                                         r.n_upstream_failed, r.n_skipped, r.n_setup, r.n_setup_ok,
+                                         r.n_setup_skipped, r.min_success_ratio);
+                IF r.setup_scope IS NOT NULL THEN
+                    verdict := orc_scope_verdict_v1(p_run, r.setup_scope, verdict);
+                END IF;
+                CONTINUE WHEN verdict IS NULL;
+                why := CASE WHEN j > direct THEN 'setup ' ELSE 'upstream ' END || q_keys[i] || ' ' || q_states[i]
+                       || CASE WHEN r.n_done < r.n_upstream
+                               THEN '; early verdict (' || r.n_done || ' of ' || r.n_upstream || ' upstream done)'
+                               ELSE '' END;
+                IF verdict = 'READY' AND r.mapped THEN
+                    expanded := orc_expand_v1(p_run, r.key, p_actor, p_by, why);
+                    CONTINUE WHEN expanded IS NULL;
+                    readied := readied + (expanded->>'readied')::int;
+                    IF expanded->>'state' <> 'MAPPED' THEN
+                        closed := closed + 1;
+                        q_keys := q_keys || r.key;
+                        q_states := q_states || (expanded->>'state');
+                        q_children := q_children || (expanded->'children');
+                        q_setup := q_setup || false;
+                        q_parents := q_parents || NULL::text;
+                    END IF;
+                    CONTINUE;
+                END IF;
+                IF verdict = 'READY' AND r.waits THEN
+                    -- a wait node waits as a row (orc_wait_v1); one whose event had come, or
+                    -- whose instant is past, succeeds at once and is cascaded here
+                    expanded := orc_wait_v1(p_run, r.key, p_actor, p_by, why);
+                    CONTINUE WHEN expanded IS NULL OR expanded->>'state' = 'WAITING';
+                    closed := closed + 1;
+                    q_keys := q_keys || r.key;
+                    q_states := q_states || (expanded->>'state');
+                    q_children := q_children || (expanded->'children');
+                    q_setup := q_setup || false;
+                    q_parents := q_parents || NULL::text;
+                    CONTINUE;
+                END IF;
+                UPDATE orc_tasks t SET
+                    state = verdict,
+                    ready_at = CASE WHEN verdict = 'READY' THEN coalesce(t.ready_at, now()) ELSE t.ready_at END,
+                    finished_at = CASE WHEN verdict = 'READY' THEN t.finished_at ELSE now() END,
+                    skip_reason = CASE WHEN verdict = 'SKIPPED' THEN 'upstream_skipped' ELSE t.skip_reason END
+                WHERE t.run_id = p_run AND t.key = r.key AND coalesce(t.state, '') = 'PENDING'
+                RETURNING t.key, t.attempt, t.children, t.role = 'setup' AS setup, t.map_parent INTO m;
+                IF FOUND THEN
+                    INSERT INTO orc_task_events
+                        (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+                    VALUES (p_run, m.key, m.attempt, 'PENDING', verdict, p_actor, p_by, why, true, now());
+                    IF verdict = 'READY' THEN
+                        readied := readied + 1;
+                    ELSE
+                        closed := closed + 1;
+                        q_keys := q_keys || m.key;
+                        q_states := q_states || verdict;
+                        q_children := q_children || m.children;
+                        q_setup := q_setup || coalesce(m.setup, false);
+                        q_parents := q_parents || m.map_parent;
+                    END IF;
+                ELSE
+                    PERFORM orc_reject_v1(p_run, r.key, r.attempt, verdict, p_actor, why);
+                END IF;
+            END LOOP;
+        END IF;
+        IF q_parents[i] IS NOT NULL THEN
+            -- a child of a map: counted into its header
+            UPDATE orc_tasks t SET
+                map_done = t.map_done + 1,
+                map_ok = t.map_ok + (q_states[i] = 'SUCCEEDED')::int,
+                map_failed = t.map_failed + (q_states[i] IN ('FAILED', 'UPSTREAM_FAILED'))::int,
+                map_skipped = t.map_skipped + (q_states[i] = 'SKIPPED')::int
+            WHERE t.run_id = p_run AND t.key = q_parents[i]
+            RETURNING t.key, t.state, t.attempt, t.map_total, t.map_done, t.map_ok, t.map_failed, t.map_skipped,
+                      t.map_max_active, t.map_refill INTO hdr;
+            IF FOUND AND hdr.state = 'MAPPED' AND hdr.map_done >= hdr.map_refill THEN
+                -- a wide map's next window of children
+                readied := readied + orc_map_window_v1(p_run, hdr.key, p_actor, p_by);
+            END IF;
+            IF FOUND AND hdr.state = 'MAPPED' THEN
+                IF hdr.map_done >= hdr.map_total THEN
+                    outcome := CASE WHEN hdr.map_failed > 0 THEN 'FAILED'
+                                    WHEN hdr.map_skipped >= hdr.map_total THEN 'SKIPPED' ELSE 'SUCCEEDED' END;
+                    UPDATE orc_tasks t SET state = outcome, finished_at = now(),
+                        skip_reason = CASE WHEN outcome = 'SKIPPED' THEN 'upstream_skipped' ELSE t.skip_reason END
+                    WHERE t.run_id = p_run AND t.key = hdr.key AND t.state = 'MAPPED';
+                    INSERT INTO orc_task_events
+                        (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+                    VALUES (p_run, hdr.key, hdr.attempt, 'MAPPED', outcome, p_actor, p_by,
+                            hdr.map_total || ' mapped task(s) done: ' || hdr.map_ok || ' succeeded, '
+                            || hdr.map_failed || ' failed, ' || hdr.map_skipped || ' skipped', true, now());
+                    closed := closed + 1;
+                ELSIF hdr.map_max_active IS NOT NULL THEN
+                    -- the next child held back by max_active
+                    UPDATE orc_tasks t SET state = 'READY', ready_at = coalesce(t.ready_at, now())
+                    WHERE (t.run_id, t.key) = (
+                        SELECT w.run_id, w.key FROM orc_tasks w
+                        WHERE w.run_id = p_run AND w.map_parent = hdr.key AND w.state = 'PENDING' AND w.n_upstream = 0
+                        ORDER BY w.map_index LIMIT 1 FOR UPDATE SKIP LOCKED)
+                    RETURNING t.key, t.attempt INTO m;
+                    IF FOUND THEN
+                        INSERT INTO orc_task_events
+                            (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+                        VALUES (p_run, m.key, m.attempt, 'PENDING', 'READY', p_actor, p_by,
+                                'map ' || hdr.key || ': a slot of max_active freed', true, now());
+                        readied := readied + 1;
+                    END IF;
+                END IF;
+            END IF;
+        END IF;
+        i := i + 1;
+    END LOOP;
+END
+$$;
+
+-- orc_close_v1: p_closed tasks of the run closed (orc_settle_v3's count); the run closes
+-- (RUNNING -> SUCCEEDED / FAILED) when no task is left open: FAILED when a task that decides the
+-- run (not a teardown, unless it asked to; not a map header) ended FAILED or UPSTREAM_FAILED.
+-- Called last in the transaction of the completion (its row lock is held until the commit).
+
+CREATE OR REPLACE FUNCTION orc_close_v1(p_run text, p_closed integer, p_actor text, p_by text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    run_row record;
+    failed int;
+    outcome text;
+BEGIN
+    UPDATE orc_runs SET open_tasks = open_tasks - p_closed WHERE id = p_run RETURNING open_tasks, state INTO run_row;
+    IF FOUND AND run_row.open_tasks <= 0 AND run_row.state = 'RUNNING' THEN
+        SELECT count(*) INTO failed FROM orc_tasks
+        WHERE run_id = p_run AND state IN ('FAILED', 'UPSTREAM_FAILED') AND decides_run;
+        outcome := CASE WHEN failed > 0 THEN 'FAILED' ELSE 'SUCCEEDED' END;
+        UPDATE orc_runs SET state = outcome, finished_at = now() WHERE id = p_run AND state = 'RUNNING';
+        IF FOUND THEN
+            INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+            VALUES (p_run, NULL, 0, 'RUNNING', outcome, p_actor, p_by,
+                    CASE WHEN failed > 0 THEN failed || ' task(s) failed'
+                         ELSE 'every task succeeded or was skipped' END,
+                    true, now());
+        END IF;
+    END IF;
+END
+$$;
+
+-- orc_settle_v2: orc_settle_v3 and orc_close_v1 in one call, for the callers that know only the
+-- task's key (a skip, a wait's end, a clear's cascade, a submit's skipped roots): the task's
+-- setup role and map header are read first. Returns how many tasks it made READY.
+
+CREATE OR REPLACE FUNCTION orc_settle_v2(p_run text, p_key text, p_state text, p_children json, p_actor text,
+    p_by text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    r record;
+    s record;
+BEGIN
+    SELECT t.role = 'setup' AS setup, t.map_parent INTO r FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
+    SELECT * INTO s FROM orc_settle_v3(p_run, p_key, p_state, p_children, p_actor, p_by, r.setup, r.map_parent);
+    PERFORM orc_close_v1(p_run, s.closed, p_actor, p_by);
+    RETURN s.readied;
+END
+$$;
+
+-- orc_succeed_v2: RUNNING -> SUCCEEDED for p_attempt with the result, settled and admitted.
+--
+-- One statement, so one round trip in autocommit: the result checked (orc_result_problem_v1),
+-- the compare-and-set and its ledger row, a branch's or short circuit's skips
+-- (orc_follow_v1), the settlement (orc_settle_v3), then what to publish (orc_dispatch_v1), then,
+-- for a task that uses resources, the call counted by their breakers (orc_breaker_v1; a task
+-- without resources, as every task an earlier release wrote, costs one null check), and last the
+-- run's count of open tasks (orc_close_v1: the run's row, which every completion of the run
+-- updates, stays locked only from there to the commit).
+-- A task with no branch or short circuit that feeds no map (every task but those) is settled
+-- from its compare-and-set alone: the UPDATE's RETURNING gives what the rest needs, no row is
+-- read before it. The others read their node first, for the result's check.
+-- Returns {"accepted": true, "dispatches": [...]}, {"accepted": false, "conflict"} or, for a
+-- result its node cannot use (nothing written), {"accepted": false, "invalid":
+-- "BranchError: ..." | "MapError: ..."}: the worker then fails the attempt.
+
+CREATE OR REPLACE FUNCTION orc_succeed_v2(p_run text, p_key text, p_attempt integer, p_result json,
+    p_window integer, p_worker_ttl double precision, p_depth integer, p_aging double precision)
+ RETURNS json
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $$
+DECLARE
+    t record;
+    flow text;
+    feeds boolean;
+    conflict text;
+    problem text;
+    dispatches json;
+    readied int := 0;
+    s record;
+BEGIN
+    UPDATE orc_tasks x SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
+    WHERE x.run_id = p_run AND x.key = p_key AND coalesce(x.state, '') = 'RUNNING' AND x.attempt = p_attempt
+      AND x.flow IS NULL AND NOT x.feeds_map
+    RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow INTO t;
+    IF NOT FOUND THEN
+        -- a branch, a short circuit, a map's source (its result is checked first), or a conflict
+        SELECT x.flow, x.feeds_map INTO flow, feeds FROM orc_tasks x WHERE x.run_id = p_run AND x.key = p_key;
+        IF flow IS NOT NULL OR feeds THEN
+            problem := orc_result_problem_v1(p_run, p_key, p_result);
+            IF problem IS NOT NULL THEN
+                RETURN json_build_object('accepted', false, 'invalid', problem);
+            END IF;
+        END IF;
+        UPDATE orc_tasks x SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
+        WHERE x.run_id = p_run AND x.key = p_key AND coalesce(x.state, '') = 'RUNNING' AND x.attempt = p_attempt
+        RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow INTO t;
+        IF NOT FOUND THEN
+            conflict := orc_reject_v1(p_run, p_key, p_attempt, 'SUCCEEDED', 'worker', NULL);
+            RETURN json_build_object('accepted', false, 'conflict', coalesce(conflict, 'no such task'));
+        END IF;
+    END IF;
+    INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+    VALUES (p_run, p_key, p_attempt, 'RUNNING', 'SUCCEEDED', 'worker', NULL, NULL, true, now());
+    IF t.flow IS NOT NULL THEN
+        readied := orc_follow_v1(p_run, p_key, t.flow, t.children, p_result, 'worker', NULL);
+    END IF;
+    SELECT * INTO s FROM orc_settle_v3(p_run, p_key, 'SUCCEEDED', t.children, 'worker', NULL, t.setup, t.map_parent);
+    readied := readied + s.readied;
+    dispatches := orc_dispatch_v1(readied, t.worker, p_window, p_worker_ttl, p_depth, p_aging);
+    IF t.resources IS NOT NULL THEN
+        PERFORM orc_breaker_v1(t.resources, p_run, p_key, p_attempt, false, NULL, 'worker');
+    END IF;
+    PERFORM orc_close_v1(p_run, s.closed, 'worker', NULL);
+    RETURN json_build_object('accepted', true, 'dispatches', dispatches);
+END
+$$;
+"""
