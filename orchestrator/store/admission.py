@@ -8,9 +8,10 @@ backlog waits in the database as READY rows. Which QUEUED tasks were really lost
 in ``recovery.stale_queued``.
 
 Order (``orc_admit_from_v2``): higher priority classes first; within a class the free slots
-are shared between the tenants with READY work by weight (``orc_tenants``; a tenant's share is
-its tasks in flight on the group's queues over its weight, and the tenant furthest below its
-share goes next); within a tenant, older first. A task READY for ``aging`` seconds
+are shared between the tenants with READY work by weight (``orc_tenants``): a tenant within its
+weighted share of the group's window (its tasks in flight on the group's queues) goes before
+one above it, and among those the tenant furthest behind in weighted admissions in the group
+(start-time fair queueing, ``orc_admission_shares``); within a tenant, older first. A task READY for ``aging`` seconds
 (``ORCHESTRATOR_PRIORITY_AGING_SECONDS``) counts one class higher, for twice as long two
 classes, so a low backlog is not starved by a stream of high work. The picked task is then
 checked against the limits that apply to it (its tenant's, its run's ``max_active_tasks``, its
@@ -25,10 +26,15 @@ no statement or transaction more per admission (``bench/admission_counts.py``).
 A completion whose settlement made no task READY does not run this admission: the server
 function ``orc_succeed_v2`` hands its worker group's slots on in batches (``orc_pass_slot_v2``):
 nothing while the group has more than one message per slot in flight, then the best READY tasks
-of the group's queues up to its window, counted again under the admission lock. Everything
-else that changes the READY backlog or the capacity runs the whole
+of the group's queues up to its window, counted again under its queues' admission locks.
+Everything else that changes the READY backlog or the capacity runs the whole
 admission: a completion that made tasks READY, a failure, a submit, a worker registering, the
 reconciler's pass.
+
+Locks (migration 0036): each queue has its own admission lock (``orc_admission_lock_v1``); a
+batch takes its group's, the whole admission those of every live group with READY work, so
+groups that share no queue admit without waiting for each other. The single-key lock
+``1869767425`` is the cross-group lock of limits and breakers, taken after the queues' locks.
 """
 
 from __future__ import annotations
@@ -66,9 +72,10 @@ class Admission:
         the messages to publish *after* the caller commits: the server function
         ``orc_admit_v2`` (``store/sql/admit.sql``, ``admit_from.sql``), one round trip.
 
-        Admission is serialized (an advisory transaction lock). ``wait=False`` (the reconciler)
-        skips a pass while another admission holds it; everyone else waits, so the work it just
-        made READY is never left for the next tick."""
+        Admission is serialized per queue (advisory transaction locks of the queues of the
+        groups with READY work). ``wait=False`` (the reconciler) skips the groups whose locks
+        another admission holds; everyone else waits, so the work it just made READY is never
+        left for the next tick."""
         params = {"window": window, "ttl": self.worker_ttl, "depth": self.depth, "wait": wait, "aging": self.aging}
         found = conn.execute(_ORC_ADMIT, params).all()
         # RETURNING has no order: publish in the order the rows were picked

@@ -186,9 +186,10 @@ def _descends(span: dict[str, Any], ancestor: str, by_id: dict[str, dict[str, An
     return []
 
 
-#: the admission lock's key (store/sql/admit.sql: pg_advisory_xact_lock(1869767425))
+#: the admission locks (store/sql/admit.sql: one per queue, key (1869767425, hashtext(queue)), and
+#: the cross-group lock 1869767425 of limits and breakers)
 ADMISSION_LOCK = sa.text(
-    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = 1869767425 AND granted"
+    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND (objid = 1869767425 OR classid = 1869767425) AND granted"
     " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
 

@@ -245,7 +245,7 @@ def test_the_count_of_tasks_in_flight_is_planned_on_the_index_beside_a_big_histo
 def test_two_completions_handing_slots_on_at_once_never_overfill_the_window(store: Store) -> None:
     """Two completions of one group (of two runs: nothing else serialises them), each down to
     one message per slot in its own snapshot (the other's task still RUNNING there): the second
-    batch is counted again under the admission lock once the first committed, so together they
+    batch is counted again under the group's admission locks once the first committed, so together they
     fill the window, not more."""
     import threading
 
@@ -273,10 +273,14 @@ def test_two_completions_handing_slots_on_at_once_never_overfill_the_window(stor
     for run_id, key in (a, b, c):
         assert store.attempts.claim(run_id, key, 1, "g1:7", 30, "t") is not None
     assert store.attempts.succeed(*c, 1, None, 100).dispatches == [] and in_flight() == 3  # no batch yet
-    # the admission lock held elsewhere, so that both completions reach the batch before either commits
+    # the group's admission locks (one per queue, migration 0036) held elsewhere, so that both
+    # completions reach the batch before either commits
     got: dict[str, int] = {}
+    queues = {"qs": default_queues()}
     with store.engine.connect() as blocker:
-        blocker.execute(sa.text("SELECT pg_advisory_lock(1869767425)"))
+        blocker.execute(
+            sa.text("SELECT pg_advisory_lock(1869767425, hashtext(q)) FROM unnest(CAST(:qs AS text[])) AS q"), queues
+        )
         threads = [
             threading.Thread(
                 target=lambda x=x: got.__setitem__(x[0], len(store.attempts.succeed(*x, 1, None, 100).dispatches))
@@ -287,7 +291,9 @@ def test_two_completions_handing_slots_on_at_once_never_overfill_the_window(stor
             t.start()
         time.sleep(0.5)  # both waiting for the lock, each having counted 2 in flight
         assert got == {}
-        blocker.execute(sa.text("SELECT pg_advisory_unlock(1869767425)"))
+        blocker.execute(
+            sa.text("SELECT pg_advisory_unlock(1869767425, hashtext(q)) FROM unnest(CAST(:qs AS text[])) AS q"), queues
+        )
         blocker.commit()
         for t in threads:
             t.join(10)

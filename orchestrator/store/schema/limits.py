@@ -15,14 +15,26 @@ tenants = sa.Table(
     sa.Column("name", sa.String(64), primary_key=True),
     sa.Column("weight", sa.Float, nullable=False),
     sa.Column("updated_at", TS, nullable=False),
-    #: when admission last gave this tenant a slot another tenant also wanted: between tenants
-    #: equally far below their share, the one served longest ago goes next (round robin)
+    #: written by admission up to migration 0036 (round robin); since then the turns are kept per
+    #: group of queues in ``orc_admission_shares`` and this column is no longer written or read
     sa.Column("last_admitted_at", TS, nullable=True),
     #: most tasks of this tenant QUEUED or RUNNING at once, across every queue (null: no limit)
     sa.Column("max_running", sa.Integer, nullable=True),
     #: the tenant's tasks go to its own queues (orchestrator.tenant.<name>.<priority>), served by
     #: workers started with `orchestrator worker --tenant <name>`
     sa.Column("dedicated", sa.Boolean, nullable=False, server_default=sa.false()),
+)
+
+#: admission's memory of which tenant it served, per group of queues (``orc_admit_from_v2``,
+#: migration 0036): ``recent`` about how many of the group's last window of contested picks went
+#: to the tenant (decayed per pick), ``turn`` the group's pick count at its last one (round robin)
+admission_shares = sa.Table(
+    "orc_admission_shares",
+    metadata,
+    sa.Column("queues", sa.Text, primary_key=True),
+    sa.Column("tenant", sa.String(64), primary_key=True),
+    sa.Column("finish", sa.Float, nullable=False),
+    sa.Column("turn", sa.BigInteger, nullable=False),
 )
 
 pools = sa.Table(

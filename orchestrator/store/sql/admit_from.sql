@@ -2,8 +2,12 @@
 --
 -- Each pick is the best head: of each tenant's READY tasks in each queue the first (priority,
 -- then age); among the heads the highest class (a task READY for p_aging seconds counts one
--- class higher, twice as long two), then the tenant furthest below its weighted share of the
--- tasks in flight on these queues, then round robin (last_admitted_at), then the oldest. Within
+-- class higher, twice as long two), then a tenant within its share of the group's window (its
+-- tasks in flight on these queues at most one above window x weight / the heads' weights), then
+-- the tenant furthest behind in weighted admissions here (start-time fair queueing: each pick
+-- moves its tenant's finish tag to max(tag, the group's virtual time) + 1 / weight, and the
+-- smallest start tag goes next; orc_admission_shares), then round robin (the tenant picked
+-- longest ago here), then the oldest. Within
 -- the tenant, runs share too: when another of its runs has READY tasks of the pick's queue and
 -- class, the run with the fewest tasks in flight on these queues goes first (the first one found
 -- with none; at most 16 runs looked at, from the oldest head's run on, in run id order), its
@@ -19,7 +23,9 @@
 -- (orc_claim_succeed_v1). A task admitted with
 -- resources takes its half-open breakers' probe permits and counts in their ramps' waves
 -- (orc_breaker_admitted_v1); for a task without resources (every task an earlier release
--- wrote) nothing changed.
+-- wrote) nothing changed. Only contested picks (several tenants' heads) read or write the shares:
+-- one row per tenant and group of queues (p_queues as text), so admissions of other groups never
+-- wait for its rows.
 
 CREATE OR REPLACE FUNCTION orc_admit_from_v2(p_queues text[], p_room integer, p_aging double precision)
  RETURNS TABLE(run_id text, key text, attempt integer, task_name text, args json, kwargs json, queue text,
@@ -49,6 +55,11 @@ DECLARE
     nxt text;
     wrapped boolean;
     alt record;
+    group_key text := p_queues::text;
+    tags jsonb;
+    vtime float8 := 0;
+    turns bigint := 0;
+    win int;
 BEGIN
     WHILE taken < p_room AND looks < p_room + 1000 LOOP
         looks := looks + 1;
@@ -62,7 +73,7 @@ BEGIN
             FROM tq WHERE tq.tenant IS NOT NULL
         )
         SELECT h.run_id, h.key, h.tenant, h.pool, h.pool_slots, h.rate_limit, h.resources, h.queue,
-               h.priority_rank AS rank, w.max_running AS tenant_limit,
+               h.priority_rank AS rank, w.max_running AS tenant_limit, coalesce(w.weight, 1.0) AS weight,
                min(h.tenant) OVER () <> max(h.tenant) OVER () AS contested INTO pick
         FROM tq
         CROSS JOIN LATERAL (
@@ -89,8 +100,10 @@ BEGIN
         ORDER BY CASE WHEN p_aging > 0
                       THEN greatest(h.priority_rank - floor(extract(epoch FROM now() - h.ready_at) / p_aging)::int, 0)
                       ELSE h.priority_rank END,
-                 (coalesce((loads ->> h.tenant)::float8, 0) + 1) / coalesce(w.weight, 1.0),
-                 w.last_admitted_at NULLS FIRST,
+                 coalesce((loads ->> h.tenant)::int, 0)
+                     > ceil(win * coalesce(w.weight, 1.0) / sum(coalesce(w.weight, 1.0)) OVER ()),
+                 greatest((tags -> h.tenant ->> 0)::float8, vtime),
+                 (tags -> h.tenant ->> 1)::bigint NULLS FIRST,
                  h.ready_at
         LIMIT 1;
         EXIT WHEN NOT FOUND;
@@ -109,6 +122,19 @@ BEGIN
                 ) AS i
                 GROUP BY i.tenant
             ) AS f;
+            -- and their finish tags here, with the group's virtual time and pick count (the row
+            -- of tenant ''). The order between tenants within their share of the window is by
+            -- weighted admissions, not by tasks in flight alone: read at the instants slots free
+            -- (a batch of hand-offs fills several), the tenant whose tasks just ended looked short
+            -- of its share, and weights 3:1 got 2.2-2.6:1 of the slots
+            SELECT coalesce(jsonb_object_agg(a.tenant, jsonb_build_array(a.finish, a.turn))
+                                FILTER (WHERE a.tenant <> ''), '{}'::jsonb),
+                   coalesce(max(a.finish) FILTER (WHERE a.tenant = ''), 0),
+                   coalesce(max(a.turn) FILTER (WHERE a.tenant = ''), 0)
+                INTO tags, vtime, turns
+            FROM orc_admission_shares a WHERE a.queues = group_key;
+            -- the group's window: its tasks in flight and the room
+            SELECT coalesce(sum(v.n::int), 0) + p_room INTO win FROM jsonb_each_text(loads) AS v(tenant, n);
             CONTINUE;
         END IF;
         IF EXISTS (SELECT 1 FROM orc_tasks o WHERE o.queue = pick.queue AND o.state = 'READY'
@@ -239,13 +265,21 @@ BEGIN
             loads := jsonb_set(loads, ARRAY[pick.tenant::text],
                                to_jsonb(coalesce((loads ->> pick.tenant)::int, 0) + 1), true);
         END IF;
-        IF pick.contested THEN
-            -- round robin between tenants equally far below their share (clock_timestamp():
-            -- several picks of one call must differ)
-            INSERT INTO orc_tenants (name, weight, updated_at, last_admitted_at)
-            VALUES (pick.tenant, 1, now(), clock_timestamp())
-            ON CONFLICT (name) DO UPDATE SET last_admitted_at = excluded.last_admitted_at;
+        IF pick.contested AND tags IS NOT NULL THEN
+            -- the pick's finish tag and turn (round robin between tenants with equal start tags:
+            -- the one picked longest ago first)
+            turns := turns + 1;
+            vtime := greatest((tags -> pick.tenant ->> 0)::float8, vtime);
+            tags := jsonb_set(tags, ARRAY[pick.tenant::text],
+                              jsonb_build_array(vtime + 1.0 / pick.weight, turns), true);
+            INSERT INTO orc_admission_shares AS a (queues, tenant, finish, turn)
+            VALUES (group_key, pick.tenant, vtime + 1.0 / pick.weight, turns)
+            ON CONFLICT (queues, tenant) DO UPDATE SET finish = excluded.finish, turn = excluded.turn;
         END IF;
     END LOOP;
+    IF tags IS NOT NULL THEN
+        INSERT INTO orc_admission_shares AS a (queues, tenant, finish, turn) VALUES (group_key, '', vtime, turns)
+        ON CONFLICT (queues, tenant) DO UPDATE SET finish = excluded.finish, turn = excluded.turn;
+    END IF;
 END
 $$;
