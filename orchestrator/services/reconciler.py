@@ -127,9 +127,10 @@ class Reconciler:
         ``fence`` (the sharded mode, :class:`ReconcilerService` with
         ``ORCHESTRATOR_RECONCILER_SHARDS``): the per-run actions (due retries, lost dispatches,
         expired leases, waits due, runs to close) act on the runs of the shards it holds, each
-        write refused and recorded once the shard's epoch moved; the passes that are not per run
-        run on the holder of shard 0 only; the admission runs on every instance (a
-        compare-and-set under its own lock, skipped when another holds it)."""
+        write refused and recorded once the shard's epoch moved, and so are the deadlines that
+        fell due; the passes that are not per run run on the holder of shard 0 only; the
+        admission runs on every instance (a compare-and-set under its own lock, skipped when
+        another holds it)."""
         report = dict.fromkeys(ACTIONS, 0)
 
         def guarded(what: str, fn: Callable[[], Any]) -> Any:
@@ -161,8 +162,7 @@ class Reconciler:
         report["runs_finalized"] = finalized or 0
         if leader and self.flow is not None:  # after the close: a run finished now frees its key now
             report["flow_released"] = guarded("releasing held runs of concurrency keys", self.flow) or 0
-        if leader:
-            self._deadlines(report, guarded)
+        self._deadlines(report, guarded, fence)
         return report
 
     def _recover(
@@ -275,15 +275,18 @@ class Reconciler:
                 self._idle_seen[ident] = first
         return ready
 
-    def _deadlines(self, report: dict[str, int], guarded: Callable[[str, Callable[[], Any]], Any]) -> None:
+    def _deadlines(
+        self, report: dict[str, int], guarded: Callable[[str, Callable[[], Any]], Any], fence: Fence | None = None
+    ) -> None:
         """Judge the deadlines that fell due: those met are closed in bulk; each miss is
         recorded once (a compare-and-set with its ledger event) and then alerted. A run whose
         DAG says ``on_deadline="cancel"`` is cancelled first, through the operator's cancel
         path as ``reconciler`` (its attempts in flight are revoked; their slots go to the
-        next pass's admission)."""
+        next pass's admission). With ``fence``: the deadlines of the runs of its shards, each
+        miss recorded under the shard's epoch."""
         deadlines = self.store.deadlines
-        guarded("closing deadlines met", deadlines.judge_met)
-        due = guarded("finding missed deadlines", lambda: deadlines.due(DEADLINE_BATCH)) or []
+        guarded("closing deadlines met", lambda: deadlines.judge_met(fence=fence))
+        due = guarded("finding missed deadlines", lambda: deadlines.due(DEADLINE_BATCH, fence)) or []
         for run_id in dict.fromkeys(d.run_id for d in due if d.cancels):
             cancelled = guarded(
                 f"cancelling {run_id} on its deadline",
@@ -299,7 +302,7 @@ class Reconciler:
                 guarded(f"revoking the attempts of {run_id}", lambda: self.publisher.revoke(in_flight))  # noqa: B023
         for item in due:
             what = f"{item.run_id}.{item.key}" if item.key is not None else item.run_id
-            miss = guarded(f"recording the missed deadline of {what}", lambda: deadlines.record(item))  # noqa: B023
+            miss = guarded(f"recording the missed deadline of {what}", lambda: deadlines.record(item, fence))  # noqa: B023
             if miss is None:
                 continue
             report["deadlines_missed"] += 1

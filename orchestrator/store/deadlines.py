@@ -38,6 +38,7 @@ from . import schema as s
 from .database import Database
 from .dbtime import aware, db_now
 from .ledger import RUN_EVENT_ATTEMPT, Ledger
+from .shards import Fence, check, refuse_run
 
 t_runs, t_tasks, t_events = s.runs, s.tasks, s.events
 _TERMINAL = [st.value for st in TERMINAL]
@@ -133,15 +134,18 @@ class Deadlines:
 
     # ------------------------------------------------------------------ the reconciler's step
 
-    def judge_met(self, limit: int = 1000) -> int:
+    def judge_met(self, limit: int = 1000, fence: Fence | None = None) -> int:
         """Close the deadlines that fell due on runs and tasks done in time (verdict only, no
-        event); returns how many. Bounded: at most ``limit`` rows of each table per call."""
+        event); returns how many. Bounded: at most ``limit`` rows of each table per call. With
+        ``fence`` (the sharded reconciler): of the runs of its shards."""
 
         def tx(conn: Connection) -> int:
             r, t = t_runs.c, t_tasks.c
+            mine_r = () if fence is None else (fence.where(r.id),)
+            mine_t = () if fence is None else (fence.where(t.run_id),)
             met_runs = (
                 sa.select(r.id)
-                .where(*_pending(t_runs), r.state != RunState.RUNNING.value, ~_run_missed())
+                .where(*_pending(t_runs), r.state != RunState.RUNNING.value, ~_run_missed(), *mine_r)
                 .limit(limit)
                 .scalar_subquery()
             )
@@ -152,7 +156,7 @@ class Deadlines:
             ).rowcount
             met_tasks = (
                 sa.select(t.run_id, t.key)
-                .where(*_pending(t_tasks), t.state.in_(_TERMINAL), ~_task_missed())
+                .where(*_pending(t_tasks), t.state.in_(_TERMINAL), ~_task_missed(), *mine_t)
                 .limit(limit)
             )
             tasks = conn.execute(
@@ -164,15 +168,16 @@ class Deadlines:
 
         return self.db.transaction(tx)
 
-    def due(self, limit: int = 100) -> list[Due]:
+    def due(self, limit: int = 100, fence: Fence | None = None) -> list[Due]:
         """Deadlines that fell due and were missed but are not recorded yet, oldest first (at
-        most ``limit`` runs and ``limit`` tasks)."""
+        most ``limit`` runs and ``limit`` tasks; with ``fence``, of the runs of its shards)."""
         r, t = t_runs.c, t_tasks.c
+        mine = () if fence is None else (fence.where(r.id),)
 
         def read(conn: Connection) -> list[Due]:
             runs = conn.execute(
                 sa.select(r.id, r.deadline_seconds, r.deadline_at, r.dag_name, r.tenant, r.on_deadline, r.state)
-                .where(*_pending(t_runs), _run_missed())
+                .where(*_pending(t_runs), _run_missed(), *mine)
                 .order_by(r.deadline_at)
                 .limit(limit)
             ).all()
@@ -182,7 +187,7 @@ class Deadlines:
                     r.dag_name, r.tenant, r.on_deadline, r.state.label("run_state"),
                 )
                 .join(t_runs, r.id == t.run_id)
-                .where(*_pending(t_tasks), _task_missed())
+                .where(*_pending(t_tasks), _task_missed(), *mine)
                 .order_by(t.deadline_at)
                 .limit(limit)
             ).all()  # fmt: skip
@@ -200,12 +205,16 @@ class Deadlines:
 
         return self.db.read(read)
 
-    def record(self, item: Due) -> DeadlineMiss | None:
+    def record(self, item: Due, fence: Fence | None = None) -> DeadlineMiss | None:
         """Record one miss: the compare-and-set of its verdict and its ``deadline_missed``
         event, in one transaction. ``None`` when it was recorded already (another reconciler
-        got there first) or is not a miss (any more)."""
+        got there first) or is not a miss (any more). With ``fence``: ``None`` too once the run's
+        shard moved, after a rejected ledger row naming the stale epoch."""
 
         def tx(conn: Connection) -> DeadlineMiss | None:
+            if fence is not None and (stale := check(conn, fence, item.run_id)) is not None:
+                refuse_run(conn, item.run_id, item.state, item.state, f"judging a deadline: {stale}", item.key)
+                return None
             stamp = {"deadline_checked_at": db_now(), "deadline_missed_at": db_now()}
             if item.key is None:
                 r = t_runs.c

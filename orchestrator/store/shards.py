@@ -373,11 +373,14 @@ def refuse_tasks(
     return n
 
 
-def refuse_run(conn: Connection, run_id: str, state: str, dst: str, reason: str) -> None:
-    """In the caller's transaction: the rejected ledger row of a run-level write refused."""
+def refuse_run(
+    conn: Connection, run_id: str, state: str, dst: str, reason: str, key: str | None = None, attempt: int = 0
+) -> None:
+    """In the caller's transaction: the rejected ledger row of a write refused that names no
+    compare-and-set of the ledger's (a run closed; with ``key``, a task's deadline judged)."""
     conn.execute(
         s.events.insert().values(
-            run_id=run_id, key=None, attempt=0, from_state=state, to_state=dst, actor="reconciler",
+            run_id=run_id, key=key, attempt=attempt, from_state=state, to_state=dst, actor="reconciler",
             reason=reason, accepted=False, at=db_now(),
         )
     )  # fmt: skip

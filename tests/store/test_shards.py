@@ -262,3 +262,22 @@ def test_services_in_the_sharded_mode_split_the_shards_and_give_them_back(orc: O
             svc.release()
     with orc.store.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM orc_shards WHERE owner IS NOT NULL")).scalar_one() == 0
+
+
+def test_a_deposed_owner_does_not_judge_a_missed_deadline(store: Store) -> None:
+    dag = DAG("late", deadline=600)
+    dag.task("a", "t")
+    queues = {n.key: route(dag.tenant, dag.priority_of(n), n.queue) for n in dag.nodes.values()}
+    run_id, _ = store.submission.create_run(
+        dag, queues=queues, wants_upstream=lambda name: True, logical_date="2020-01-01T00:00:00Z"
+    )
+    a, b = deposed(store)
+    [due] = store.deadlines.due(100, a)
+    assert store.deadlines.due(100, b) == [due]
+    assert store.deadlines.record(due, a) is None
+    assert store.deadlines.record(due, b) is not None
+    assert store.deadlines.record(due, b) is None  # recorded once
+    rows = ledger(store, run_id, None)
+    refused = [r for r in rows if not r[2]]
+    assert len(refused) == 1 and "judging a deadline: stale shard epoch" in (refused[0][3] or "")
+    assert len([r for r in rows if r[2] and "deadline missed" in (r[3] or "")]) == 1
