@@ -6,10 +6,13 @@ starts a process: the spawn is replaced by a recorder."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 import orchestrator.testing.chaos as chaos_pkg
@@ -99,3 +102,67 @@ def test_the_cli_passes_the_options_on_and_refuses_a_bad_pool(monkeypatch: pytes
     assert calls[-1]["claim_delay"] == 0.2 and calls[-1]["keep"] is True
     runner.invoke(chaos, [])
     assert calls[-1]["pool"] == "prefork" and calls[-1]["group_commit"] is False and calls[-1]["keep"] is False
+
+
+class _Fakes:
+    """Just enough of an orchestrator, a deployment, an injector and a probe engine for
+    :meth:`soak._Loop.step` to submit runs and deal faults without a process or a database."""
+
+    def __init__(self) -> None:
+        self.submitted: list[dict[str, Any]] = []
+        self.counts: Counter[str] = Counter()
+        self.heals: list[Any] = []
+        self.db_down = False
+        self.last_fault = 0.0
+        self.worker_procs: dict[str, Any] = {}
+        self.reads = self
+        self.events = self
+
+    # the orchestrator
+    def finished_runs(self, run_ids: list[str]) -> int:
+        return len(run_ids)
+
+    def submit(self, dag: Any, idempotency_key: str) -> Any:
+        self.submitted.append(dag.to_spec())
+        return SimpleNamespace(id=f"r{len(self.submitted)}")
+
+    def emit(self, *args: Any, **kwargs: Any) -> Any:
+        return SimpleNamespace(duplicate=False, woken=0)
+
+    # the deployment and the injector
+    def supervise(self) -> list[str]:
+        return []
+
+    def heal_due(self, everything: bool = False) -> None:
+        pass
+
+    def inject(self) -> None:
+        self.counts["kill_worker"] += 1
+
+    def observe(self, mark: int) -> None:
+        pass
+
+    # the probe engine
+    def connect(self) -> Any:
+        raise sa.exc.DBAPIError("SELECT", None, Exception("no database here"))
+
+
+def drawn(min_faults: int, runs: int = 12, shared: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """The first ``runs`` DAGs a soak at seed 7 submits, and the faults dealt meanwhile (one before
+    every submit when ``min_faults`` is high); ``shared``: the gaps drawn from the DAGs' generator."""
+    fakes = _Fakes()
+    rng = random.Random(7)
+    loop = soak._Loop(fakes, fakes, fakes, None, fakes, rng, random.Random(8), random.Random(9), lambda line: None,  # type: ignore[arg-type]
+                      seed=7, mix=0, min_faults=min_faults, fault_interval=0.0, action_interval=1.0, settle=60.0,
+                      pending=list(range(runs)), extra=runs, pace_rng=rng if shared else random.Random(10))  # fmt: skip
+    while len(fakes.submitted) < runs:
+        loop.step()
+    return fakes.submitted[:runs], sum(fakes.counts.values())
+
+
+def test_the_dags_at_a_seed_do_not_depend_on_the_faults_dealt_between_submits() -> None:
+    quiet, none = drawn(min_faults=0)
+    busy, dealt = drawn(min_faults=10_000)
+    assert none == 0 and dealt >= 12  # a fault (and its random gap) before every submit
+    assert busy == quiet
+    assert drawn(min_faults=10_000, shared=True)[0] != quiet  # as they did when the gaps came from it

@@ -135,6 +135,7 @@ def run_chaos(
     fault_rng = random.Random(seed + 1_000_003)
     emit_rng = random.Random(seed + 2_000_003)  # when the events come
     mix_rng = random.Random(seed + 3_000_003)  # which actions, at what
+    pace_rng = random.Random(seed + 4_000_003)  # the gaps between faults
     data = Path(tempfile.mkdtemp(prefix="orc-chaos-"))
     pg: PrivatePostgres | None = None
     dep: Deployment | None = None
@@ -168,7 +169,7 @@ def run_chaos(
             mixer.setup()
         loop = _Loop(orc, dep, injector, mixer, probe, rng, emit_rng, mix_rng, echo, seed=seed, mix=mix,
                      min_faults=min_faults, fault_interval=fault_interval, action_interval=action_interval,
-                     settle=settle, pending=list(range(runs)), extra=runs)  # fmt: skip
+                     settle=settle, pending=list(range(runs)), extra=runs, pace_rng=pace_rng)  # fmt: skip
         Deployment._wait(lambda: _live_workers(orc) >= len(dep.worker_procs), "workers", 90)
         loop.next_fault = time.monotonic() + 2.0
         while time.monotonic() - started < timeout and not loop.step():
@@ -267,6 +268,9 @@ class _Loop:
     next_action: float = field(default_factory=lambda: time.monotonic() + 3.0)
     next_fault: float = 0.0
     next_look: float = 0.0
+    #: the gaps between faults (not ``rng``: the DAGs drawn at a seed must not depend on how many
+    #: faults came before each submit, so two modes soaked at one seed run the same DAGs)
+    pace_rng: random.Random = field(default_factory=random.Random)
 
     def step(self) -> bool:
         """One turn of the soak; ``True`` once it is over (every run final, or given up)."""
@@ -296,7 +300,7 @@ class _Loop:
                 self.injector.inject()
             except Exception as exc:  # noqa: BLE001 - a failed injection is reported, the soak goes on
                 self.echo(f"fault injection failed: {exc!r}")
-            self.next_fault = time.monotonic() + self.fault_interval * (0.5 + self.rng.random())
+            self.next_fault = time.monotonic() + self.fault_interval * (0.5 + self.pace_rng.random())
         if enough_faults and enough_actions and not self.injector.heals and up:
             return self._settled()
         return False
