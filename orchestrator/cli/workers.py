@@ -95,6 +95,7 @@ def reconcile(once: bool, interval: float | None, name: str | None) -> None:
     `orchestrator shards` shows who holds what.
     """
     import os
+    import signal
     import socket
 
     from ..services.reconciler import ReconcilerService
@@ -109,6 +110,8 @@ def reconcile(once: bool, interval: float | None, name: str | None) -> None:
     if once and service.shards is None:
         click.echo(" ".join(f"{k}={v}" for k, v in orc.reconcile().items()))
         return
+    # SIGTERM ends the loop after its pass, so that the service gives its duty or shards back
+    signal.signal(signal.SIGTERM, lambda signum, frame: service.stop())
     service.run(once=once, echo=lambda report: click.echo(" ".join(f"{k}={v}" for k, v in report.items())))
 
 

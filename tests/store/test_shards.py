@@ -7,6 +7,7 @@ Time passing is written, not waited for: a lease "runs out" by an UPDATE of its 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -281,3 +282,33 @@ def test_a_deposed_owner_does_not_judge_a_missed_deadline(store: Store) -> None:
     refused = [r for r in rows if not r[2]]
     assert len(refused) == 1 and "judging a deadline: stale shard epoch" in (refused[0][3] or "")
     assert len([r for r in rows if r[2] and "deadline missed" in (r[3] or "")]) == 1
+
+
+def test_orchestrator_shards_shows_owners_epochs_and_lag(orc: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from orchestrator.cli import app as cli
+    from orchestrator.cli import base as cli_base
+
+    monkeypatch.setattr(cli_base, "_ready_store", lambda: orc)
+    runner = CliRunner()
+    none = runner.invoke(cli.main, ["shards"])
+    assert none.exit_code == 0 and none.stdout.startswith("no shard yet")
+    assert json.loads(runner.invoke(cli.main, ["shards", "--json"]).stdout)["shards"] is None
+    svc = ReconcilerService(orc.reconciler, name="a", interval=0.1, stall_seconds=10)
+    try:
+        svc.step()
+        out = runner.invoke(cli.main, ["shards"])
+        assert out.exit_code == 0, out.output
+        lines = out.stdout.splitlines()
+        assert lines[0].split()[:3] == ["SHARD", "OWNER", "EPOCH"] and len(lines) == 1 + K + 1 + 2
+        assert all(line.split()[1:3] == ["a", "1"] for line in lines[1 : K + 1])
+        assert lines[K + 3].split()[:4] == ["a", str(K), str(K), "yes"]
+        got = json.loads(runner.invoke(cli.main, ["shards", "--json", "--shard", "3"]).stdout)
+        assert got["shards"] == K and [r["shard"] for r in got["shard_rows"]] == [3]
+        assert got["shard_rows"][0]["owner"] == "a" and got["shard_rows"][0]["lease_left"] > 0
+        assert got["owners"][0]["owner"] == "a"
+        bad = runner.invoke(cli.main, ["shards", "--shard", str(K)])
+        assert bad.exit_code == 2 and f"the deployment has shards 0 to {K - 1}" in bad.output
+    finally:
+        svc.release()
