@@ -85,7 +85,8 @@ class Sampler:
         self.conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
         self.interval = 1.0 / hz
         self.samples = 0
-        self.held: Counter[str] = Counter()
+        #: samples with a holder, per lock (kind, classid, objid); waiters per kind
+        self.held: Counter[tuple[str, int, int]] = Counter()
         self.waiting: Counter[str] = Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -98,7 +99,7 @@ class Sampler:
                 for classid, objid, objsubid, granted, n in cur.fetchall():
                     k = kind(classid, objid, objsubid)
                     if granted:
-                        self.held[k] += 1  # a sample with a holder (exclusive locks: one)
+                        self.held[k, classid, objid] += 1  # a sample with a holder (exclusive: one)
                     else:
                         self.waiting[k] += n
                 time.sleep(self.interval)
@@ -115,11 +116,20 @@ class Sampler:
         self.conn.close()
 
     def figures(self, tasks: int) -> dict[str, dict[str, float]]:
+        """Per kind of lock: the busiest lock of the kind (held per task, share of the time: a lock
+        per queue is one group's ceiling), how many locks of the kind were seen held, and the
+        waits on all of them (every waiter's time, per task)."""
         out: dict[str, dict[str, float]] = {}
-        for k in sorted(set(self.held) | set(self.waiting)):
-            held = self.held[k] / max(self.samples, 1) * self.elapsed / tasks
+        for k in sorted({h[0] for h in self.held} | set(self.waiting)):
+            mine = [n for h, n in self.held.items() if h[0] == k]
+            busiest = max(mine, default=0) / max(self.samples, 1)
             wait = self.waiting[k] / max(self.samples, 1) * self.elapsed / tasks
-            out[k] = {"held_ms": held * 1000, "wait_ms": wait * 1000, "busy": self.held[k] / max(self.samples, 1)}
+            out[k] = {
+                "held_ms": busiest * self.elapsed / tasks * 1000,
+                "wait_ms": wait * 1000,
+                "busy": busiest,
+                "locks": len(mine),
+            }
         return out
 
 
@@ -150,14 +160,19 @@ def timed(engine: Any, since: Any, tasks: int) -> dict[str, dict[str, float]]:
 
 def print_phase(name: str, tasks: int, elapsed: float, sampler: Sampler, server: dict[str, dict[str, float]]) -> None:
     print(f"\n{name}: {tasks} tasks in {elapsed:.2f}s = {tasks / elapsed:.0f} tasks/s ({sampler.samples} samples)")
-    print(f"  {'sampled (pg_locks)':44s} {'held/task':>10s} {'wait/task':>10s} {'busy':>6s} {'ceiling':>12s}")
+    print(
+        f"  {'sampled (pg_locks), busiest lock of each kind':44s} {'held/task':>10s} {'wait/task':>10s}"
+        f" {'busy':>6s} {'ceiling':>12s}  locks"
+    )
     for k, f in sampler.figures(tasks).items():
         if k.startswith("reconciler duty"):
             # a session lock held by the reconciler on duty all along: no task takes or waits for it
             print(f"  {k:44s} held {f['busy']:.0%} of the time by the reconciler on duty; no task's path takes it")
             continue
         ceiling = f"{1000 / f['held_ms']:.0f}/s" if f["held_ms"] > 0 else "-"
-        print(f"  {k:44s} {f['held_ms']:8.4f}ms {f['wait_ms']:8.4f}ms {f['busy']:6.1%} {ceiling:>12s}")
+        print(
+            f"  {k:44s} {f['held_ms']:8.4f}ms {f['wait_ms']:8.4f}ms {f['busy']:6.1%} {ceiling:>12s}  {f['locks']:.0f}"
+        )
     if server:
         head = f"{'locks/task':>10s} {'held/task':>10s} {'wait/task':>10s} {'max wait':>9s}"
         print(f"  {'timed (orc_bench_locks)':44s} {head}")
