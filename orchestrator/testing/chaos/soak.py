@@ -122,15 +122,13 @@ def run_chaos(
     are followed too. After the last fault and the last action every run must be final within
     ``settle`` seconds, or wait on something ``explain`` names; past it the soak stops waiting and
     counts the rest as stuck. ``lacking``: with ``mix``, also run a worker without one task
-    module. ``keep``: leave the data directory (worker logs) and the private server's data
-    directory behind, the server stopped, and say where (to read the ledger after a violation).
-    ``pool``: the workers' pool, ``prefork`` (``-c 2``) or ``threads`` (``-c 8``; ``kill_child`` is
-    then not dealt: there is no pool process); ``group_commit``: the workers'
-    ``ORCHESTRATOR_GROUP_COMMIT=1``. A bad option raises :class:`ChaosConfigError` before
-    anything is started.
+    module. ``keep``: leave the logs and the private server's files behind, and say where.
+    ``pool``: the workers' pool, ``prefork`` (``-c 2``) or ``threads`` (``-c 8``; no ``kill_child``:
+    no pool process); ``group_commit``: the workers' ``ORCHESTRATOR_GROUP_COMMIT=1``. A bad option
+    raises :class:`ChaosConfigError` before anything is started.
     """
     check_pool(pool)
-    # two generators, so the DAGs do not depend on how the faults interleave with them
+    # generators of their own, so the DAGs do not depend on how the faults interleave with them
     rng = random.Random(seed)
     fault_rng = random.Random(seed + 1_000_003)
     emit_rng = random.Random(seed + 2_000_003)  # when the events come
@@ -151,16 +149,7 @@ def run_chaos(
             database_url = pg.url
         dep = Deployment(database_url, workers, data, pg=pg, claim_delay=claim_delay, lacking=bool(mix) and lacking,
                          pool=pool, group_commit=group_commit)  # fmt: skip
-        engine = make_engine(database_url)
-        migrate.reset(engine)
-        engine.dispose()
-        # this process (submits, checks, duplicate publishes) talks to Redis and Postgres directly
-        for k, v in dep.env().items():
-            os.environ[k] = v
-        from ...runtime.celery_app import get_app
-
-        orc = Orchestrator(app=get_app(), store=Store(database_url))
-        probe = make_engine(database_url)
+        orc, probe = _connect(dep)
         started = time.monotonic()
         dep.start()
         injector = Injector(dep, orc, fault_rng, echo)
@@ -178,6 +167,19 @@ def run_chaos(
     finally:
         _clean_up(dep, probe, orc, pg, data, previous, window, keep=keep, echo=echo)
     return _verdict(report, echo)
+
+
+def _connect(dep: Deployment) -> tuple[Orchestrator, sa.Engine]:
+    """The soak's database wiped and migrated, and this process (submits, checks, duplicate
+    publishes) set to talk to Redis and Postgres directly: its orchestrator and probe engine."""
+    engine = make_engine(dep.database_url)
+    migrate.reset(engine)
+    engine.dispose()
+    for k, v in dep.env().items():
+        os.environ[k] = v
+    from ...runtime.celery_app import get_app
+
+    return Orchestrator(app=get_app(), store=Store(dep.database_url)), make_engine(dep.database_url)
 
 
 def _prepare(mix: int) -> tuple[Any, int]:
