@@ -134,8 +134,11 @@ def test_a_direct_body_that_outlives_its_claim_delay_is_claimed_from_the_heartbe
     token = FencingToken(run_id, "a", 1)
     hb = Heartbeater(orc)
     hb.track_direct(token, lambda: orc.claim(token, "w:1", "t") is not None)
-    time.sleep(0.6)
-    assert {t.key: t.state.value for t in orc.tasks(run_id)}["a"] == "RUNNING"
+    # the heartbeat thread claims it once the claim delay passed: waited for in the database
+    deadline = time.monotonic() + 60
+    while {t.key: t.state.value for t in orc.tasks(run_id)}["a"] != "RUNNING":
+        assert time.monotonic() < deadline, "the heartbeat thread never claimed the direct body"
+        time.sleep(0.02)
     assert hb.untrack(token) == "held"
     assert orc.complete(token, 7).accepted
 

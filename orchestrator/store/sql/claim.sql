@@ -8,7 +8,8 @@
 -- written for an unknown task). A child of a map mapped item by item gets its item, the result
 -- of the same key's child of the map before it, as its mapped keyword. A sensor's claim adds
 -- "sensor" (its polling spec), a deferred body's called again "resumed" (orc_wake_v1), a
--- transactional task's (orc_tasks.transactional) "transactional": true.
+-- transactional task's (orc_tasks.transactional) "transactional": true. The compare-and-set and
+-- its ledger row are one statement (a data-modifying WITH).
 
 CREATE OR REPLACE FUNCTION orc_claim_v2(p_run text, p_key text, p_attempt integer, p_worker text,
     p_lease double precision, p_task text)
@@ -24,19 +25,25 @@ DECLARE
     kwarg text;
     item json;
 BEGIN
-    UPDATE orc_tasks t SET state = 'RUNNING', started_at = now(), heartbeat_at = now(),
-                           lease_expires_at = now() + make_interval(secs => p_lease), worker = p_worker
-    WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'QUEUED' AND t.attempt = p_attempt
-      AND t.task_name = p_task
-    RETURNING t.args, t.kwargs, t.wants_upstream, t.map_parent, t.map_item_from, t.wait_spec, t.wait_resume,
-              t.transactional INTO row;
+    -- the compare-and-set and its ledger row in one statement
+    WITH claimed AS (
+        UPDATE orc_tasks t SET state = 'RUNNING', started_at = now(), heartbeat_at = now(),
+                               lease_expires_at = now() + make_interval(secs => p_lease), worker = p_worker
+        WHERE t.run_id = p_run AND t.key = p_key AND coalesce(t.state, '') = 'QUEUED' AND t.attempt = p_attempt
+          AND t.task_name = p_task
+        RETURNING t.args, t.kwargs, t.wants_upstream, t.map_parent, t.map_item_from, t.wait_spec, t.wait_resume,
+                  t.transactional
+    ), logged AS (
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+        SELECT p_run, p_key, p_attempt, 'QUEUED', 'RUNNING', 'worker', NULL, 'claim by ' || p_worker, true, now()
+        FROM claimed
+    )
+    SELECT c.* INTO row FROM claimed c;
     IF NOT FOUND THEN
         conflict := orc_reject_v1(p_run, p_key, p_attempt, 'RUNNING', 'worker',
                                   'claim by ' || p_worker || ' for a message of ' || p_task);
         RETURN json_build_object('claimed', false, 'conflict', coalesce(conflict, 'no such task'));
     END IF;
-    INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
-    VALUES (p_run, p_key, p_attempt, 'QUEUED', 'RUNNING', 'worker', NULL, 'claim by ' || p_worker, true, now());
     kwargs := row.kwargs;
     IF row.map_item_from IS NOT NULL THEN
         SELECT h.map_spec->'args'->0->>'kwarg' INTO kwarg FROM orc_tasks h

@@ -17,9 +17,9 @@
 -- The caller passes what it knows of the finished task (p_setup: it is a setup; p_map_parent:
 -- its map's header), read in its own compare-and-set's RETURNING, so the settlement reads no row
 -- it does not write. Returns how many tasks it made READY and how many it closed (the task
--- itself and its cascade): the caller closes them in the run with orc_close_v1, as the last
--- statement of its transaction, so that the run's row, which every completion of the run
--- updates, is locked for as short a time as possible.
+-- itself and its cascade): the caller closes them in the run with orc_close_v1 right after, before
+-- any admission (the lock order every settling path keeps: task rows, the run's row, then the
+-- admission locks).
 
 CREATE OR REPLACE FUNCTION orc_settle_v3(p_run text, p_key text, p_state text, p_children json, p_actor text,
     p_by text, p_setup boolean, p_map_parent text, OUT readied integer, OUT closed integer)
@@ -49,15 +49,16 @@ BEGIN
     readied := 0;
     WHILE i <= array_length(q_keys, 1) LOOP
         IF q_children[i] IS NOT NULL AND json_typeof(q_children[i]) = 'array' THEN
-            kids := ARRAY(SELECT json_array_elements_text(q_children[i]));
-            direct := cardinality(kids);
+            -- the children read from the JSON list by index (expressions, not statements)
+            direct := json_array_length(q_children[i]);
+            kids := '{}';
             IF q_setup[i] THEN
                 -- a setup: the tasks of its scope that are not its children are decided again
-                kids := kids || coalesce((SELECT t.scope_of FROM orc_tasks t
-                                          WHERE t.run_id = p_run AND t.key = q_keys[i]), '{}');
+                kids := coalesce((SELECT t.scope_of FROM orc_tasks t
+                                  WHERE t.run_id = p_run AND t.key = q_keys[i]), '{}');
             END IF;
-            FOR j IN 1..cardinality(kids) LOOP
-                kid := kids[j];
+            FOR j IN 1..direct + cardinality(kids) LOOP
+                kid := CASE WHEN j <= direct THEN q_children[i] ->> (j - 1) ELSE kids[j - direct] END;
                 IF j > direct THEN
                     SELECT t.key, t.state, t.attempt, t.trigger_rule, t.n_upstream, t.n_done, t.n_succeeded,
                            t.n_failed, t.n_upstream_failed, t.n_skipped, t.n_setup, t.n_setup_ok, t.n_setup_skipped,
@@ -118,17 +119,21 @@ BEGIN
                     q_parents := q_parents || NULL::text;
                     CONTINUE;
                 END IF;
-                UPDATE orc_tasks t SET
-                    state = verdict,
-                    ready_at = CASE WHEN verdict = 'READY' THEN coalesce(t.ready_at, now()) ELSE t.ready_at END,
-                    finished_at = CASE WHEN verdict = 'READY' THEN t.finished_at ELSE now() END,
-                    skip_reason = CASE WHEN verdict = 'SKIPPED' THEN 'upstream_skipped' ELSE t.skip_reason END
-                WHERE t.run_id = p_run AND t.key = r.key AND coalesce(t.state, '') = 'PENDING'
-                RETURNING t.key, t.attempt, t.children, t.role = 'setup' AS setup, t.map_parent INTO m;
-                IF FOUND THEN
+                WITH moved AS (
+                    UPDATE orc_tasks t SET
+                        state = verdict,
+                        ready_at = CASE WHEN verdict = 'READY' THEN coalesce(t.ready_at, now()) ELSE t.ready_at END,
+                        finished_at = CASE WHEN verdict = 'READY' THEN t.finished_at ELSE now() END,
+                        skip_reason = CASE WHEN verdict = 'SKIPPED' THEN 'upstream_skipped' ELSE t.skip_reason END
+                    WHERE t.run_id = p_run AND t.key = r.key AND coalesce(t.state, '') = 'PENDING'
+                    RETURNING t.key, t.attempt, t.children, t.role = 'setup' AS setup, t.map_parent
+                ), logged AS (
                     INSERT INTO orc_task_events
                         (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
-                    VALUES (p_run, m.key, m.attempt, 'PENDING', verdict, p_actor, p_by, why, true, now());
+                    SELECT p_run, mv.key, mv.attempt, 'PENDING', verdict, p_actor, p_by, why, true, now() FROM moved mv
+                )
+                SELECT mv.* INTO m FROM moved mv;
+                IF FOUND THEN
                     IF verdict = 'READY' THEN
                         readied := readied + 1;
                     ELSE
@@ -197,20 +202,24 @@ $$;
 -- orc_close_v1: p_closed tasks of the run closed (orc_settle_v3's count); the run closes
 -- (RUNNING -> SUCCEEDED / FAILED) when no task is left open: FAILED when a task that decides the
 -- run (not a teardown, unless it asked to; not a map header) ended FAILED or UPSTREAM_FAILED.
--- Called last in the transaction of the completion (its row lock is held until the commit).
+-- Called right after orc_settle_v3, before any admission.
+-- Returns how many tasks of the run are left open (NULL: no such run), so that a caller can
+-- call it as an expression (no statement of the executor's for the call itself).
 
 CREATE OR REPLACE FUNCTION orc_close_v1(p_run text, p_closed integer, p_actor text, p_by text)
- RETURNS void
+ RETURNS integer
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
 AS $$
 DECLARE
-    run_row record;
+    n_open int;
+    run_state text;
     failed int;
     outcome text;
 BEGIN
-    UPDATE orc_runs SET open_tasks = open_tasks - p_closed WHERE id = p_run RETURNING open_tasks, state INTO run_row;
-    IF FOUND AND run_row.open_tasks <= 0 AND run_row.state = 'RUNNING' THEN
+    UPDATE orc_runs SET open_tasks = open_tasks - p_closed WHERE id = p_run
+    RETURNING open_tasks, state INTO n_open, run_state;
+    IF n_open <= 0 AND run_state = 'RUNNING' THEN
         SELECT count(*) INTO failed FROM orc_tasks
         WHERE run_id = p_run AND state IN ('FAILED', 'UPSTREAM_FAILED') AND decides_run;
         outcome := CASE WHEN failed > 0 THEN 'FAILED' ELSE 'SUCCEEDED' END;
@@ -223,6 +232,7 @@ BEGIN
                     true, now());
         END IF;
     END IF;
+    RETURN n_open;
 END
 $$;
 
@@ -239,10 +249,11 @@ AS $$
 DECLARE
     r record;
     s record;
+    open_left int;
 BEGIN
     SELECT t.role = 'setup' AS setup, t.map_parent INTO r FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
-    SELECT * INTO s FROM orc_settle_v3(p_run, p_key, p_state, p_children, p_actor, p_by, r.setup, r.map_parent);
-    PERFORM orc_close_v1(p_run, s.closed, p_actor, p_by);
+    s := orc_settle_v3(p_run, p_key, p_state, p_children, p_actor, p_by, r.setup, r.map_parent);
+    open_left := orc_close_v1(p_run, s.closed, p_actor, p_by);
     RETURN s.readied;
 END
 $$;

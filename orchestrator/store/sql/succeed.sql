@@ -2,14 +2,14 @@
 --
 -- One statement, so one round trip in autocommit: the result checked (orc_result_problem_v1),
 -- the compare-and-set and its ledger row, a branch's or short circuit's skips
--- (orc_follow_v1), the settlement (orc_settle_v3), then what to publish (orc_dispatch_v1), then,
--- for a task that uses resources, the call counted by their breakers (orc_breaker_v1; a task
--- without resources, as every task an earlier release wrote, costs one null check), and last the
--- run's count of open tasks (orc_close_v1: the run's row, which every completion of the run
--- updates, stays locked only from there to the commit).
+-- (orc_follow_v1), the settlement (orc_settle_v3) and the run's count of open tasks
+-- (orc_close_v1), then what to publish (orc_dispatch_v1), then, for a task that uses resources,
+-- the call counted by their breakers (orc_breaker_v1; a task without resources, as every task an
+-- earlier release wrote, costs one null check).
 -- A task with no branch or short circuit that feeds no map (every task but those) is settled
 -- from its compare-and-set alone: the UPDATE's RETURNING gives what the rest needs, no row is
--- read before it. The others read their node first, for the result's check.
+-- read before it. The others read their node first, for the result's check. The
+-- compare-and-set and its ledger row are one statement (a data-modifying WITH).
 -- Returns {"accepted": true, "dispatches": [...]}, {"accepted": false, "conflict"} or, for a
 -- result its node cannot use (nothing written), {"accepted": false, "invalid":
 -- "BranchError: ..." | "MapError: ..."}: the worker then fails the attempt.
@@ -29,11 +29,18 @@ DECLARE
     dispatches json;
     readied int := 0;
     s record;
+    open_left int;
 BEGIN
-    UPDATE orc_tasks x SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
-    WHERE x.run_id = p_run AND x.key = p_key AND coalesce(x.state, '') = 'RUNNING' AND x.attempt = p_attempt
-      AND x.flow IS NULL AND NOT x.feeds_map
-    RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow INTO t;
+    WITH done AS (
+        UPDATE orc_tasks x SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
+        WHERE x.run_id = p_run AND x.key = p_key AND coalesce(x.state, '') = 'RUNNING' AND x.attempt = p_attempt
+          AND x.flow IS NULL AND NOT x.feeds_map
+        RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow
+    ), logged AS (
+        INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+        SELECT p_run, p_key, p_attempt, 'RUNNING', 'SUCCEEDED', 'worker', NULL, NULL, true, now() FROM done
+    )
+    SELECT d.* INTO t FROM done d;
     IF NOT FOUND THEN
         -- a branch, a short circuit, a map's source (its result is checked first), or a conflict
         SELECT x.flow, x.feeds_map INTO flow, feeds FROM orc_tasks x WHERE x.run_id = p_run AND x.key = p_key;
@@ -43,26 +50,32 @@ BEGIN
                 RETURN json_build_object('accepted', false, 'invalid', problem);
             END IF;
         END IF;
-        UPDATE orc_tasks x SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
-        WHERE x.run_id = p_run AND x.key = p_key AND coalesce(x.state, '') = 'RUNNING' AND x.attempt = p_attempt
-        RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow INTO t;
+        WITH done AS (
+            UPDATE orc_tasks x SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
+            WHERE x.run_id = p_run AND x.key = p_key AND coalesce(x.state, '') = 'RUNNING' AND x.attempt = p_attempt
+            RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow
+        ), logged AS (
+            INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
+            SELECT p_run, p_key, p_attempt, 'RUNNING', 'SUCCEEDED', 'worker', NULL, NULL, true, now() FROM done
+        )
+        SELECT d.* INTO t FROM done d;
         IF NOT FOUND THEN
             conflict := orc_reject_v1(p_run, p_key, p_attempt, 'SUCCEEDED', 'worker', NULL);
             RETURN json_build_object('accepted', false, 'conflict', coalesce(conflict, 'no such task'));
         END IF;
     END IF;
-    INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
-    VALUES (p_run, p_key, p_attempt, 'RUNNING', 'SUCCEEDED', 'worker', NULL, NULL, true, now());
     IF t.flow IS NOT NULL THEN
         readied := orc_follow_v1(p_run, p_key, t.flow, t.children, p_result, 'worker', NULL);
     END IF;
-    SELECT * INTO s FROM orc_settle_v3(p_run, p_key, 'SUCCEEDED', t.children, 'worker', NULL, t.setup, t.map_parent);
+    s := orc_settle_v3(p_run, p_key, 'SUCCEEDED', t.children, 'worker', NULL, t.setup, t.map_parent);
+    -- the run's row next, before the admission: every path that settles takes the run's row
+    -- before the admission locks (a skip, a wait's end, a clear, a failure), so this one does too
+    open_left := orc_close_v1(p_run, s.closed, 'worker', NULL);
     readied := readied + s.readied;
     dispatches := orc_dispatch_v1(readied, t.worker, p_window, p_worker_ttl, p_depth, p_aging);
     IF t.resources IS NOT NULL THEN
         PERFORM orc_breaker_v1(t.resources, p_run, p_key, p_attempt, false, NULL, 'worker');
     END IF;
-    PERFORM orc_close_v1(p_run, s.closed, 'worker', NULL);
     RETURN json_build_object('accepted', true, 'dispatches', dispatches);
 END
 $$;
