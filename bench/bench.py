@@ -75,12 +75,15 @@ PLANNER_STATS = {
 }
 
 TARGET_FANOUT_RATIO = 0.5
-#: the orchestrated fan-out must beat a Celery chord of the same shape (ratio > 1)
-TARGET_CHORD_RATIO = 1.0
+#: issue 35's targets, one sitting: the fan-out at >= 0.85x a Celery chord of the same shape, a
+#: chain link <= 2.0 ms and below the canvas chain's, <= 1.5 database transactions per task, and
+#: <= 0.6 ms of Postgres CPU per prefork task (the bench database's backends over the fan-out)
+TARGET_CHORD_RATIO = 0.85
 TARGET_SUBMIT_S = 0.3
 TARGET_P99_MS = 15.0
-TARGET_CHAIN_STEP_MS = 6.0
-TARGET_TRANSACTIONS = 2.0
+TARGET_CHAIN_STEP_MS = 2.0
+TARGET_TRANSACTIONS = 1.5
+TARGET_PG_CPU_MS = 0.6
 #: dynamic DAGs (issue 19): a map must run its children at least as fast as the static fan-out
 TARGET_MAP_RATIO = 1.0
 #: the source's success that expands a map of --map-n items, committed within
@@ -558,6 +561,7 @@ class Bench:
             own[0] += 1
 
         before = self.transactions()
+        cpu0 = self.backend_cpu()
         # each of this process's checkouts pings (its own transaction), then each begins one
         sa.event.listen(engine, "begin", count)
         sa.event.listen(engine.pool, "checkout", count)
@@ -566,8 +570,11 @@ class Bench:
         finally:
             sa.event.remove(engine, "begin", count)
             sa.event.remove(engine.pool, "checkout", count)
+        cpu1 = self.backend_cpu()
         time.sleep(0.6)  # the statistics collector flushes every 500 ms
         per_task = (self.transactions() - before - own[0] - 1) / (n + 2)
+        both = set(cpu0) & set(cpu1)
+        pg_cpu_ms = sum(cpu1[p] - cpu0[p] for p in both) / (n + 2) * 1000.0
         figures = self.db_figures(run.id)
         raw = self.results["raw"]["tasks_per_s"]
         self.results["fanout"] = {
@@ -579,9 +586,12 @@ class Bench:
             "all_tasks_per_s": (n + 2) / elapsed,
             "ratio_to_raw": n / elapsed / raw,
             "transactions_per_task": per_task,
+            "postgres_cpu_ms_per_task": pg_cpu_ms,
+            "postgres_backends_measured": len(both),
             **figures,
         }
         log(f"fan-out 1->{n}->1: {elapsed:.3f}s = {n / elapsed:.1f} middle tasks/s ({n / elapsed / raw:.2f}x raw)")
+        log(f"  Postgres CPU {pg_cpu_ms:.3f} ms per task ({len(both)} backends of the bench database)")
 
     def bench_chain(self) -> None:
         from orchestrator.core.dag import DAG
@@ -1020,6 +1030,27 @@ class Bench:
         self.results["canvas_chain"] = {"tasks": links, "elapsed_s": chain_s, "step_ms": chain_s / links * 1000.0}
         log(f"Celery chord 1->{n}->1: {chord_s:.3f}s = {n / chord_s:.1f} middle tasks/s")
         log(f"Celery canvas chain {links}: {chain_s:.3f}s = {chain_s / links * 1000:.2f} ms per link")
+
+    def backend_cpu(self) -> dict[int, float]:
+        """CPU seconds (``/proc``) of each server process connected to the bench database (this
+        process's own session left out): the worker's pooled sessions live through a run, so the
+        difference over the run is the server's CPU for it, whatever else runs on the machine."""
+        import sqlalchemy as sa
+
+        with self.orchestrator().store.engine.connect() as conn:
+            pids = conn.execute(
+                sa.text(
+                    "select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
+                )
+            ).scalars()
+            out: dict[int, float] = {}
+            for pid in pids:
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                out[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return out
 
     def transactions(self) -> int:
         """Committed + rolled back transactions of the bench database so far (the server's
@@ -1695,22 +1726,31 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
         (
             "  database transactions per task (server statistics)",
             f"{fan['transactions_per_task']:.2f}",
-            f"<= {TARGET_TRANSACTIONS:.0f}",
+            f"<= {TARGET_TRANSACTIONS:.1f}",
             verdict(fan["transactions_per_task"] <= TARGET_TRANSACTIONS),
         ),
     ]
+    if "postgres_cpu_ms_per_task" in fan:
+        rows.append(
+            (
+                "  Postgres CPU per task (the bench database's backends)",
+                f"{fan['postgres_cpu_ms_per_task']:.3f} ms",
+                f"<= {TARGET_PG_CPU_MS:.1f} ms",
+                verdict(fan["postgres_cpu_ms_per_task"] <= TARGET_PG_CPU_MS),
+            )
+        )
     chord_ = results.get("chord")
     if chord_ is not None:
         ratio = fan["tasks_per_s"] / chord_["tasks_per_s"]
         rows += [
             (f"Celery chord 1->{chord_['middle_tasks']}->1 (result backend)", f"{chord_['tasks_per_s']:.1f} tasks/s",
              "reference", ""),
-            ("  fan-out / Celery chord", f"{ratio:.2f}x", f"> {TARGET_CHORD_RATIO:.2f}x",
-             verdict(ratio > TARGET_CHORD_RATIO)),
+            ("  fan-out / Celery chord", f"{ratio:.2f}x", f">= {TARGET_CHORD_RATIO:.2f}x",
+             verdict(ratio >= TARGET_CHORD_RATIO)),
         ]  # fmt: skip
     rows += [
         (f"orchestrated chain of {chain['tasks']}", f"{chain['tasks_per_s']:.1f} tasks/s", "", ""),
-        ("  chain, per link", f"{chain['step_ms']:.2f} ms", f"<= {TARGET_CHAIN_STEP_MS:.0f} ms",
+        ("  chain, per link", f"{chain['step_ms']:.2f} ms", f"<= {TARGET_CHAIN_STEP_MS:.1f} ms",
          verdict(chain["step_ms"] <= TARGET_CHAIN_STEP_MS)),
         ("  chain / raw Celery", f"{chain['ratio_to_raw']:.2f}x", "(none)", ""),
         ("  chain / raw Celery chain", f"{chain['ratio_to_raw_chain']:.2f}x", "(none)", ""),
@@ -1719,6 +1759,8 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
     if canvas is not None:
         rows.append((f"  Celery canvas chain of {canvas['tasks']}, per link", f"{canvas['step_ms']:.2f} ms",
                      "reference", ""))  # fmt: skip
+        rows.append(("  chain link / canvas chain link", f"{chain['step_ms'] / canvas['step_ms']:.2f}x", "< 1.00x",
+                     verdict(chain["step_ms"] < canvas["step_ms"])))  # fmt: skip
     if sub is not None:
         rows.append(
             (
