@@ -22,6 +22,9 @@ Two measures, neither depending on clocks inside a lock's holder:
   top: the sampled figure has them). Without the setting the functions pay one
   ``current_setting`` per call and write nothing.
 
+With them, the admission's server functions' calls and time per task (``track_functions = all``
+on the bench database): what admitting costs the server, whatever the load.
+
 The machine has 2 cores and may be shared: the held times are what a task costs in the section,
 the waits depend on the load.
 """
@@ -158,6 +161,37 @@ def timed(engine: Any, since: Any, tasks: int) -> dict[str, dict[str, float]]:
     }
 
 
+#: the admission's server functions whose time per task is printed
+FUNCTIONS = ("orc_admit_v2", "orc_admission_lock_v1", "orc_pass_slot_v2", "orc_admit_from_v2", "orc_limit_held_v2")
+
+
+def functions(engine: Any) -> dict[str, tuple[int, float, float]]:
+    """calls, total and self milliseconds of the admission's functions so far (track_functions)."""
+    import sqlalchemy as sa
+
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+        found = conn.execute(
+            sa.text(
+                "SELECT funcname, calls, total_time, self_time FROM pg_stat_user_functions WHERE funcname = ANY(:f)"
+            ),
+            {"f": list(FUNCTIONS)},
+        ).all()
+    return {str(n): (int(c), float(t), float(s)) for n, c, t, s in found}
+
+
+def print_functions(
+    before: dict[str, tuple[int, float, float]], after: dict[str, tuple[int, float, float]], tasks: int
+) -> None:
+    print(f"  {'server functions (track_functions)':44s} {'calls/task':>10s} {'total/task':>10s} {'self/task':>10s}")
+    for name in FUNCTIONS:
+        if name not in after:
+            continue
+        c0, t0, s0 = before.get(name, (0, 0.0, 0.0))
+        c1, t1, s1 = after[name]
+        print(f"  {name:44s} {(c1 - c0) / tasks:10.3f} {(t1 - t0) / tasks:8.4f}ms {(s1 - s0) / tasks:8.4f}ms")
+
+
 def print_phase(name: str, tasks: int, elapsed: float, sampler: Sampler, server: dict[str, dict[str, float]]) -> None:
     print(f"\n{name}: {tasks} tasks in {elapsed:.2f}s = {tasks / elapsed:.0f} tasks/s ({sampler.samples} samples)")
     print(
@@ -226,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     with admin.connect() as conn:
         conn.exec_driver_sql(f"ALTER DATABASE \"{name}\" SET orc.bench_locks = 'on'")
+        conn.exec_driver_sql(f"ALTER DATABASE \"{name}\" SET track_functions = 'all'")
     admin.dispose()
     r = redis.Redis.from_url(args.redis_url)
     r.flushdb()
@@ -281,6 +316,7 @@ def phase(bench: Any, args: argparse.Namespace, name: str, make: Any, per_run: i
     queues = [None, "orc-locks.g1"][: args.groups]
     with orc.store.engine.connect() as conn:
         since = conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+    calls = functions(orc.store.engine)
     with Sampler(args.database_url, args.hz) as sampler:
         t0 = time.perf_counter()
         runs = [orc.submit(make(q, i)) for i, q in enumerate(queues)]
@@ -291,7 +327,9 @@ def phase(bench: Any, args: argparse.Namespace, name: str, make: Any, per_run: i
         elapsed = time.perf_counter() - t0
     tasks = per_run * len(runs)
     label = f"{name} x{len(runs)} groups" if len(runs) > 1 else name
+    time.sleep(0.7)  # the statistics are flushed every 500 ms
     print_phase(label, tasks, elapsed, sampler, timed(orc.store.engine, since, tasks))
+    print_functions(calls, functions(orc.store.engine), tasks)
 
 
 def sequence(bench: Any, dag_name: str) -> str:

@@ -5,8 +5,10 @@
 -- class higher, twice as long two), then a tenant within its share of the group's window (its
 -- tasks in flight on these queues at most one above window x weight / the heads' weights), then
 -- the tenant furthest behind in weighted admissions here (start-time fair queueing: each pick
--- moves its tenant's finish tag to max(tag, the group's virtual time) + 1 / weight, and the
--- smallest start tag goes next; orc_admission_shares), then round robin (the tenant picked
+-- moves its tenant's finish tag to its start tag + 1 / weight, and the smallest start tag goes
+-- next; the start tag is max(finish tag, the group's virtual time less the tenant's shortfall
+-- below its share of the window over its weight), so a tenant that comes back catches up to its
+-- share of the window and no more; orc_admission_shares), then round robin (the tenant picked
 -- longest ago here), then the oldest. Within
 -- the tenant, runs share too: when another of its runs has READY tasks of the pick's queue and
 -- class, the run with the fewest tasks in flight on these queues goes first (the first one found
@@ -60,6 +62,7 @@ DECLARE
     vtime float8 := 0;
     turns bigint := 0;
     win int;
+    start_tag float8;
 BEGIN
     WHILE taken < p_room AND looks < p_room + 1000 LOOP
         looks := looks + 1;
@@ -74,6 +77,7 @@ BEGIN
         )
         SELECT h.run_id, h.key, h.tenant, h.pool, h.pool_slots, h.rate_limit, h.resources, h.queue,
                h.priority_rank AS rank, w.max_running AS tenant_limit, coalesce(w.weight, 1.0) AS weight,
+               sum(coalesce(w.weight, 1.0)) OVER () AS weights,
                min(h.tenant) OVER () <> max(h.tenant) OVER () AS contested INTO pick
         FROM tq
         CROSS JOIN LATERAL (
@@ -102,7 +106,9 @@ BEGIN
                       ELSE h.priority_rank END,
                  coalesce((loads ->> h.tenant)::int, 0)
                      > ceil(win * coalesce(w.weight, 1.0) / sum(coalesce(w.weight, 1.0)) OVER ()),
-                 greatest((tags -> h.tenant ->> 0)::float8, vtime),
+                 greatest((tags -> h.tenant ->> 0)::float8,
+                          vtime - greatest(win * coalesce(w.weight, 1.0) / sum(coalesce(w.weight, 1.0)) OVER ()
+                                           - coalesce((loads ->> h.tenant)::int, 0), 0) / coalesce(w.weight, 1.0)),
                  (tags -> h.tenant ->> 1)::bigint NULLS FIRST,
                  h.ready_at
         LIMIT 1;
@@ -257,6 +263,21 @@ BEGIN
                 refilled_at = clock_timestamp()
             WHERE l.key = pick.rate_limit;
         END IF;
+        IF pick.contested AND tags IS NOT NULL THEN
+            -- the pick's start tag (as ordered above, with its tasks in flight before it), finish
+            -- tag and turn (round robin between tenants with equal start tags: the one picked
+            -- longest ago first); the virtual time never goes back
+            turns := turns + 1;
+            start_tag := greatest((tags -> pick.tenant ->> 0)::float8,
+                                  vtime - greatest(win * pick.weight / pick.weights
+                                                   - coalesce((loads ->> pick.tenant)::int, 0), 0) / pick.weight);
+            vtime := greatest(vtime, start_tag);
+            tags := jsonb_set(tags, ARRAY[pick.tenant::text],
+                              jsonb_build_array(start_tag + 1.0 / pick.weight, turns), true);
+            INSERT INTO orc_admission_shares AS a (queues, tenant, finish, turn)
+            VALUES (group_key, pick.tenant, start_tag + 1.0 / pick.weight, turns)
+            ON CONFLICT (queues, tenant) DO UPDATE SET finish = excluded.finish, turn = excluded.turn;
+        END IF;
         IF rloads IS NOT NULL THEN
             rloads := jsonb_set(rloads, ARRAY[pick.run_id::text],
                                 to_jsonb(coalesce((rloads ->> pick.run_id)::int, 0) + 1), true);
@@ -264,17 +285,6 @@ BEGIN
         IF loads IS NOT NULL THEN
             loads := jsonb_set(loads, ARRAY[pick.tenant::text],
                                to_jsonb(coalesce((loads ->> pick.tenant)::int, 0) + 1), true);
-        END IF;
-        IF pick.contested AND tags IS NOT NULL THEN
-            -- the pick's finish tag and turn (round robin between tenants with equal start tags:
-            -- the one picked longest ago first)
-            turns := turns + 1;
-            vtime := greatest((tags -> pick.tenant ->> 0)::float8, vtime);
-            tags := jsonb_set(tags, ARRAY[pick.tenant::text],
-                              jsonb_build_array(vtime + 1.0 / pick.weight, turns), true);
-            INSERT INTO orc_admission_shares AS a (queues, tenant, finish, turn)
-            VALUES (group_key, pick.tenant, vtime + 1.0 / pick.weight, turns)
-            ON CONFLICT (queues, tenant) DO UPDATE SET finish = excluded.finish, turn = excluded.turn;
         END IF;
     END LOOP;
     IF tags IS NOT NULL THEN

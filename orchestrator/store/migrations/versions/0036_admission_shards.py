@@ -18,12 +18,15 @@ looked at the window.)
 flight on the group's queues over its weight, read when slots free; a batch of hand-offs
 (``orc_pass_slot_v2``, 0005/0014) fills two or more slots at once, at the moment the tasks that
 just ended are gone from the count, and weights 3:1 got 2.2-2.6:1 of the admissions in
-``bench/bench.py``'s scenario. The load is now the greater of the tasks in flight and the
-tenant's recent admissions in this group: ``orc_admission_shares`` (new: group of queues, tenant,
-``recent``: decayed by 1 - 1/window per contested pick, ``turn``: the group's pick count at its
-last pick, which also replaces ``orc_tenants.last_admitted_at`` for round robin: that row was
-updated by every group's admissions, and is no longer written). Written only when several tenants
-compete, as before; rows per group, so admissions of other groups never wait for them.
+``bench/bench.py``'s scenario. Now a tenant within its weighted share of the group's window
+(its tasks in flight) goes first, and among those the one furthest behind in weighted admissions
+in the group (start-time fair queueing: start tag max(finish tag, virtual time - shortfall below
+its share of the window / weight), finish tag start + 1 / weight; 3:1 reads 3.15-3.25).
+``orc_admission_shares`` (new: group of queues, tenant, ``finish`` tag, ``turn``: the group's
+pick count at its last pick; the group's virtual time in the row of tenant ``''``) also replaces
+``orc_tenants.last_admitted_at`` for round robin: that row was updated by every group's
+admissions, and is no longer written. Written only when several tenants compete, as before; rows
+per group, so admissions of other groups never wait for them.
 
 A worker of the previous release calls the same functions with the same arguments and results.
 
@@ -105,6 +108,7 @@ DECLARE
     vtime float8 := 0;
     turns bigint := 0;
     win int;
+    start_tag float8;
 BEGIN
     WHILE taken < p_room AND looks < p_room + 1000 LOOP
         looks := looks + 1;
@@ -119,6 +123,7 @@ BEGIN
         )
         SELECT h.run_id, h.key, h.tenant, h.pool, h.pool_slots, h.rate_limit, h.resources, h.queue,
                h.priority_rank AS rank, w.max_running AS tenant_limit, coalesce(w.weight, 1.0) AS weight,
+               sum(coalesce(w.weight, 1.0)) OVER () AS weights,
                min(h.tenant) OVER () <> max(h.tenant) OVER () AS contested INTO pick
         FROM tq
         CROSS JOIN LATERAL (
@@ -147,7 +152,9 @@ BEGIN
                       ELSE h.priority_rank END,
                  coalesce((loads ->> h.tenant)::int, 0)
                      > ceil(win * coalesce(w.weight, 1.0) / sum(coalesce(w.weight, 1.0)) OVER ()),
-                 greatest((tags -> h.tenant ->> 0)::float8, vtime),
+                 greatest((tags -> h.tenant ->> 0)::float8,
+                          vtime - greatest(win * coalesce(w.weight, 1.0) / sum(coalesce(w.weight, 1.0)) OVER ()
+                                           - coalesce((loads ->> h.tenant)::int, 0), 0) / coalesce(w.weight, 1.0)),
                  (tags -> h.tenant ->> 1)::bigint NULLS FIRST,
                  h.ready_at
         LIMIT 1;
@@ -302,6 +309,21 @@ BEGIN
                 refilled_at = clock_timestamp()
             WHERE l.key = pick.rate_limit;
         END IF;
+        IF pick.contested AND tags IS NOT NULL THEN
+            -- the pick's start tag (as ordered above, with its tasks in flight before it), finish
+            -- tag and turn (round robin between tenants with equal start tags: the one picked
+            -- longest ago first); the virtual time never goes back
+            turns := turns + 1;
+            start_tag := greatest((tags -> pick.tenant ->> 0)::float8,
+                                  vtime - greatest(win * pick.weight / pick.weights
+                                                   - coalesce((loads ->> pick.tenant)::int, 0), 0) / pick.weight);
+            vtime := greatest(vtime, start_tag);
+            tags := jsonb_set(tags, ARRAY[pick.tenant::text],
+                              jsonb_build_array(start_tag + 1.0 / pick.weight, turns), true);
+            INSERT INTO orc_admission_shares AS a (queues, tenant, finish, turn)
+            VALUES (group_key, pick.tenant, start_tag + 1.0 / pick.weight, turns)
+            ON CONFLICT (queues, tenant) DO UPDATE SET finish = excluded.finish, turn = excluded.turn;
+        END IF;
         IF rloads IS NOT NULL THEN
             rloads := jsonb_set(rloads, ARRAY[pick.run_id::text],
                                 to_jsonb(coalesce((rloads ->> pick.run_id)::int, 0) + 1), true);
@@ -309,17 +331,6 @@ BEGIN
         IF loads IS NOT NULL THEN
             loads := jsonb_set(loads, ARRAY[pick.tenant::text],
                                to_jsonb(coalesce((loads ->> pick.tenant)::int, 0) + 1), true);
-        END IF;
-        IF pick.contested AND tags IS NOT NULL THEN
-            -- the pick's finish tag and turn (round robin between tenants with equal start tags:
-            -- the one picked longest ago first)
-            turns := turns + 1;
-            vtime := greatest((tags -> pick.tenant ->> 0)::float8, vtime);
-            tags := jsonb_set(tags, ARRAY[pick.tenant::text],
-                              jsonb_build_array(vtime + 1.0 / pick.weight, turns), true);
-            INSERT INTO orc_admission_shares AS a (queues, tenant, finish, turn)
-            VALUES (group_key, pick.tenant, vtime + 1.0 / pick.weight, turns)
-            ON CONFLICT (queues, tenant) DO UPDATE SET finish = excluded.finish, turn = excluded.turn;
         END IF;
     END LOOP;
     IF tags IS NOT NULL THEN
