@@ -17,11 +17,11 @@ looked at the window.)
 **Fair shares with batches.** The share a tenant gets (``orc_admit_from_v2``) was its tasks in
 flight on the group's queues over its weight, read when slots free; a batch of hand-offs
 (``orc_pass_slot_v2``, 0005/0014) fills two or more slots at once, at the moment the tasks that
-just ended are gone from the count, and weights 3:1 got 2.2-2.6:1 of the admissions in
+just ended are gone from the count, and weights 3:1 got 2.2-2.75:1 of the admissions in
 ``bench/bench.py``'s scenario. Now a tenant within its weighted share of the group's window
 (its tasks in flight) goes first, and among those the one furthest behind in weighted admissions
 in the group (start-time fair queueing: start tag max(finish tag, virtual time - shortfall below
-its share of the window / weight), finish tag start + 1 / weight; 3:1 reads 3.15-3.25).
+its share of the window / weight), finish tag start + 1 / weight; 3:1 reads 2.95-3.25).
 ``orc_admission_shares`` (new: group of queues, tenant, ``finish`` tag, ``turn``: the group's
 pick count at its last pick; the group's virtual time in the row of tenant ``''``) also replaces
 ``orc_tenants.last_admitted_at`` for round robin: that row was updated by every group's
