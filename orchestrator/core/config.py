@@ -156,8 +156,9 @@ class Settings:
     db_pool_size: int = 4
     #: group commit: the claims and outcomes that one process's threads make while one of
     #: theirs is in flight go together in one transaction (one round trip, one commit); a
-    #: process with one body at a time (prefork) is unchanged
-    group_commit: bool = False
+    #: process with one body at a time (prefork) is unchanged. On by default since issue 35 (six
+    #: 1,000-fault chaos soaks, three of them on threads pools with it: 0 lost, 0 twice, 0 stuck)
+    group_commit: bool = True
     #: the database URL goes through a pooler in transaction mode (PgBouncer): no server-side
     #: prepared statements, no session state on its connections; the reconciler's duty (a
     #: session advisory lock) then needs ``db_direct_url``

@@ -11,7 +11,7 @@ backoff, for ``retry_seconds`` (the lease: a worker holding an outcome keeps try
 while its lease could still be valid): the call is a compare-and-set, so a retry after an
 ambiguous commit is refused, never applied twice.
 
-Group commit (``group_commit=True``, ``ORCHESTRATOR_GROUP_COMMIT``): the calls that the threads of
+Group commit (``group_commit=True``, ``ORCHESTRATOR_GROUP_COMMIT``, on by default): the calls that the threads of
 one process make while one of them is already in flight wait for it and then go together, in
 one transaction sent as one pipeline (one round trip, one commit): the first caller to find no
 call in flight leads, runs its own call alone, and hands the lead on to the first call queued

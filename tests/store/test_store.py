@@ -318,10 +318,10 @@ def test_expired_lease_fails_the_attempt_and_crash_loops_dead_letter(store: Stor
     dag.task("a", "t", max_attempts=5, backoff={"base": 0.01, "cap": 0.01})
     run_id = submit(store, dag)
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 1, "w", 0.2, "t")  # the lease deadline is stored by the claim
+    store.attempts.claim(run_id, "a", 1, "w", 30, "t")  # the lease deadline is stored by the claim
     assert store.recovery.expired_leases() == []
     assert not store.recovery.lose_lease(run_id, "a", 1, 100).accepted  # the lease is live
-    time.sleep(0.3)
+    _expire_lease(store, run_id, "a")  # its deadline passed (moved back in the database, not slept)
     assert store.recovery.expired_leases() == [(run_id, "a", 1)]
     out = store.recovery.lose_lease(run_id, "a", 1, 100)
     assert out.accepted and out.state is T.RETRYING
@@ -329,8 +329,8 @@ def test_expired_lease_fails_the_attempt_and_crash_loops_dead_letter(store: Stor
     time.sleep(0.05)
     store.recovery.release_due_retries()
     store.admission.admit_ready(100)
-    store.attempts.claim(run_id, "a", 2, "w", 0.01, "t")
-    time.sleep(0.05)
+    store.attempts.claim(run_id, "a", 2, "w", 30, "t")
+    _expire_lease(store, run_id, "a")
     out = store.recovery.lose_lease(run_id, "a", 2, 100)
     assert out.state is T.DEAD_LETTER  # two lost leases in a row: crash loop
     task = store.reads.get_task(run_id, "a")
@@ -339,6 +339,17 @@ def test_expired_lease_fails_the_attempt_and_crash_loops_dead_letter(store: Stor
     assert view.state is RunState.RUNNING and view.needs_attention
     listed = next(v for v in store.reads.list_runs(10) if v.id == run_id)
     assert listed.needs_attention and listed.to_json()["needs_attention"] is True  # runs --json
+
+
+def _expire_lease(store: Store, run_id: str, key: str) -> None:
+    """The task's lease deadline a second in the past, as if its holder had gone quiet."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE orc_tasks SET lease_expires_at = now() - interval '1 second' WHERE run_id = :r AND key = :k"
+            ),
+            {"r": run_id, "k": key},
+        )
 
 
 def test_same_fingerprint_twice_is_poison(store: Store) -> None:

@@ -379,8 +379,8 @@ class Deployment:
         cmd = self.worker_command(name)
         broker_port = self.broker_relay.port if self.broker_relay else None
         env = self.env(database_url=self._relayed_url(self.pg_relays.get(name)), broker_port=broker_port)
-        if self.group_commit:
-            env["ORCHESTRATOR_GROUP_COMMIT"] = "1"
+        # explicit either way: the soak's mode, whatever the deployment's default
+        env["ORCHESTRATOR_GROUP_COMMIT"] = "1" if self.group_commit else "0"
         if name == LACKING:
             env["ORCHESTRATOR_TASK_MODULES"] = ",".join(m for m in DEFAULT_MODULES if m != LACKED_MODULE)
         lib = libfaketime()
