@@ -95,7 +95,8 @@ $$;
 -- queue (key 1869767425, hashtext(queue)), taken in key order so that admissions waiting for
 -- each other's queues never wait in a cycle; every other lock admission takes (the cross-group
 -- lock of limits and breakers, 1869767425, rows) comes after them. p_wait = false takes only
--- those free now. Returns the queues whose locks this transaction holds.
+-- those free now. Returns the queues whose locks this transaction holds. Each lock is taken in
+-- an expression (no statement of the executor's per queue).
 
 CREATE OR REPLACE FUNCTION orc_admission_lock_v1(p_queues text[], p_wait boolean)
  RETURNS text[]
@@ -104,10 +105,11 @@ AS $$
 DECLARE
     k int;
     held int[] := '{}';
+    done text;
 BEGIN
     FOREACH k IN ARRAY ARRAY(SELECT DISTINCT hashtext(x.name) FROM unnest(p_queues) AS x(name) ORDER BY 1) LOOP
         IF p_wait THEN
-            PERFORM pg_advisory_xact_lock(1869767425, k);
+            done := pg_advisory_xact_lock(1869767425, k)::text;  -- an expression, not a statement
             held := held || k;
         ELSIF pg_try_advisory_xact_lock(1869767425, k) THEN
             held := held || k;

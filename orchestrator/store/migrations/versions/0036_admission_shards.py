@@ -486,10 +486,11 @@ AS $$
 DECLARE
     k int;
     held int[] := '{}';
+    done text;
 BEGIN
     FOREACH k IN ARRAY ARRAY(SELECT DISTINCT hashtext(x.name) FROM unnest(p_queues) AS x(name) ORDER BY 1) LOOP
         IF p_wait THEN
-            PERFORM pg_advisory_xact_lock(1869767425, k);
+            done := pg_advisory_xact_lock(1869767425, k)::text;  -- an expression, not a statement
             held := held || k;
         ELSIF pg_try_advisory_xact_lock(1869767425, k) THEN
             held := held || k;
