@@ -2,7 +2,7 @@
 
 A pass (:meth:`Reconciler.run_pass`) releases due retries, re-publishes QUEUED tasks
 unclaimed past the dispatch timeout, fails attempts whose lease deadline passed, wakes the waits
-whose instant came and times out those whose deadline passed (``orc_wake_due_v1``), runs the
+whose instant came and times out those whose deadline passed (``orc_wake_due_v2``), runs the
 watchdog (a task no live worker can take, a message re-published ``ORCHESTRATOR_STUCK_REPUBLISHES``
 times without a claim, a run with no transition for ``ORCHESTRATOR_STUCK_RUN_SECONDS``: flagged,
 ``needs_attention``, a ``task_stuck`` alert), deletes

@@ -39,27 +39,8 @@ _EMIT = sa.text("SELECT orc_emit_v1(:tenant, :key, CAST(:payload AS jsonb), :eve
 _BOUND = sa.text("SELECT set_config('statement_timeout', :ms, true)")
 #: query_canceled: a statement ran past its statement_timeout
 _CANCELED = "57014"
-_WAKE_DUE = sa.text("SELECT orc_wake_due_v1(:limit, 'reconciler')")
-#: ``orc_wake_due_v1``'s pass over the waits of some shards (the sharded reconciler's): the same
-#: choice of due or timeout, the same reasons, each wake ``orc_wake_v1``'s compare-and-set
-_WAKE_DUE_IN = sa.text(
-    """
-    SELECT count(*) FILTER (WHERE n >= 0) FROM (
-        SELECT orc_wake_v1(w.run_id, w.key, w.attempt, w.how, NULL, 'reconciler', NULL,
-                           CASE w.how WHEN 'due' THEN 'its time came (' || w.until || ')'
-                                      ELSE 'its deadline passed (' || w.deadline || ')' END) AS n
-        FROM (SELECT d.*, CASE WHEN d.until IS NOT NULL AND d.until <= now()
-                                    AND (d.deadline IS NULL OR d.until <= d.deadline)
-                               THEN 'due' ELSE 'timeout' END AS how
-              FROM (SELECT t.run_id, t.key, t.attempt, (t.waiting->>'until')::timestamptz AS until,
-                           (t.waiting->>'deadline')::timestamptz AS deadline
-                    FROM orc_tasks t
-                    WHERE t.state = 'WAITING' AND t.wake_at IS NOT NULL AND t.wake_at <= now()
-                      AND (('x' || substr(md5(t.run_id), 1, 8))::bit(32)::bigint % :k)::int = ANY(:shards)
-                    ORDER BY t.wake_at LIMIT :limit FOR UPDATE OF t SKIP LOCKED) d) w
-    ) woken
-    """
-)
+#: the reconciler's pass over the waits due; with ``mine``, those of the runs of its shards only
+_WAKE_DUE = sa.text("SELECT orc_wake_due_v2(:limit, 'reconciler', :shards, CAST(:mine AS integer[]))")
 _DEFER = sa.text("SELECT orc_defer_v1(:run, :key, :attempt, CAST(:spec AS jsonb), 'worker')")
 _WAKE = sa.text("SELECT orc_wake_v1(:run, :key, :attempt, :how, CAST(:payload AS jsonb), 'operator', :by, :reason)")
 
@@ -182,19 +163,21 @@ class Waits:
 
         With ``fence`` (the sharded reconciler): the waits of the runs of the shards it still
         holds at the epochs it read (locked ``FOR SHARE`` in this transaction), each woken by
-        ``orc_wake_v1`` as ``orc_wake_due_v1`` does; the waits due in a shard that moved get a
-        rejected ledger row naming the stale epoch instead."""
+        ``orc_wake_due_v2`` with those shards; the waits due in a shard that moved get a rejected
+        ledger row naming the stale epoch instead."""
 
         def tx(conn: Connection) -> int:
             if fence is None:
-                return int(conn.execute(_WAKE_DUE, {"limit": limit}).scalar_one()["woken"])
+                woken = conn.execute(_WAKE_DUE, {"limit": limit, "shards": None, "mine": None}).scalar_one()
+                return int(woken["woken"])
             valid, refused = hold(conn, fence)
             if refused:
                 due = (t_tasks.c.state == T.WAITING.value, t_tasks.c.wake_at <= sa.func.now())
                 refuse_tasks(conn, fence, refused, due, T.READY.value)
             if not valid:
                 return 0
-            return int(conn.execute(_WAKE_DUE_IN, {"limit": limit, "k": fence.shards, "shards": valid}).scalar_one())
+            woken = conn.execute(_WAKE_DUE, {"limit": limit, "shards": fence.shards, "mine": list(valid)}).scalar_one()
+            return int(woken["woken"])
 
         return self.db.transaction(tx)
 

@@ -5,6 +5,7 @@
 -- (orc_clear_v1, orc_mark_v1 for the previous release's operator commands and web page, and
 -- orc_redecide_v1 that they called); the admission's _v1 functions that 0017 replaced
 -- (orc_admit_v1, orc_admit_from_v1, orc_pass_slot_v1: their rows without the direct flag); the
+-- orc_wake_due_v1 that 0035 replaced (orc_wake_due_v2 without a shard filter); the
 -- unversioned names of migrations 0004 to 0006 are the
 -- four that the release before the versioned functions called from Python. Drop them when no
 -- such worker is left (a later migration).
@@ -27,6 +28,13 @@ AS $$
 SELECT CASE WHEN r->>'invalid' IS NULL THEN r
             ELSE json_build_object('accepted', false, 'conflict', r->>'invalid') END
 FROM orc_succeed_v2(p_run, p_key, p_attempt, p_result, p_window, p_worker_ttl, p_depth, p_aging) AS r
+$$;
+
+CREATE OR REPLACE FUNCTION orc_wake_due_v1(p_limit integer, p_actor text)
+ RETURNS json
+ LANGUAGE sql
+AS $$
+SELECT orc_wake_due_v2(p_limit, p_actor, NULL, NULL)
 $$;
 
 CREATE OR REPLACE FUNCTION orc_settle_v1(p_run text, p_key text, p_state text, p_children json, p_actor text,

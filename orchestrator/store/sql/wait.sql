@@ -255,12 +255,14 @@ BEGIN
 END
 $$;
 
--- orc_wake_due_v1: the reconciler's pass over waits whose instant or deadline has passed (the
+-- orc_wake_due_v2: the reconciler's pass over waits whose instant or deadline has passed (the
 -- partial index ix_orc_tasks_wake_due, oldest first, at most p_limit, rows other passes hold
 -- skipped): a wait whose instant came first is due (a sleep ends, a deferred body or a sensor is
--- called again), else it timed out. Returns {"woken", "readied"}.
+-- called again), else it timed out. Returns {"woken", "readied"}. With p_mine (the sharded
+-- reconciler): only the waits of runs whose shard, the first 32 bits of md5(run id) mod
+-- p_shards (store/shards.py's shard_of), is one of p_mine; NULL: every wait.
 
-CREATE OR REPLACE FUNCTION orc_wake_due_v1(p_limit integer, p_actor text)
+CREATE OR REPLACE FUNCTION orc_wake_due_v2(p_limit integer, p_actor text, p_shards integer, p_mine integer[])
  RETURNS json
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -276,6 +278,8 @@ DECLARE
 BEGIN
     FOR w IN SELECT t.run_id, t.key, t.attempt, t.waiting FROM orc_tasks t
              WHERE t.state = 'WAITING' AND t.wake_at IS NOT NULL AND t.wake_at <= now()
+               AND (p_mine IS NULL
+                    OR mod(('x' || substr(md5(t.run_id), 1, 8))::bit(32)::bigint, p_shards)::int = ANY (p_mine))
              ORDER BY t.wake_at LIMIT p_limit FOR UPDATE SKIP LOCKED LOOP
         until := (w.waiting->>'until')::timestamptz;
         deadline := (w.waiting->>'deadline')::timestamptz;
