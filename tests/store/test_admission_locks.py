@@ -61,8 +61,9 @@ def in_flight(store: Store, where: str = "true", **params: Any) -> int:
 def test_two_groups_hand_slots_on_without_waiting_for_each_other(store: Store) -> None:
     """One transaction holds a batch of group qa open (its admission locks, its rows of the fair
     share: both tenants compete there); a batch of group qb, with the same two tenants, completes
-    within a 2 s statement_timeout meanwhile, while a second batch of qa cannot get qa's lock
-    within a lock_timeout. pg_locks shows the held transaction holding qa's lock only."""
+    meanwhile without waiting for a lock (a lock_timeout: the held transaction never ends by
+    itself, so a wait for it would fail, while a slow machine does not), while a second batch of
+    qa cannot get qa's lock within a lock_timeout. pg_locks shows the held transaction holding qa's lock only."""
     store.workers.register("ga", ["qa"], 2)
     store.workers.register("gb", ["qb"], 2)
     for tenant in ("x", "y"):
@@ -79,7 +80,7 @@ def test_two_groups_hand_slots_on_without_waiting_for_each_other(store: Store) -
         ).fetchall()
         qa_key = held.execute("SELECT hashtext('qa')").fetchone()
         assert [k for (k,) in locks] == [qa_key[0] if qa_key else None]
-        other.execute("SET statement_timeout = '2s'")
+        other.execute("SET lock_timeout = '2s'")
         second = other.execute(PASS_SLOT, ('["qb"]', 2)).fetchall()
         assert len(second) == 4 and {r[6] for r in second} == {"qb"}
         other.commit()

@@ -7,6 +7,7 @@ that saw the last count."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -108,7 +109,8 @@ def test_two_last_arrivals_at_once_make_the_join_ready_once(store: Store, pg_url
         # m1 waits for a lock m0 holds (the group's admission lock, then the join's row): seen
         # in pg_stat_activity, not timed
         with engine.connect() as conn:
-            for _ in range(2000):
+            deadline = time.monotonic() + 300  # a bound on a hang, not a timing: m1 waits until m0 commits
+            while time.monotonic() < deadline:
                 waiting = conn.execute(
                     sa.text(
                         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
