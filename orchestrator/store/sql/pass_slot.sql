@@ -6,8 +6,8 @@
 -- (orc_admit_from_v2): no scan of other queues, and one admission per batch of completions
 -- instead of one per completion. A batch takes the admission locks of the group's queues
 -- (orc_admission_lock_v1) and counts again (what another batch of the group admitted meanwhile
--- is no longer room): admissions of groups that share no queue with it never wait for it. With orc.bench_locks = on (bench/locks.py)
--- a batch adds a row to orc_bench_locks.
+-- is no longer room): admissions of groups that share no queue with it never wait for it. With
+-- orc.bench_locks = on (bench/locks.py) a batch adds a row to orc_bench_locks.
 
 CREATE OR REPLACE FUNCTION orc_pass_slot_v2(p_queues text, p_worker_ttl double precision, p_depth integer,
     p_aging double precision)
