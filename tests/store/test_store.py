@@ -847,8 +847,12 @@ def test_a_held_pick_uses_no_room(store: Store) -> None:
         dag.task(f"f{i}", "t", priority="low")
     submit(store, dag)
     first = store.admission.admit_ready(100)
-    # r0 takes the one token; p0-p2 and r1 are held; two free tasks fill the other slots
-    assert sorted(d.key for d in first) == ["f0", "f1", "r0"], [d.key for d in first]
+    # one of r0/r1 takes the one token and the other is held; p0-p2 are held; two free tasks fill
+    # the other slots. Which of two tasks with the same priority and ready_at goes first is not
+    # fixed (the index returns ties in heap order, and a table that earlier tests left with holes
+    # does not keep insertion order), so the test counts the picks of each kind
+    keys = [d.key for d in first]
+    assert sorted(k[0] for k in keys) == ["f", "f", "r"], keys
     assert store.admission.admit_ready(100) == []  # three in flight: the window is full
 
 
