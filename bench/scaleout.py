@@ -649,11 +649,20 @@ class Cpu:
     redis: float
 
     @classmethod
-    def sample(cls, hosts: list[Host], pgbouncer: PgBouncer | None, redis_client: Any) -> Cpu:
+    def sample(
+        cls, hosts: list[Host], pgbouncer: PgBouncer | None, redis_client: Any, postmaster: int | None = None
+    ) -> Cpu:
+        """With ``postmaster``: that server's processes only (another cluster on the machine,
+        started or stopped meanwhile, is not counted); without it every ``postgres`` process."""
         stats = _all_stats()
         pg = 0
-        for comm, ppid, _pgrp, own, children in stats.values():
-            if comm == "postgres":
+        for pid, (comm, ppid, _pgrp, own, children) in stats.items():
+            if postmaster is not None:
+                if pid == postmaster:
+                    pg += own + children  # + its reaped backends
+                elif ppid == postmaster:
+                    pg += own
+            elif comm == "postgres":
                 pg += own
                 parent = stats.get(ppid)
                 if parent is None or parent[0] != "postgres":  # the postmaster: + its reaped backends
@@ -833,6 +842,8 @@ class Scaleout:
     _admin: Admin | None = None
     _redis: Any = None
     use_statements: bool = False
+    #: settings added to every worker's environment (``worker_env``), e.g. by a bench built on this one
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     # -------------------------------------------------------------- clients
 
@@ -1003,6 +1014,7 @@ class Scaleout:
             env["ORCHESTRATOR_DATABASE_URL"] = pooled.render_as_string(hide_password=False)
             env["ORCHESTRATOR_DB_TRANSACTION_POOLER"] = "1"
             env["ORCHESTRATOR_DB_DIRECT_URL"] = pg_url.render_as_string(hide_password=False)
+        env.update(self.extra_env)
         return env
 
     def start_workers(self, hosts: list[Host]) -> None:
@@ -1392,6 +1404,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def configure_process(url: Any, redis_url: str, tmp: Path, pool_size: int) -> None:
+    """This process submits and polls straight to Postgres and Redis (as ``BENCH_APP``): its
+    settings, in the environment before the app is first built."""
+    bench_url = url.update_query_dict({"application_name": BENCH_APP})
+    os.environ.update(
+        {
+            "ORCHESTRATOR_DATABASE_URL": bench_url.render_as_string(hide_password=False),
+            "ORCHESTRATOR_BROKER_URL": redis_url,
+            "ORCHESTRATOR_DATA_DIR": str(tmp / "bench-data"),
+            "ORCHESTRATOR_DB_POOL_SIZE": str(pool_size),
+        }
+    )
+    for key in ("ORCHESTRATOR_DB_TRANSACTION_POOLER", "ORCHESTRATOR_DB_DIRECT_URL", "ORCHESTRATOR_TENANT"):
+        os.environ.pop(key, None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.proxy_only:
@@ -1412,18 +1440,7 @@ def main(argv: list[str] | None = None) -> int:
     redis_url = (parsed.hostname or "127.0.0.1", parsed.port or 6379, int(parsed.path.strip("/") or 0))
 
     tmp = Path(tempfile.mkdtemp(prefix="orc-scaleout-"))
-    bench_url = url.update_query_dict({"application_name": BENCH_APP})
-    # this process submits and polls straight to Postgres and Redis: set before importing the app
-    os.environ.update(
-        {
-            "ORCHESTRATOR_DATABASE_URL": bench_url.render_as_string(hide_password=False),
-            "ORCHESTRATOR_BROKER_URL": args.redis_url,
-            "ORCHESTRATOR_DATA_DIR": str(tmp / "bench-data"),
-            "ORCHESTRATOR_DB_POOL_SIZE": str(args.pool_size),
-        }
-    )
-    for key in ("ORCHESTRATOR_DB_TRANSACTION_POOLER", "ORCHESTRATOR_DB_DIRECT_URL", "ORCHESTRATOR_TENANT"):
-        os.environ.pop(key, None)
+    configure_process(url, args.redis_url, tmp, args.pool_size)
     from orchestrator.core.errors import OrchestratorError  # after the settings are in the environment
 
     bench = Scaleout(args, url, redis_url, tmp)

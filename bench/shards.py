@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,13 +141,15 @@ def owners(store: Store) -> dict[int, str | None]:
         return dict(conn.execute(sa.text("SELECT shard, owner FROM orc_shards")).all())  # type: ignore[arg-type]
 
 
-def sessions(store: Store) -> dict[str, int]:
+def sessions(store: Store, prefix: str = "bench-shards-") -> dict[str, int]:
+    """Server sessions on the database per ``application_name`` starting with ``prefix``."""
     with store.engine.connect() as conn:
         rows = conn.execute(
             sa.text(
                 "SELECT application_name, count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND application_name LIKE 'bench-shards-%' GROUP BY 1"
-            )
+                " WHERE datname = current_database() AND application_name LIKE :p GROUP BY 1"
+            ),
+            {"p": prefix + "%"},
         ).all()
     return {r[0]: int(r[1]) for r in rows}
 
@@ -162,51 +165,80 @@ def split(store: Store, n: int) -> dict[int, str | None]:
     return found
 
 
+def release_all(store: Store, n: int) -> float:
+    """``n`` runs' tasks made due at once: seconds (the database's clock) until all are READY."""
+    ids = submit_runs(store, n)
+    t0 = make_due(store, ids)
+    done = wait(lambda: (r := released(store, ids))[0] == len(ids) and r, 300, "every retry released")
+    return float((done[1] - t0).total_seconds())
+
+
+def failover_trials(
+    store: Store, n: int, trials: int, size: int, kill: Callable[[str], None], restart: Callable[[str], None]
+) -> list[float]:
+    """``trials`` times: the owner of shard 0 killed (``kill(owner)``), ``size`` runs made due;
+    seconds from the kill until the last of its shards' retries is released; then ``restart``."""
+    failovers: list[float] = []
+    for _ in range(trials):
+        split(store, n)
+        by = owners(store)
+        victim = str(by[0])
+        mine = {s for s, o in by.items() if o == victim}
+        batch = submit_runs(store, size)
+        theirs = [r for r in batch if shard_of(r, K) in mine]
+        if not theirs:
+            continue
+        kill(victim)
+        with store.engine.connect() as conn:
+            killed = conn.execute(sa.text("SELECT now()")).scalar_one()
+        make_due(store, batch)
+        last = wait(lambda: (r := released(store, theirs))[0] == len(theirs) and r, 120, "failover")  # noqa: B023
+        failovers.append((last[1] - killed).total_seconds())
+        restart(victim)
+    return failovers
+
+
+def ledger_counts(store: Store) -> tuple[int, int]:
+    """(releases applied twice: accepted RETRYING -> READY rows above one per (run, key, attempt),
+    writes refused for a stale shard epoch: rejected rows naming it)."""
+    with store.engine.connect() as conn:
+        twice = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM (SELECT 1 FROM orc_task_events WHERE accepted AND from_state = 'RETRYING'"
+                " AND to_state = 'READY' GROUP BY run_id, key, attempt HAVING count(*) > 1) x"
+            )
+        ).scalar_one()
+        refused = conn.execute(
+            sa.text("SELECT count(*) FROM orc_task_events WHERE NOT accepted AND reason LIKE 'stale shard epoch%'")
+        ).scalar_one()
+    return int(twice), int(refused)
+
+
 def one(url: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     store = Store(url)
     with store.engine.begin() as conn:
         conn.execute(sa.text("TRUNCATE orc_shards, orc_shard_config, orc_reconcilers"))
     procs = start(url, range(n), args.lease, args.tick)
     peak: dict[str, int] = {}
+
+    def kill(name: str) -> None:
+        victim = procs[int(name.split("-")[1])]
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+
+    def restart(name: str) -> None:
+        i = int(name.split("-")[1])
+        procs[i] = start(url, [i], args.lease, args.tick)[0]  # back under its name
+
     try:
         split(store, n)
-        ids = submit_runs(store, args.tasks)
-        t0 = make_due(store, ids)
-        done = wait(lambda: (r := released(store, ids))[0] == len(ids) and r, 300, "every retry released")
-        seconds = (done[1] - t0).total_seconds()
+        seconds = release_all(store, args.tasks)
         for k, v in sessions(store).items():
             peak[k] = max(peak.get(k, 0), v)
         failovers: list[float] = []
         if n >= 2:
-            for _ in range(args.trials):
-                split(store, n)
-                by = owners(store)
-                victim_name = by[0]
-                victim = procs[int(str(victim_name).split("-")[1])]
-                mine = {s for s, o in by.items() if o == victim_name}
-                batch = submit_runs(store, max(args.tasks // 10, 50))
-                theirs = [r for r in batch if shard_of(r, K) in mine]
-                if not theirs:
-                    continue
-                os.killpg(victim.pid, signal.SIGKILL)
-                victim.wait()
-                with store.engine.connect() as conn:
-                    killed = conn.execute(sa.text("SELECT now()")).scalar_one()
-                make_due(store, batch)
-                last = wait(lambda: (r := released(store, theirs))[0] == len(theirs) and r, 120, "failover")  # noqa: B023
-                failovers.append((last[1] - killed).total_seconds())
-                i = procs.index(victim)
-                procs[i] = start(url, [i], args.lease, args.tick)[0]  # back under its name
-        with store.engine.connect() as conn:
-            twice = conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM (SELECT 1 FROM orc_task_events WHERE accepted AND from_state = 'RETRYING'"
-                    " AND to_state = 'READY' GROUP BY run_id, key, attempt HAVING count(*) > 1) x"
-                )
-            ).scalar_one()
-            refused = conn.execute(
-                sa.text("SELECT count(*) FROM orc_task_events WHERE NOT accepted AND reason LIKE 'stale shard epoch%'")
-            ).scalar_one()
+            failovers = failover_trials(store, n, args.trials, max(args.tasks // 10, 50), kill, restart)
+        twice, refused = ledger_counts(store)
     finally:
         stop(procs)
         store.dispose()
@@ -218,8 +250,8 @@ def one(url: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         "failover_p50": round(statistics.median(failovers), 2) if failovers else None,
         "failover_p99": round(max(failovers), 2) if failovers else None,
         "failovers": [round(f, 2) for f in failovers],
-        "applied_twice": int(twice),
-        "stale_refused": int(refused),
+        "applied_twice": twice,
+        "stale_refused": refused,
         "sessions_per_instance": max(peak.values()) if peak else None,
         "sessions_total": sum(peak.values()),
     }
