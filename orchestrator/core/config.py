@@ -180,6 +180,10 @@ class Settings:
     #: ``max_active_tasks`` (Airflow's per-DAG default is 16); 0: no cap. Without one, the runs of a
     #: tenant still share its admission by their tasks in flight
     run_max_active_tasks: int = 0
+    #: a fan-in with at least 4 x this many plain parents counts their arrivals over this many
+    #: rows (``orc_stripes``) instead of its own row and the run's, each written once per stripe
+    #: (issue 35; ``store/stripes.py``); 0: every arrival counted into the join's row at once
+    fanin_stripes: int = 16
 
     @property
     def embedded(self) -> bool:
@@ -204,6 +208,11 @@ class Settings:
         if settings.run_max_active_tasks < 0:
             raise ConfigurationError(
                 f"{PREFIX}RUN_MAX_ACTIVE_TASKS={settings.run_max_active_tasks} must be 0 (no cap) or more"
+            )
+        if not 0 <= settings.fanin_stripes <= 1024:
+            raise ConfigurationError(
+                f"{PREFIX}FANIN_STRIPES={settings.fanin_stripes} must be 0 (no stripes) or a number of stripes"
+                " from 1 to 1024"
             )
         if not 0 <= settings.reconciler_shards <= 4096:
             raise ConfigurationError(

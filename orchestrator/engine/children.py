@@ -123,6 +123,7 @@ class ChildRuns:
                 dag, queues=queues, wants_upstream=wants.__getitem__,
                 idempotency_key=idempotency_key(pending.run_id, pending.key, pending.attempt),
                 dag_version=version, default_max_active=settings.run_max_active_tasks or None,
+                stripes=settings.fanin_stripes,
                 parent=(pending.run_id, pending.key, pending.attempt), link=link,
             )  # fmt: skip
         except (ParentMoved, IdempotencyConflict) as exc:

@@ -90,6 +90,7 @@ def submit_run(
         trace_context=capture_trace_context(),
         code_version=code_version,
         default_max_active=orc.settings.run_max_active_tasks or None,
+        stripes=orc.settings.fanin_stripes,
         tags=checked_tags,
         hold=keyed.hold if keyed else None,
         link=keyed.link if keyed else None,

@@ -46,7 +46,7 @@ from . import schema as s
 from .database import Database
 
 t_runs, t_tasks, t_edges, t_events, t_keys = s.runs, s.tasks, s.edges, s.events, s.idempotency_keys
-t_progress = s.progress
+t_progress, t_stripes = s.progress, s.stripes
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 #: how long a removed run's idempotency key is kept by default (``db clean --keep-keys``)
 KEEP_KEYS = dt.timedelta(days=90)
@@ -252,6 +252,7 @@ class Cleanup:
             done.events = conn.execute(t_events.delete().where(t_events.c.run_id.in_(ids))).rowcount or 0
             done.edges = conn.execute(t_edges.delete().where(t_edges.c.run_id.in_(ids))).rowcount or 0
             conn.execute(t_progress.delete().where(t_progress.c.run_id.in_(ids)))
+            conn.execute(t_stripes.delete().where(t_stripes.c.run_id.in_(ids)))
             done.tasks = conn.execute(t_tasks.delete().where(t_tasks.c.run_id.in_(ids))).rowcount or 0
             done.runs = conn.execute(t_runs.delete().where(t_runs.c.id.in_(ids))).rowcount or 0
             for r in rows:

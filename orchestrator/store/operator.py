@@ -24,6 +24,7 @@ from ..core.models import Actor, Outcome
 from ..core.protocol import task_id
 from ..core.states import NON_TERMINAL, RunState, TaskState
 from . import schema as s
+from . import stripes
 from .admission import Admission
 from .database import Database
 from .dbtime import db_after, db_now
@@ -156,6 +157,7 @@ class OperatorActions:
         if not moved:
             return Outcome(False, None, [], moved.conflict)
         if src is T.FAILED:
+            stripes.take_back(conn, run_id, key, task.stripe, list(task.children or []))
             if children:
                 conn.execute(
                     t_tasks.update()
@@ -492,6 +494,7 @@ class OperatorActions:
                 t_tasks.c.map_spec,
                 t_tasks.c.map_parent,
                 t_tasks.c.map_total,
+                t_tasks.c.stripe,
             )
             .where(t_tasks.c.run_id == run_id, t_tasks.c.key == key)
             .with_for_update()

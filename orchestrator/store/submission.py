@@ -22,9 +22,10 @@ from .database import Database
 from .dbtime import aware, db_now
 from .ledger import Ledger
 from .shards import stored_shard
+from .stripes import FANIN_STRIPES, fan_in_stripes
 
 T = TaskState
-t_tasks, t_runs, t_edges, t_keys = s.tasks, s.runs, s.edges, s.idempotency_keys
+t_tasks, t_runs, t_edges, t_keys, t_stripes = s.tasks, s.runs, s.edges, s.idempotency_keys, s.stripes
 
 
 class Submission:
@@ -46,6 +47,7 @@ class Submission:
         trace_context: dict[str, str] | None = None,
         code_version: str | None = None,
         default_max_active: int | None = None,
+        stripes: int = FANIN_STRIPES,
         tags: dict[str, str] | None = None,
         parent: tuple[str, str, int] | None = None,
         link: Callable[[Connection, str], None] | None = None,
@@ -71,7 +73,10 @@ class Submission:
         Raises :class:`ValidationError`, before anything is written, when a deadline after the
         logical date is beyond what a date can hold. A child run records its ``parent`` (run, key,
         attempt); ``link(conn, run_id)`` runs in its transaction (``ChildRows.link``: the parent's CAS);
-        ``hold(conn, run_id, row)`` (``FlowRows.decide``) before the run is written: ``True`` holds the run."""
+        ``hold(conn, run_id, row)`` (``FlowRows.decide``) before the run is written: ``True`` holds the run.
+        ``stripes`` (``ORCHESTRATOR_FANIN_STRIPES``; 0: none): a fan-in with at least 4 x that many
+        plain parents counts their arrivals over that many rows of ``orc_stripes``
+        (:func:`fan_in_stripes`) instead of its own row and the run's."""
         for node in dag.nodes.values():
             if node.resources:
                 expand_resources(node.resources, dag.tenant, dag=dag.name, node=node.key)
@@ -97,7 +102,11 @@ class Submission:
             held = hold is not None and hold(conn, run_id, row)
             conn.execute(t_runs.insert().values(**row, shard=stored_shard(run_id)))
             self.ledger.create_run(conn, run_id, SUBMIT)
-            self._tasks(conn, run_id, dag, _task_rows(dag, run_id, now, queues, wants_upstream, due), held)
+            striped = fan_in_stripes(dag, stripes)
+            rows = _task_rows(dag, run_id, now, queues, wants_upstream, due, striped.of)
+            self._tasks(conn, run_id, dag, rows, held)
+            if striped.quotas:
+                self.db.backend.bulk_insert(conn, t_stripes, striped.rows(run_id))
             if link is not None:
                 link(conn, run_id)
             return run_id, True
@@ -277,11 +286,12 @@ def _task_rows(
     queues: dict[str, str],
     wants_upstream: Callable[[str], bool],
     due: dict[str | None, dt.datetime],
+    stripe_of: dict[str, int],
 ) -> Iterator[dict[str, Any]]:
     """The task rows of a new run, one at a time (a 100,000-node run is never all in memory
     as rows); roots start READY, the others PENDING. The deadline columns are in the rows only
     when some node has a deadline (every row has the same columns: the COPY takes them from the
-    first)."""
+    first); ``stripe_of``: the striped parents' stripes (:func:`fan_in_stripes`)."""
     node_deadlines = any(n.deadline is not None for n in dag.nodes.values())
     uses_resources = any(n.resources for n in dag.nodes.values())
     children: dict[str, list[str]] = {}
@@ -344,6 +354,7 @@ def _task_rows(
             "pool": node.pool,
             "pool_slots": node.pool_slots,
             "rate_limit": node.rate_limit,
+            "stripe": stripe_of.get(node.key),
             **({"resources": expand_resources(node.resources, dag.tenant)} if uses_resources else {}),
             **({"deadline_seconds": node.deadline, "deadline_at": due.get(node.key)} if node_deadlines else {}),
             **(_dynamic_columns(dag, node, setups, map_sources, deciders) if dynamic else {}),

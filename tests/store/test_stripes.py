@@ -190,7 +190,7 @@ def test_a_clear_counts_the_held_successes_and_each_stripe_again(store: Store) -
     assert join_counts(store, run_id) == (12, 12, 0)
     arrived = row(store, "SELECT arrived, pending FROM orc_stripes WHERE run_id = :r AND stripe = 0", r=run_id)
     assert (arrived.arrived, arrived.pending) == (4, 0)
-    for key in [first[0]] + first[5:]:
+    for key in [first[0], *first[5:]]:
         run_task(store, run_id, key)
     assert join_counts(store, run_id) == (16, 16, 0)
     run_task(store, run_id, "join")

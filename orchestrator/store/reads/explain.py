@@ -124,11 +124,17 @@ def _scope(conn: Connection, run_id: str, keys: Collection[str] | None) -> tuple
 def _explained_tasks(conn: Connection, task_where: list[Any]) -> list[Any]:
     """The columns of the tasks explain reasons about, in key order."""
     c = c_tasks
+    st = s.stripes.c
+    # a striped fan-in's successes held in its stripes (store/stripes.py) are done parents too
+    held = sa.func.coalesce(
+        sa.select(sa.func.sum(st.pending)).where(st.run_id == c.run_id, st.key == c.key).scalar_subquery(), 0
+    )
     return list(
         conn.execute(
             sa.select(
-                c.key, c.state, c.attempt, c.max_attempts, c.trigger_rule, c.n_upstream, c.n_done,
-                c.n_succeeded, c.n_failed, c.n_skipped, c.queue, c.priority, c.not_before,
+                c.key, c.state, c.attempt, c.max_attempts, c.trigger_rule, c.n_upstream,
+                (c.n_done + held).label("n_done"), (c.n_succeeded + held).label("n_succeeded"), c.n_failed,
+                c.n_skipped, c.queue, c.priority, c.not_before,
                 c.dispatched_at, c.worker, c.lease_expires_at, c.pool, c.pool_slots, c.rate_limit,
                 c.resources,
                 # dynamic DAGs: skips, the counters of the new rules, maps

@@ -17,6 +17,7 @@ from .runs import (
     idempotency_keys,
     progress,
     runs,
+    stripes,
     tasks,
 )
 from .shards import reconcilers, shard_config, shards
@@ -27,5 +28,6 @@ __all__ = [
     "DEADLINE_PENDING", "MAP_CHILD", "TS", "WAITING_DUE", "WAITING_EVENT", "breaker_counts", "breaker_events",
     "breaker_probes", "breakers", "dag_limits", "dag_versions", "dags", "deliveries", "edges", "emitted", "events",
     "firings", "idempotency_keys", "metadata", "pools", "progress", "rate_limits", "reconcilers", "runs", "schedules",
-    "secrets", "shard_config", "shards", "tasks", "tenants", "trigger_firings", "triggers", "worker_tasks", "workers",
+    "secrets", "shard_config", "shards", "stripes", "tasks", "tenants", "trigger_firings", "triggers", "worker_tasks",
+    "workers",
 ]  # fmt: skip

@@ -261,6 +261,11 @@ tasks = sa.Table(
     #: ``dag.task(..., transactional=True)``: the body runs in the transaction that commits its
     #: success (``current_context().transaction``); null: not transactional (never a direct message)
     sa.Column("transactional", sa.Boolean, nullable=True),
+    #: a parent of a wide fan-in (its only child, a join with at least 4 x stripes such parents,
+    #: see ``orc_stripes``): the stripe of the join that counts its arrival; its success is folded
+    #: into the join's counters and the run's open count when the stripe's last parent arrives.
+    #: Null: counted into its children and the run directly
+    sa.Column("stripe", sa.SmallInteger, nullable=True),
 )
 #: the watchdog's flagged tasks, and the tasks held after a worker dropped their message
 sa.Index("ix_orc_tasks_stuck", tasks.c.run_id, postgresql_where=sa.text("stuck IS NOT NULL"))
@@ -320,6 +325,26 @@ edges = sa.Table(
     sa.Column("child_key", sa.String(200), primary_key=True),
 )
 sa.Index("ix_orc_edges_child", edges.c.run_id, edges.c.child_key)
+
+#: a wide fan-in's arrivals counted over several rows instead of the join's row (issue 35): the
+#: join ``key`` of run ``run_id`` has ``quota`` striped parents in ``stripe``; ``arrived`` of them
+#: have arrived, and ``pending`` of those succeeded without being counted into the join and the
+#: run yet. The arrival that fills the stripe (``arrived = quota``) adds its ``pending`` successes
+#: to the join's counters and takes them off the run's open count (``folded``: that last fold's
+#: size); a parent that did not succeed is counted into the join at once (it can decide the
+#: join's rule early). Written at submit; a clear or a mark counts each stripe again from its
+#: parents' states (``orc_redecide_v2``), a retry of a failed parent takes its arrival back
+stripes = sa.Table(
+    "orc_stripes",
+    metadata,
+    sa.Column("run_id", sa.String(32), primary_key=True),
+    sa.Column("key", sa.String(200), primary_key=True),
+    sa.Column("stripe", sa.SmallInteger, primary_key=True, autoincrement=False),
+    sa.Column("quota", sa.Integer, nullable=False),
+    sa.Column("arrived", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("pending", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("folded", sa.Integer, nullable=False, server_default="0"),
+)
 
 events = sa.Table(
     "orc_task_events",

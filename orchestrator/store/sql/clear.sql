@@ -199,7 +199,8 @@ $$;
 -- ignores no downstream rule, 'circuit_direct', only its direct children), a terminal
 -- verdict settled (orc_settle_v2 cascades it and closes the run when nothing is left open).
 -- v2: v1 knew no short circuit (a task cleared below one ran). Changed in place by 0025: the
--- direct short circuit.
+-- direct short circuit; by 0038: a striped fan-in's held successes counted into their joins
+-- first, and each stripe counted again from its parents' states.
 
 CREATE OR REPLACE FUNCTION orc_redecide_v2(p_run text, p_keys text[], p_actor text, p_by text, p_reason text)
  RETURNS integer
@@ -222,6 +223,12 @@ BEGIN
             UNION SELECT c.k FROM orc_tasks t, json_array_elements_text(coalesce(t.children, '[]'::json)) AS c(k)
                   WHERE t.run_id = p_run AND t.key = ANY (p_keys)
         ) AS x ORDER BY k);
+    -- a striped fan-in's successes still held in its stripes counted into their joins first:
+    -- the counts below and the run's open tasks are taken again from the tasks' states
+    UPDATE orc_tasks j SET n_done = j.n_done + h.n, n_succeeded = j.n_succeeded + h.n
+    FROM (SELECT st.key, sum(st.pending)::int AS n FROM orc_stripes st
+          WHERE st.run_id = p_run AND st.pending > 0 GROUP BY st.key) AS h
+    WHERE j.run_id = p_run AND j.key = h.key;
     -- counted again from the parents: an expanded map counts as its children (relevant
     -- upstream), a chained map's child has its item's task as its parent, another map's child
     -- none (its map's parents were done when it was made)
@@ -273,6 +280,12 @@ BEGIN
         FROM orc_tasks t WHERE t.run_id = p_run)
     WHERE u.id = p_run
     RETURNING u.state, u.open_tasks INTO run_row;
+    -- each stripe counted again from its parents' states: those that ended have arrived, none held
+    UPDATE orc_stripes st SET arrived = c.n, pending = 0, folded = 0
+    FROM (SELECT p.children ->> 0 AS key, p.stripe,
+                 count(*) FILTER (WHERE p.state IN ('SUCCEEDED', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED'))::int AS n
+          FROM orc_tasks p WHERE p.run_id = p_run AND p.stripe IS NOT NULL GROUP BY 1, 2) AS c
+    WHERE st.run_id = p_run AND st.key = c.key AND st.stripe = c.stripe;
     IF run_row.state IN ('SUCCEEDED', 'FAILED') AND (run_row.open_tasks > 0 OR run_row.state <> CASE WHEN EXISTS (
             SELECT 1 FROM orc_tasks t WHERE t.run_id = p_run AND t.state IN ('FAILED', 'UPSTREAM_FAILED')
               AND t.decides_run) THEN 'FAILED' ELSE 'SUCCEEDED' END) THEN

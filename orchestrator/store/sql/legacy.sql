@@ -6,6 +6,7 @@
 -- orc_redecide_v1 that they called); the admission's _v1 functions that 0017 replaced
 -- (orc_admit_v1, orc_admit_from_v1, orc_pass_slot_v1: their rows without the direct flag); the
 -- orc_wake_due_v1 that 0035 replaced (orc_wake_due_v2 without a shard filter); the
+-- orc_settle_v3 that 0038 replaced (orc_settle_v4 with the task's stripe read first); the
 -- unversioned names of migrations 0004 to 0006 are the
 -- four that the release before the versioned functions called from Python. Drop them when no
 -- such worker is left (a later migration).
@@ -35,6 +36,15 @@ CREATE OR REPLACE FUNCTION orc_wake_due_v1(p_limit integer, p_actor text)
  LANGUAGE sql
 AS $$
 SELECT orc_wake_due_v2(p_limit, p_actor, NULL, NULL)
+$$;
+
+CREATE OR REPLACE FUNCTION orc_settle_v3(p_run text, p_key text, p_state text, p_children json, p_actor text,
+    p_by text, p_setup boolean, p_map_parent text, OUT readied integer, OUT closed integer)
+ LANGUAGE sql
+AS $$
+SELECT s.readied, s.closed
+FROM orc_settle_v4(p_run, p_key, p_state, p_children, p_actor, p_by, p_setup, p_map_parent,
+                   (SELECT t.stripe FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key)) AS s
 $$;
 
 CREATE OR REPLACE FUNCTION orc_settle_v1(p_run text, p_key text, p_state text, p_children json, p_actor text,

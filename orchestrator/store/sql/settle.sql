@@ -1,4 +1,4 @@
--- orc_settle_v3: a task became terminal; count it into its children and decide them.
+-- orc_settle_v4: a task became terminal; count it into its children and decide them.
 --
 -- Adds the finished task to each child's counters (one UPDATE ... RETURNING per child, by
 -- primary key: never a scan of the run), decides the child's trigger rule (orc_decide_v2),
@@ -20,9 +20,15 @@
 -- itself and its cascade): the caller closes them in the run with orc_close_v1 right after, before
 -- any admission (the lock order every settling path keeps: task rows, the run's row, then the
 -- admission locks).
+-- A parent of a striped fan-in (p_stripe, orc_tasks.stripe: store/stripes.py) counts into its
+-- stripe's row of orc_stripes instead of the join's: a success is held there (not counted into
+-- the join, not closed in the run) until the arrival that fills the stripe, which adds the
+-- stripe's held successes to the join and to the tasks it closes; a parent that did not succeed
+-- is counted into the join at once. A stripe row is locked before the join's (the task-row
+-- stage of the lock order). v4: v3 knew no stripes (v3 is a shim in legacy.sql).
 
-CREATE OR REPLACE FUNCTION orc_settle_v3(p_run text, p_key text, p_state text, p_children json, p_actor text,
-    p_by text, p_setup boolean, p_map_parent text, OUT readied integer, OUT closed integer)
+CREATE OR REPLACE FUNCTION orc_settle_v4(p_run text, p_key text, p_state text, p_children json, p_actor text,
+    p_by text, p_setup boolean, p_map_parent text, p_stripe integer, OUT readied integer, OUT closed integer)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
 AS $$
@@ -32,7 +38,11 @@ DECLARE
     q_children json[] := ARRAY[p_children];
     q_setup boolean[] := ARRAY[coalesce(p_setup, false)];
     q_parents text[] := ARRAY[p_map_parent];
+    q_stripes int[] := ARRAY[p_stripe];
     i int := 1;
+    d_done int;
+    d_ok int;
+    sp record;
     kids text[];
     kid text;
     direct int;
@@ -66,9 +76,29 @@ BEGIN
                            t.setup_scope INTO r
                     FROM orc_tasks t WHERE t.run_id = p_run AND t.key = kid FOR UPDATE;
                 ELSE
+                d_ok := (q_states[i] = 'SUCCEEDED')::int;
+                d_done := 1;
+                IF q_stripes[i] IS NOT NULL THEN
+                    UPDATE orc_stripes st SET arrived = st.arrived + 1,
+                        pending = CASE WHEN st.arrived + 1 >= st.quota THEN 0 ELSE st.pending + d_ok END,
+                        folded = CASE WHEN st.arrived + 1 >= st.quota THEN st.pending + d_ok ELSE 0 END
+                    WHERE st.run_id = p_run AND st.key = kid AND st.stripe = q_stripes[i]
+                    RETURNING st.arrived >= st.quota AS full, st.folded INTO sp;
+                    IF FOUND THEN
+                        IF NOT sp.full AND d_ok = 1 THEN
+                            -- held in its stripe: neither the join's row nor the run's is written
+                            closed := closed - 1;
+                            CONTINUE;
+                        END IF;
+                        -- the stripe filled: its held successes (this one's among them) counted now
+                        closed := closed + sp.folded - d_ok;
+                        d_done := 1 - d_ok + sp.folded;
+                        d_ok := sp.folded;
+                    END IF;
+                END IF;
                 UPDATE orc_tasks t SET
-                    n_done = t.n_done + 1,
-                    n_succeeded = t.n_succeeded + (q_states[i] = 'SUCCEEDED')::int,
+                    n_done = t.n_done + d_done,
+                    n_succeeded = t.n_succeeded + d_ok,
                     n_failed = t.n_failed + (q_states[i] = 'FAILED')::int,
                     n_upstream_failed = t.n_upstream_failed + (q_states[i] = 'UPSTREAM_FAILED')::int,
                     n_skipped = t.n_skipped + (q_states[i] = 'SKIPPED')::int,
@@ -103,6 +133,7 @@ BEGIN
                         q_children := q_children || (expanded->'children');
                         q_setup := q_setup || false;
                         q_parents := q_parents || NULL::text;
+                        q_stripes := q_stripes || NULL::int;
                     END IF;
                     CONTINUE;
                 END IF;
@@ -117,6 +148,7 @@ BEGIN
                     q_children := q_children || (expanded->'children');
                     q_setup := q_setup || false;
                     q_parents := q_parents || NULL::text;
+                    q_stripes := q_stripes || NULL::int;
                     CONTINUE;
                 END IF;
                 WITH moved AS (
@@ -126,7 +158,7 @@ BEGIN
                         finished_at = CASE WHEN verdict = 'READY' THEN t.finished_at ELSE now() END,
                         skip_reason = CASE WHEN verdict = 'SKIPPED' THEN 'upstream_skipped' ELSE t.skip_reason END
                     WHERE t.run_id = p_run AND t.key = r.key AND coalesce(t.state, '') = 'PENDING'
-                    RETURNING t.key, t.attempt, t.children, t.role = 'setup' AS setup, t.map_parent
+                    RETURNING t.key, t.attempt, t.children, t.role = 'setup' AS setup, t.map_parent, t.stripe
                 ), logged AS (
                     INSERT INTO orc_task_events
                         (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
@@ -143,6 +175,7 @@ BEGIN
                         q_children := q_children || m.children;
                         q_setup := q_setup || coalesce(m.setup, false);
                         q_parents := q_parents || m.map_parent;
+                        q_stripes := q_stripes || m.stripe::int;
                     END IF;
                 ELSE
                     PERFORM orc_reject_v1(p_run, r.key, r.attempt, verdict, p_actor, why);
@@ -199,10 +232,11 @@ BEGIN
 END
 $$;
 
--- orc_close_v1: p_closed tasks of the run closed (orc_settle_v3's count); the run closes
+-- orc_close_v1: p_closed tasks of the run closed (orc_settle_v4's count); the run closes
 -- (RUNNING -> SUCCEEDED / FAILED) when no task is left open: FAILED when a task that decides the
 -- run (not a teardown, unless it asked to; not a map header) ended FAILED or UPSTREAM_FAILED.
--- Called right after orc_settle_v3, before any admission.
+-- Called right after orc_settle_v4, before any admission, when it closed any (a success held
+-- in a stripe closes none: the run's row is not written).
 -- Returns how many tasks of the run are left open (NULL: no such run), so that a caller can
 -- call it as an expression (no statement of the executor's for the call itself).
 
@@ -236,9 +270,9 @@ BEGIN
 END
 $$;
 
--- orc_settle_v2: orc_settle_v3 and orc_close_v1 in one call, for the callers that know only the
--- task's key (a skip, a wait's end, a clear's cascade, a submit's skipped roots): the task's
--- setup role and map header are read first. Returns how many tasks it made READY.
+-- orc_settle_v2: orc_settle_v4 and orc_close_v1 in one call, for the callers that know only the
+-- task's key (a skip, a wait's end, a clear's cascade, a submit's skipped roots, a failure): the
+-- task's setup role, map header and stripe are read first. Returns how many tasks it made READY.
 
 CREATE OR REPLACE FUNCTION orc_settle_v2(p_run text, p_key text, p_state text, p_children json, p_actor text,
     p_by text)
@@ -251,9 +285,12 @@ DECLARE
     s record;
     open_left int;
 BEGIN
-    SELECT t.role = 'setup' AS setup, t.map_parent INTO r FROM orc_tasks t WHERE t.run_id = p_run AND t.key = p_key;
-    s := orc_settle_v3(p_run, p_key, p_state, p_children, p_actor, p_by, r.setup, r.map_parent);
-    open_left := orc_close_v1(p_run, s.closed, p_actor, p_by);
+    SELECT t.role = 'setup' AS setup, t.map_parent, t.stripe INTO r FROM orc_tasks t
+    WHERE t.run_id = p_run AND t.key = p_key;
+    s := orc_settle_v4(p_run, p_key, p_state, p_children, p_actor, p_by, r.setup, r.map_parent, r.stripe);
+    IF s.closed <> 0 THEN
+        open_left := orc_close_v1(p_run, s.closed, p_actor, p_by);
+    END IF;
     RETURN s.readied;
 END
 $$;

@@ -2,8 +2,9 @@
 --
 -- One statement, so one round trip in autocommit: the result checked (orc_result_problem_v1),
 -- the compare-and-set and its ledger row, a branch's or short circuit's skips
--- (orc_follow_v1), the settlement (orc_settle_v3) and the run's count of open tasks
--- (orc_close_v1), then what to publish (orc_dispatch_v1), then, for a task that uses resources,
+-- (orc_follow_v1), the settlement (orc_settle_v4) and the run's count of open tasks
+-- (orc_close_v1, unless the success is held in a striped fan-in's stripe), then what to
+-- publish (orc_dispatch_v1), then, for a task that uses resources,
 -- the call counted by their breakers (orc_breaker_v1; a task without resources, as every task an
 -- earlier release wrote, costs one null check).
 -- A task with no branch or short circuit that feeds no map (every task but those) is settled
@@ -35,7 +36,8 @@ BEGIN
         UPDATE orc_tasks x SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
         WHERE x.run_id = p_run AND x.key = p_key AND coalesce(x.state, '') = 'RUNNING' AND x.attempt = p_attempt
           AND x.flow IS NULL AND NOT x.feeds_map
-        RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow
+        RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow,
+                      x.stripe
     ), logged AS (
         INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
         SELECT p_run, p_key, p_attempt, 'RUNNING', 'SUCCEEDED', 'worker', NULL, NULL, true, now() FROM done
@@ -53,7 +55,8 @@ BEGIN
         WITH done AS (
             UPDATE orc_tasks x SET state = 'SUCCEEDED', result = p_result, finished_at = now(), lease_expires_at = NULL
             WHERE x.run_id = p_run AND x.key = p_key AND coalesce(x.state, '') = 'RUNNING' AND x.attempt = p_attempt
-            RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow
+            RETURNING x.children, x.worker, x.resources, x.role = 'setup' AS setup, x.map_parent, x.flow,
+                      x.stripe
         ), logged AS (
             INSERT INTO orc_task_events (run_id, key, attempt, from_state, to_state, actor, by, reason, accepted, at)
             SELECT p_run, p_key, p_attempt, 'RUNNING', 'SUCCEEDED', 'worker', NULL, NULL, true, now() FROM done
@@ -67,10 +70,13 @@ BEGIN
     IF t.flow IS NOT NULL THEN
         readied := orc_follow_v1(p_run, p_key, t.flow, t.children, p_result, 'worker', NULL);
     END IF;
-    s := orc_settle_v3(p_run, p_key, 'SUCCEEDED', t.children, 'worker', NULL, t.setup, t.map_parent);
+    s := orc_settle_v4(p_run, p_key, 'SUCCEEDED', t.children, 'worker', NULL, t.setup, t.map_parent, t.stripe);
     -- the run's row next, before the admission: every path that settles takes the run's row
-    -- before the admission locks (a skip, a wait's end, a clear, a failure), so this one does too
-    open_left := orc_close_v1(p_run, s.closed, 'worker', NULL);
+    -- before the admission locks (a skip, a wait's end, a clear, a failure), so this one does too;
+    -- a success held in its fan-in's stripe closes nothing yet, and the run's row is not written
+    IF s.closed <> 0 THEN
+        open_left := orc_close_v1(p_run, s.closed, 'worker', NULL);
+    END IF;
     readied := readied + s.readied;
     dispatches := orc_dispatch_v1(readied, t.worker, p_window, p_worker_ttl, p_depth, p_aging);
     IF t.resources IS NOT NULL THEN
