@@ -148,10 +148,7 @@ class Reconciler:
         # one admission per pass, after everything above made its tasks READY; deadlines after
         # it, so a slow alert webhook never delays dispatch (slots a deadline's cancel frees
         # are admitted by the next pass)
-        s = self.settings
-        admitted = guarded(
-            "admitting ready tasks", lambda: self.store.admission.admit_ready(s.dispatch_window, wait=False)
-        )
+        admitted = guarded("admitting ready tasks", lambda: self._admit(fence))
         if admitted:
             report["dispatched"] += self.publisher.publish(admitted)
         if leader and self.triggers is not None:
@@ -164,6 +161,23 @@ class Reconciler:
             report["flow_released"] = guarded("releasing held runs of concurrency keys", self.flow) or 0
         self._deadlines(report, guarded, fence)
         return report
+
+    def _admit(self, fence: Fence | None) -> list[Any]:
+        """The pass's admission (``wait=False``), in a transaction the server ends when it is
+        left idle longer than the shards' lease (``fence``) or the duty's stall bound: the
+        admission locks it took are held until its commit, so a process paused between the
+        admission and its commit would otherwise hold those queues' locks (and every
+        completion waiting on them) for as long as it stays paused. Ended, it rolls back: what
+        it admitted is READY again, nothing was published."""
+        s = self.settings
+        bound = fence.lease if fence is not None and fence.lease > 0 else s.reconciler_stall_seconds
+        ms = str(max(int(bound * 1000), 1000))
+
+        def tx(conn: Connection) -> list[Any]:
+            conn.execute(sa.select(sa.func.set_config("idle_in_transaction_session_timeout", ms, True)))
+            return self.store.admission.admit(conn, s.dispatch_window, wait=False)
+
+        return self.store.db.transaction(tx)
 
     def _recover(
         self, report: dict[str, int], guarded: Callable[[str, Callable[[], Any]], Any], fence: Fence | None
