@@ -33,6 +33,13 @@ import click
               help="The workers' ORCHESTRATOR_GROUP_COMMIT=1: the hot-path calls a worker's threads make at"
                    " once go in one transaction (it acts on a threads pool; a prefork process is a lone"
                    " caller).")  # fmt: skip
+@click.option("--reconciler-shards", default=0, show_default=True, type=click.IntRange(0, 4096),
+              help="The sharded control plane: ORCHESTRATOR_RECONCILER_SHARDS=K (and a 3 s shard lease) for every"
+                   " worker and reconciler; also deals kill_reconciler (kill -9 an `orchestrator reconcile` that"
+                   " owns shards, start another) and pause_reconciler (paused past the shards' lease), and"
+                   " reports the stale-epoch refusals. 0: one reconciler on duty (the duty lock).")  # fmt: skip
+@click.option("--reconcilers", default=1, show_default=True, type=click.IntRange(min=0),
+              help="How many `orchestrator reconcile` processes beside the workers' own reconcilers.")  # fmt: skip
 def chaos(
     runs: int,
     seed: int,
@@ -45,6 +52,8 @@ def chaos(
     keep: bool,
     pool: str,
     group_commit: bool,
+    reconciler_shards: int,
+    reconcilers: int,
 ) -> None:
     """Soak a local deployment (private Postgres and Redis, real workers, reconciler) under
     eleven kinds of random fault, and report them per kind.
@@ -56,4 +65,5 @@ def chaos(
 
     sys.exit(run_chaos(runs=runs, seed=seed, database_url=database_url, workers=workers,
                        min_faults=min_faults, timeout=timeout, claim_delay=claim_delay, mix=mix, keep=keep,
-                       pool=pool, group_commit=group_commit))  # fmt: skip
+                       pool=pool, group_commit=group_commit, reconciler_shards=reconciler_shards,
+                       reconcilers=reconcilers))  # fmt: skip

@@ -37,6 +37,9 @@ DEFAULT_MODULES = ("tasks.probes", "tasks.etl", "tasks.dynamic", "tasks.canvas")
 #: one process sharing its hot-path connections: enough calls in flight at once for group commit
 #: to gather them, on a workload of at most 8 runs of 2-40 short tasks in flight)
 POOLS = {"prefork": 2, "threads": 8}
+#: ``--reconciler-shards``: the shards' lease (ORCHESTRATOR_RECONCILER_SHARD_LEASE) of every process
+#: that runs a reconciler: short, so a killed or paused owner's shards move within a few seconds
+SHARD_LEASE = 3.0
 LIBFAKETIME = [
     Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"),
     Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1"),
@@ -298,7 +301,11 @@ class Deployment:
     redis_port: int = field(default_factory=free_port)
     redis: subprocess.Popen[bytes] | None = None
     worker_procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    reconciler: subprocess.Popen[bytes] | None = None
+    #: the ``orchestrator reconcile`` processes by name (``reconciler``, or ``reconciler0``...)
+    reconciler_procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: each ``orchestrator reconcile`` process's instance name (``--name``: its name and how many
+    #: times it was started, ``reconciler1.3``): the owner ``orc_shards`` names
+    instances: dict[str, str] = field(default_factory=dict)
     #: the private server, when the soak runs its own (``pg_restart`` needs it)
     pg: PrivatePostgres | None = None
     relays: Relays | None = None
@@ -314,9 +321,23 @@ class Deployment:
     pool: str = "prefork"
     #: ORCHESTRATOR_GROUP_COMMIT=1 for the workers (``--group-commit``)
     group_commit: bool = False
+    #: ORCHESTRATOR_RECONCILER_SHARDS of every process that runs a reconciler (``--reconciler-shards``;
+    #: 0: one reconciler on duty, the duty lock), with a lease of :data:`SHARD_LEASE`
+    shards: int = 0
+    #: how many ``orchestrator reconcile`` processes run beside the workers' own (``--reconcilers``)
+    reconcilers: int = 1
 
     def __post_init__(self) -> None:
         check_pool(self.pool)
+        self.check_shards(self.shards, self.reconcilers)
+
+    @staticmethod
+    def check_shards(shards: int, reconcilers: int) -> None:
+        """Refuse a shard count or a number of reconcile processes the soak cannot run with."""
+        if not 0 <= shards <= 4096:
+            raise ChaosConfigError(f"reconciler shards {shards}: 0 (one reconciler on duty) to 4096")
+        if reconcilers < 0:
+            raise ChaosConfigError(f"reconcilers {reconcilers}: 0 or more")
 
     @property
     def broker_url(self) -> str:
@@ -340,6 +361,9 @@ class Deployment:
             ORCHESTRATOR_CLAIM_DELAY=str(self.claim_delay),
             PYTHONPATH=str(ROOT),
         )
+        if self.shards:  # the workers' reconciler services and the `orchestrator reconcile`s alike
+            env.update(ORCHESTRATOR_RECONCILER_SHARDS=str(self.shards),
+                       ORCHESTRATOR_RECONCILER_SHARD_LEASE=f"{SHARD_LEASE:g}")  # fmt: skip
         return env
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -388,10 +412,23 @@ class Deployment:
             env.update(skewed_env(lib, self.clock_file, self.data, env.get("PYTHONPATH", "")))
         self.worker_procs[name] = self._spawn(name, cmd, env)
 
-    def start_reconciler(self) -> None:
-        cmd = [sys.executable, "-m", "orchestrator.cli", "reconcile", "--interval", "0.3"]
+    @property
+    def reconciler_names(self) -> list[str]:
+        """The ``orchestrator reconcile`` processes' names: ``reconciler`` alone, as before, or
+        ``reconciler0``... with ``--reconcilers`` 2 or more."""
+        if self.reconcilers == 1:
+            return ["reconciler"]
+        return [f"reconciler{i}" for i in range(self.reconcilers)]
+
+    def start_reconciler(self, name: str = "reconciler") -> None:
+        """Start (or start again) ``orchestrator reconcile`` ``name``, as a new instance: its
+        ``--name`` counts its starts, so a restarted one never renews its dead self's shards."""
+        starts = int(self.instances.get(name, f"{name}.0").rpartition(".")[2]) + 1
+        self.instances[name] = f"{name}.{starts}"
+        cmd = [sys.executable, "-m", "orchestrator.cli", "reconcile", "--interval", "0.3",
+               "--name", self.instances[name]]  # fmt: skip
         broker_port = self.broker_relay.port if self.broker_relay else None
-        self.reconciler = self._spawn("reconciler", cmd, self.env(broker_port=broker_port))
+        self.reconciler_procs[name] = self._spawn(name, cmd, self.env(broker_port=broker_port))
 
     def start(self) -> None:
         self.start_redis()
@@ -408,7 +445,8 @@ class Deployment:
             self.start_worker(f"chaos{i}")
         if self.lacking:
             self.start_worker(LACKING)
-        self.start_reconciler()
+        for name in self.reconciler_names:
+            self.start_reconciler(name)
 
     def supervise(self) -> list[str]:
         """Restart a worker or the reconciler that exited by itself (as a service manager
@@ -418,9 +456,10 @@ class Deployment:
             if proc.poll() is not None:
                 self.start_worker(name)
                 restarted.append(name)
-        if self.reconciler is not None and self.reconciler.poll() is not None:
-            self.start_reconciler()
-            restarted.append("reconciler")
+        for name, proc in list(self.reconciler_procs.items()):
+            if proc.poll() is not None:
+                self.start_reconciler(name)
+                restarted.append(name)
         return restarted
 
     def retire(self, name: str) -> None:
@@ -431,7 +470,7 @@ class Deployment:
             stop_group(proc)
 
     def stop(self) -> None:
-        for proc in [*self.worker_procs.values(), self.reconciler, self.redis]:
+        for proc in [*self.worker_procs.values(), *self.reconciler_procs.values(), self.redis]:
             if proc is not None:
                 stop_group(proc)
         if self.relays is not None:

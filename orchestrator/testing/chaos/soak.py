@@ -65,7 +65,7 @@ from .deployment import (
     PrivatePostgres,
     check_pool,
 )
-from .faults import Injector
+from .faults import Injector, format_shards, shard_summary
 from .mix import Mixer, run_states
 from .workload import (
     RESOURCE,
@@ -106,6 +106,8 @@ def run_chaos(
     keep: bool = False,
     pool: str = "prefork",
     group_commit: bool = False,
+    reconciler_shards: int = 0,
+    reconcilers: int = 1,
     echo: Callable[[str], None] = print,
 ) -> int:
     """Run the soak; print the report; return 0 only if no invariant was broken (nothing lost,
@@ -124,10 +126,14 @@ def run_chaos(
     counts the rest as stuck. ``lacking``: with ``mix``, also run a worker without one task
     module. ``keep``: leave the logs and the private server's files behind, and say where.
     ``pool``: the workers' pool, ``prefork`` (``-c 2``) or ``threads`` (``-c 8``; no ``kill_child``:
-    no pool process); ``group_commit``: the workers' ``ORCHESTRATOR_GROUP_COMMIT=1``. A bad option
-    raises :class:`ChaosConfigError` before anything is started.
+    no pool process); ``group_commit``: the workers' ``ORCHESTRATOR_GROUP_COMMIT=1``.
+    ``reconciler_shards`` K: the sharded control plane (every reconciler, the workers' and
+    ``reconcilers`` ``orchestrator reconcile`` processes, sharded K ways, lease ``SHARD_LEASE``;
+    the faults ``kill_reconciler`` and ``pause_reconciler`` dealt too, the stale-epoch refusals
+    reported). A bad option raises :class:`ChaosConfigError` before anything is started.
     """
     check_pool(pool)
+    Deployment.check_shards(reconciler_shards, reconcilers)
     # generators of their own, so the DAGs do not depend on how the faults interleave with them
     rng = random.Random(seed)
     fault_rng = random.Random(seed + 1_000_003)
@@ -148,7 +154,8 @@ def run_chaos(
             pg.start()
             database_url = pg.url
         dep = Deployment(database_url, workers, data, pg=pg, claim_delay=claim_delay, lacking=bool(mix) and lacking,
-                         pool=pool, group_commit=group_commit)  # fmt: skip
+                         pool=pool, group_commit=group_commit, shards=reconciler_shards,
+                         reconcilers=reconcilers)  # fmt: skip
         orc, probe = _connect(dep)
         started = time.monotonic()
         dep.start()
@@ -397,7 +404,10 @@ class _Loop:
         report["waits"] = _waits(orc, run_ids)
         dep = self.dep
         report["mode"] = (f"{len(dep.worker_procs)} workers --pool {dep.pool} -c {POOLS[dep.pool]}, group commit"
-                          f" {'on' if dep.group_commit else 'off'}, claim delay {dep.claim_delay:g}s")  # fmt: skip
+                          f" {'on' if dep.group_commit else 'off'}, claim delay {dep.claim_delay:g}s"
+                          + (f", reconciler shards {dep.shards}" if dep.shards else ""))  # fmt: skip
+        if dep.shards:
+            report["sharded"] = shard_summary(orc, self.injector)
         report["skipped"] = dict(self.injector.skipped)
         return report
 
@@ -536,7 +546,7 @@ def _format(r: dict[str, Any]) -> list[str]:
         f" {r.get('woken', 0)}",
         f"processes that exited by themselves and were restarted: {r.get('restarts', 0)}",
     ]
-    lines += _format_actions(r.get("actions"))
+    lines += _format_actions(r.get("actions")) + format_shards(r.get("sharded"))
     named = r.get("named_waits") or {}
     lines += [
         f"runs left waiting on something explain names: {len(named)}"
