@@ -2,6 +2,9 @@
 
 Real prefork workers on the fault suite's private Redis, no beat and no separate
 ``orchestrator reconcile``: the workers' own reconciler services are all there is.
+
+These run the default mode, one reconciler on duty (the duty lock, ``on_duty``); their sharded
+counterparts (``ORCHESTRATOR_RECONCILER_SHARDS``, no duty lock) are in test_sharded_tier.py.
 """
 
 from __future__ import annotations
