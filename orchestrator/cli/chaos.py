@@ -65,5 +65,5 @@ def chaos(
 
     sys.exit(run_chaos(runs=runs, seed=seed, database_url=database_url, workers=workers,
                        min_faults=min_faults, timeout=timeout, claim_delay=claim_delay, mix=mix, keep=keep,
-                       pool=pool, group_commit=group_commit, reconciler_shards=reconciler_shards,
+                       pool=pool, group_commit=group_commit, shards=reconciler_shards,
                        reconcilers=reconcilers))  # fmt: skip

@@ -51,10 +51,15 @@ class ChaosConfigError(ValueError):
     """A soak option the soak cannot run with (an unknown pool...): raised before anything starts."""
 
 
-def check_pool(pool: str) -> None:
-    """Refuse a pool the soak does not run (:data:`POOLS`), with :class:`ChaosConfigError`."""
+def check_pool(pool: str, shards: int = 0, reconcilers: int = 1) -> None:
+    """Refuse a pool the soak does not run (:data:`POOLS`), a shard count or a number of
+    reconcile processes it cannot run with, with :class:`ChaosConfigError`."""
     if pool not in POOLS:
         raise ChaosConfigError(f"unknown pool {pool!r}: the soak runs {' or '.join(sorted(POOLS))} workers")
+    if not 0 <= shards <= 4096:
+        raise ChaosConfigError(f"reconciler shards {shards}: 0 (one reconciler on duty) to 4096")
+    if reconcilers < 0:
+        raise ChaosConfigError(f"reconcilers {reconcilers}: 0 or more")
 
 
 def free_port() -> int:
@@ -328,16 +333,7 @@ class Deployment:
     reconcilers: int = 1
 
     def __post_init__(self) -> None:
-        check_pool(self.pool)
-        self.check_shards(self.shards, self.reconcilers)
-
-    @staticmethod
-    def check_shards(shards: int, reconcilers: int) -> None:
-        """Refuse a shard count or a number of reconcile processes the soak cannot run with."""
-        if not 0 <= shards <= 4096:
-            raise ChaosConfigError(f"reconciler shards {shards}: 0 (one reconciler on duty) to 4096")
-        if reconcilers < 0:
-            raise ChaosConfigError(f"reconcilers {reconcilers}: 0 or more")
+        check_pool(self.pool, self.shards, self.reconcilers)
 
     @property
     def broker_url(self) -> str:

@@ -106,7 +106,7 @@ def run_chaos(
     keep: bool = False,
     pool: str = "prefork",
     group_commit: bool = False,
-    reconciler_shards: int = 0,
+    shards: int = 0,
     reconcilers: int = 1,
     echo: Callable[[str], None] = print,
 ) -> int:
@@ -126,14 +126,10 @@ def run_chaos(
     counts the rest as stuck. ``lacking``: with ``mix``, also run a worker without one task
     module. ``keep``: leave the logs and the private server's files behind, and say where.
     ``pool``: the workers' pool, ``prefork`` (``-c 2``) or ``threads`` (``-c 8``; no ``kill_child``:
-    no pool process); ``group_commit``: the workers' ``ORCHESTRATOR_GROUP_COMMIT=1``.
-    ``reconciler_shards`` K: the sharded control plane (every reconciler, the workers' and
-    ``reconcilers`` ``orchestrator reconcile`` processes, sharded K ways, lease ``SHARD_LEASE``;
-    the faults ``kill_reconciler`` and ``pause_reconciler`` dealt too, the stale-epoch refusals
-    reported). A bad option raises :class:`ChaosConfigError` before anything is started.
+    no pool process); ``group_commit``: the workers' ``ORCHESTRATOR_GROUP_COMMIT=1``; ``shards`` and
+    ``reconcilers``: the sharded control plane (docs/shards.md). A bad option raises ChaosConfigError first.
     """
-    check_pool(pool)
-    Deployment.check_shards(reconciler_shards, reconcilers)
+    check_pool(pool, shards, reconcilers)
     # generators of their own, so the DAGs do not depend on how the faults interleave with them
     rng = random.Random(seed)
     fault_rng = random.Random(seed + 1_000_003)
@@ -154,8 +150,7 @@ def run_chaos(
             pg.start()
             database_url = pg.url
         dep = Deployment(database_url, workers, data, pg=pg, claim_delay=claim_delay, lacking=bool(mix) and lacking,
-                         pool=pool, group_commit=group_commit, shards=reconciler_shards,
-                         reconcilers=reconcilers)  # fmt: skip
+                         pool=pool, group_commit=group_commit, shards=shards, reconcilers=reconcilers)  # fmt: skip
         orc, probe = _connect(dep)
         started = time.monotonic()
         dep.start()
