@@ -433,10 +433,19 @@ class ShardScale:
             for k, v in sh.sessions(self.store, "orcb").items():
                 row["fanout"]["sessions_peak"][k] = max(row["fanout"]["sessions_peak"].get(k, 0), v)
             if n >= 2 and args.trials:
+                row["failover_detail"] = []
                 row["failovers"] = sh.failover_trials(
-                    self.store, n, args.trials, args.failover_runs, self.kill, self.start_reconciler
+                    self.store, n, args.trials, args.failover_runs, self.kill, self.start_reconciler,
+                    detail=row["failover_detail"],
+                )  # fmt: skip
+                log(
+                    f"{n} instance(s): failovers {[round(f, 2) for f in row['failovers']]} s (lease {args.lease:g});"
+                    " the victim's shards claimed after the kill (s): "
+                    + ", ".join(
+                        f"{fmt(d['claimed_after_kill_min'], '.2f')}..{fmt(d['claimed_after_kill_max'], '.2f')}"
+                        for d in row["failover_detail"]
+                    )
                 )
-                log(f"{n} instance(s): failovers {[round(f, 2) for f in row['failovers']]} s (lease {args.lease:g})")
             self.check()
             row["applied_twice"], row["stale_refused"] = sh.ledger_counts(self.store)
         finally:
@@ -543,6 +552,12 @@ def details(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
                 f" {s['busiest_held_ms']:.4f} ms/t"
             )
         lines.append(f"    failovers (s): {r.get('failovers') or '-'}; sessions: {r['sessions']['all']}")
+        for d in r.get("failover_detail") or []:
+            lines.append(
+                f"      failover {d['failover']:.2f}s: the victim's {d['shards']} shards claimed"
+                f" {fmt(d['claimed_after_kill_min'], '.2f')}..{fmt(d['claimed_after_kill_max'], '.2f')}s after the"
+                f" kill ({d['claimed_before_kill']} before it)"
+            )
         for x in r.get("fairness", []):
             lines.append(
                 f"    fairness {x['weights']}: admitted A:B {x['admitted_a']}:{x['admitted_b']} = {x['a_to_b']:.2f},"

@@ -173,11 +173,35 @@ def release_all(store: Store, n: int) -> float:
     return float((done[1] - t0).total_seconds())
 
 
+def claims(store: Store, shards: set[int], killed: Any) -> dict[str, Any]:
+    """When ``shards`` were last claimed, in seconds after ``killed`` (negative: before the kill),
+    and how many of them were claimed before it (they had moved before their owner died)."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT extract(epoch FROM claimed_at - :k) FROM orc_shards WHERE shard = ANY(:s)"),
+            {"k": killed, "s": sorted(shards)},
+        ).all()
+    after = [float(r[0]) for r in rows if r[0] is not None]
+    return {
+        "claimed_after_kill_min": min(after, default=None),
+        "claimed_after_kill_max": max(after, default=None),
+        "claimed_before_kill": sum(1 for a in after if a < 0),
+        "shards": len(shards),
+    }
+
+
 def failover_trials(
-    store: Store, n: int, trials: int, size: int, kill: Callable[[str], None], restart: Callable[[str], None]
+    store: Store,
+    n: int,
+    trials: int,
+    size: int,
+    kill: Callable[[str], None],
+    restart: Callable[[str], None],
+    detail: list[dict[str, Any]] | None = None,
 ) -> list[float]:
     """``trials`` times: the owner of shard 0 killed (``kill(owner)``), ``size`` runs made due;
-    seconds from the kill until the last of its shards' retries is released; then ``restart``."""
+    seconds from the kill until the last of its shards' retries is released; then ``restart``.
+    With ``detail``, each trial's :func:`claims` of the victim's shards is appended to it."""
     failovers: list[float] = []
     for _ in range(trials):
         split(store, n)
@@ -194,6 +218,8 @@ def failover_trials(
         make_due(store, batch)
         last = wait(lambda: (r := released(store, theirs))[0] == len(theirs) and r, 120, "failover")  # noqa: B023
         failovers.append((last[1] - killed).total_seconds())
+        if detail is not None:
+            detail.append({"failover": failovers[-1], **claims(store, mine, killed)})
         restart(victim)
     return failovers
 
