@@ -7,12 +7,16 @@ reconcile`` instances (ORCHESTRATOR_RECONCILER_SHARDS=8) beside a worker that ru
 - One instance is paused past its lease (SIGSTOP) and resumed: the other took its shards over; the
   paused one, back, writes nothing it no longer owns (a write it tries is refused and recorded as
   a rejected ledger row naming the stale epoch), and nothing is applied twice.
+- A reconciler paused between its admission and that transaction's commit (what the sharded chaos
+  soak's ``pause_reconciler`` found): the queues' admission locks it took are freed once the
+  transaction has been idle for the shards' lease, so another admission goes on; nothing twice.
 """
 
 from __future__ import annotations
 
 import signal
 import socket
+import threading
 from collections import Counter
 from typing import Any
 
@@ -20,8 +24,8 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import DAG, RunState, TaskState
-from orchestrator.store.shards import shard_of
-from tests.fault.harness import Cluster, P, Proc, accepted
+from orchestrator.store.shards import Fence, shard_of
+from tests.fault.harness import QUEUES, Cluster, P, Proc, accepted
 
 pytestmark = pytest.mark.fault
 T = TaskState
@@ -158,3 +162,57 @@ def test_a_paused_owner_resumed_after_the_take_over_applies_nothing_twice(cluste
         assert f"read by {name_a}" in row.reason, row
     print(f"paused owner: {len(stale_refusals(cluster))} stale-epoch writes refused")
     assert a.popen.poll() is None and b.popen.poll() is None
+
+
+def test_a_reconciler_paused_inside_its_admission_holds_the_admission_locks_no_longer_than_the_lease(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given READY work (submitted while no worker was live) and then a worker's capacity row
+    orc = cluster.orc
+    dag = DAG("paused-admission")
+    for i in range(4):
+        dag.task(f"t{i}", P + "echo")
+    run = orc.submit(dag)
+    assert {t.state for t in orc.store.reads.get_tasks(run.id)} == {T.READY}
+    orc.store.workers.register("fake@fault", list(QUEUES), 8, None)  # (the row alone: no admission of its own)
+    # and a sharded reconciler (lease 1 s) whose admission stops between orc_admit_v2 and its
+    # commit, as a process SIGSTOPped there does, until the test lets it go on
+    admission = orc.store.admission
+    real = admission.admit
+    admitted, release = threading.Event(), threading.Event()
+
+    def paused(conn: Any, window: int, *, wait: bool = True) -> Any:
+        found = real(conn, window, wait=wait)
+        if not admitted.is_set():
+            admitted.set()
+            release.wait(120)
+        return found
+
+    monkeypatch.setattr(admission, "admit", paused)
+    fence = Fence("paused@test", K, {}, lease=1.0)
+    first: list[Any] = []
+    thread = threading.Thread(target=lambda: first.append(orc.reconciler._admit(fence)), daemon=True)
+    thread.start()
+    try:
+        cluster.wait_for(admitted.is_set, 30, "the paused admission")
+
+        # When another admission (a completion's, which waits for the queues' locks) comes meanwhile
+        second: list[Any] = []
+        other = threading.Thread(
+            target=lambda: second.append(admission.admit_ready(orc.settings.dispatch_window, wait=True)), daemon=True
+        )
+        other.start()
+
+        # Then it goes on while the first is still paused: the server ended the paused transaction
+        # once idle for the lease, and rolled it back (what it admitted is READY again)
+        cluster.wait_for(lambda: bool(second), 30, "the second admission, while the first is paused")
+        assert not release.is_set() and thread.is_alive()
+        assert {d.key for d in second[0]} == {f"t{i}" for i in range(4)}
+    finally:
+        release.set()
+        thread.join(60)
+    # And each task was admitted once (one accepted READY -> QUEUED each)
+    events = cluster.events(run.id)
+    once = Counter(e.key for e in accepted(events, src="READY", dst="QUEUED"))
+    assert once == {f"t{i}": 1 for i in range(4)}, once
+    assert {t.state for t in orc.store.reads.get_tasks(run.id)} == {T.QUEUED}
