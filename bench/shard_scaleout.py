@@ -94,8 +94,9 @@ def log(msg: str) -> None:
 
 class Sections(lk.Sampler):
     """bench/locks.py's sampler of the advisory locks, plus the shard rows locked (pgrowlocks)
-    and, every ``session_every`` samples, the server sessions per ``application_name``. Its own
-    backend's CPU is read before it closes (to be taken off the server's)."""
+    and, every ``session_every`` samples, the server sessions per ``application_name`` and the
+    CPU of the database's other backends (``/proc``). Its own backend's CPU is read before it
+    closes (to be taken off the whole server's)."""
 
     def __init__(self, url: str, hz: float, shard_rows: bool, session_every: int = 10) -> None:
         super().__init__(url, hz)
