@@ -249,11 +249,10 @@ class Cleanup:
                         total,
                     ) from None
             done.keys_kept = self._keep_keys(conn, rows)
-            done.events = conn.execute(t_events.delete().where(t_events.c.run_id.in_(ids))).rowcount or 0
-            done.edges = conn.execute(t_edges.delete().where(t_edges.c.run_id.in_(ids))).rowcount or 0
-            conn.execute(t_progress.delete().where(t_progress.c.run_id.in_(ids)))
-            conn.execute(t_stripes.delete().where(t_stripes.c.run_id.in_(ids)))
-            done.tasks = conn.execute(t_tasks.delete().where(t_tasks.c.run_id.in_(ids))).rowcount or 0
+            done.events, done.edges, _, _, done.tasks = (
+                conn.execute(t.delete().where(t.c.run_id.in_(ids))).rowcount or 0
+                for t in (t_events, t_edges, t_progress, t_stripes, t_tasks)
+            )
             done.runs = conn.execute(t_runs.delete().where(t_runs.c.id.in_(ids))).rowcount or 0
             for r in rows:
                 done.by_state[r.state] = done.by_state.get(r.state, 0) + 1

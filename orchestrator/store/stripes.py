@@ -121,4 +121,3 @@ def take_back(conn: Connection, run_id: str, key: str, stripe: int | None, child
         .where(t.c.run_id == run_id, t.c.key.in_(children), t.c.stripe == stripe)
         .values(arrived=t.c.arrived - 1)
     )
-

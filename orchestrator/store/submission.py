@@ -22,7 +22,7 @@ from .database import Database
 from .dbtime import aware, db_now
 from .ledger import Ledger
 from .shards import stored_shard
-from .stripes import FANIN_STRIPES, fan_in_stripes
+from .stripes import FANIN_STRIPES, Striped, fan_in_stripes
 
 T = TaskState
 t_tasks, t_runs, t_edges, t_keys, t_stripes = s.tasks, s.runs, s.edges, s.idempotency_keys, s.stripes
@@ -74,15 +74,8 @@ class Submission:
         logical date is beyond what a date can hold. A child run records its ``parent`` (run, key,
         attempt); ``link(conn, run_id)`` runs in its transaction (``ChildRows.link``: the parent's CAS);
         ``hold(conn, run_id, row)`` (``FlowRows.decide``) before the run is written: ``True`` holds the run.
-        ``stripes`` (``ORCHESTRATOR_FANIN_STRIPES``; 0: none): a fan-in with at least 4 x that many
-        plain parents counts their arrivals over that many rows of ``orc_stripes``
-        (:func:`fan_in_stripes`) instead of its own row and the run's."""
-        for node in dag.nodes.values():
-            if node.resources:
-                expand_resources(node.resources, dag.tenant, dag=dag.name, node=node.key)
-        base = _logical_base(logical_date) if logical_date is not None and dag.has_deadlines else None
-        if base is not None:
-            _due(base, dag)  # a logical date near year 9999: refused before the transaction
+        ``stripes``: the striped fan-ins' stripes (``ORCHESTRATOR_FANIN_STRIPES``, :func:`fan_in_stripes`)."""
+        base = _checked(dag, logical_date)
 
         def existing(conn: Connection) -> str | None:
             return _existing(conn, dag, schedule, logical_date, idempotency_key)
@@ -104,9 +97,7 @@ class Submission:
             self.ledger.create_run(conn, run_id, SUBMIT)
             striped = fan_in_stripes(dag, stripes)
             rows = _task_rows(dag, run_id, now, queues, wants_upstream, due, striped.of)
-            self._tasks(conn, run_id, dag, rows, held)
-            if striped.quotas:
-                self.db.backend.bulk_insert(conn, t_stripes, striped.rows(run_id))
+            self._tasks(conn, run_id, dag, rows, held, striped)
             if link is not None:
                 link(conn, run_id)
             return run_id, True
@@ -122,10 +113,15 @@ class Submission:
                 raise _not_stored(exc, dag) from exc
             return found, False
 
-    def _tasks(self, conn: Connection, run_id: str, dag: DAG, rows: Iterator[dict[str, Any]], held: bool) -> None:
-        """The run's tasks and edges written, then its roots started (a held run's: none, all PENDING)."""
+    def _tasks(
+        self, conn: Connection, run_id: str, dag: DAG, rows: Iterator[dict[str, Any]], held: bool, striped: Striped
+    ) -> None:
+        """The run's tasks, edges and stripes written, then its roots started (a held run's: none,
+        all PENDING)."""
         self.db.backend.bulk_insert(conn, t_tasks, _held_rows(rows) if held else rows)
         self.db.backend.bulk_insert(conn, t_edges, _edge_rows(dag, run_id))
+        if striped.quotas:
+            self.db.backend.bulk_insert(conn, t_stripes, striped.rows(run_id))
         if not held:
             self.start_roots(conn, run_id, dag)
 
@@ -279,6 +275,18 @@ def _due(base: dt.datetime, dag: DAG) -> dict[str | None, dt.datetime]:
     return due
 
 
+def _checked(dag: DAG, logical_date: str | None) -> dt.datetime | None:
+    """What a submit checks before its transaction: the resources' names, and a logical date
+    whose deadlines a date cannot hold (near year 9999). Returns the deadlines' base, if any."""
+    for node in dag.nodes.values():
+        if node.resources:
+            expand_resources(node.resources, dag.tenant, dag=dag.name, node=node.key)
+    base = _logical_base(logical_date) if logical_date is not None and dag.has_deadlines else None
+    if base is not None:
+        _due(base, dag)
+    return base
+
+
 def _task_rows(
     dag: DAG,
     run_id: str,
@@ -288,10 +296,10 @@ def _task_rows(
     due: dict[str | None, dt.datetime],
     stripe_of: dict[str, int],
 ) -> Iterator[dict[str, Any]]:
-    """The task rows of a new run, one at a time (a 100,000-node run is never all in memory
-    as rows); roots start READY, the others PENDING. The deadline columns are in the rows only
-    when some node has a deadline (every row has the same columns: the COPY takes them from the
-    first); ``stripe_of``: the striped parents' stripes (:func:`fan_in_stripes`)."""
+    """The task rows of a new run, one at a time (a 100,000-node run is never all in memory as
+    rows); roots start READY, the others PENDING; ``stripe_of``: the striped parents' stripes.
+    The deadline columns are in the rows only when some node has a deadline (every row has the
+    same columns: the COPY takes them from the first)."""
     node_deadlines = any(n.deadline is not None for n in dag.nodes.values())
     uses_resources = any(n.resources for n in dag.nodes.values())
     children: dict[str, list[str]] = {}
@@ -307,13 +315,7 @@ def _task_rows(
             scope_of.setdefault(up, []).append(key)
     dynamic = deciders is not None or any(_dynamic(n) for n in dag.nodes.values())
     setups = {n.key for n in dag.nodes.values() if n.setup}
-    map_sources = {
-        a.source
-        for n in dag.nodes.values()
-        if n.map is not None and dag.per_item(n) is None
-        for a in n.map.args
-        if a.source is not None
-    }
+    map_sources = _map_sources(dag)
     # equal JSON values are shared objects, so the bulk insert encodes each one once
     empty_args: list[Any] = []
     empty_kwargs: dict[str, Any] = {}
@@ -360,6 +362,17 @@ def _task_rows(
             **(_dynamic_columns(dag, node, setups, map_sources, deciders) if dynamic else {}),
             **({"setup_scope": scopes.get(node.key), "scope_of": scope_of.get(node.key)} if scopes else {}),
         }
+
+
+def _map_sources(dag: DAG) -> set[str]:
+    """The nodes whose result a map (not per item) maps over: their success checks the result."""
+    return {
+        a.source
+        for n in dag.nodes.values()
+        if n.map is not None and dag.per_item(n) is None
+        for a in n.map.args
+        if a.source is not None
+    }
 
 
 def _row_kwargs(dag: DAG, node: Node) -> dict[str, Any]:
