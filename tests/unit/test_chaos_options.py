@@ -166,3 +166,31 @@ def test_the_dags_at_a_seed_do_not_depend_on_the_faults_dealt_between_submits() 
     assert none == 0 and dealt >= 12  # a fault (and its random gap) before every submit
     assert busy == quiet
     assert drawn(min_faults=10_000, shared=True)[0] != quiet  # as they did when the gaps came from it
+
+
+def test_reconciler_shards_reach_every_reconciler_and_deal_their_kinds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--reconciler-shards K --reconcilers N``: K and the short lease in every process that
+    runs a reconciler (workers and reconcile processes); the sharded kinds dealt only then; a
+    bad count refused before anything starts (the CLI by click, the soak by ChaosConfigError)."""
+    dep = Deployment("postgresql+psycopg://postgres@127.0.0.1:1/x", 2, tmp_path, shards=8, reconcilers=2)
+    _, env = spawned(dep, monkeypatch, "chaos1")
+    assert env["ORCHESTRATOR_RECONCILER_SHARDS"] == "8" and float(env["ORCHESTRATOR_RECONCILER_SHARD_LEASE"]) > 0
+    assert dep.env()["ORCHESTRATOR_RECONCILER_SHARDS"] == "8"  # the reconcile processes' too
+    sharded = Injector(dep, None, random.Random(7), print)  # type: ignore[arg-type]
+    assert {"kill_reconciler", "pause_reconciler"} <= set(sharded.available)
+    plain = Injector(Deployment("postgresql+psycopg://x@127.0.0.1:1/x", 2, tmp_path), None, random.Random(7), print)  # type: ignore[arg-type]
+    assert not {"kill_reconciler", "pause_reconciler"} & set(plain.available)
+    assert "ORCHESTRATOR_RECONCILER_SHARDS" not in Deployment("postgresql+psycopg://x@127.0.0.1:1/x", 2, tmp_path).env()
+    with pytest.raises(ChaosConfigError, match="reconciler shards 5000"):
+        Deployment("postgresql+psycopg://x@127.0.0.1:1/x", 2, tmp_path, shards=5000)
+    with pytest.raises(ChaosConfigError, match="reconcilers -1"):
+        Deployment("postgresql+psycopg://x@127.0.0.1:1/x", 2, tmp_path, reconcilers=-1)
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(chaos_pkg, "run_chaos", lambda **kw: calls.append(kw) or 0)
+    runner = CliRunner()
+    assert runner.invoke(chaos, ["--reconciler-shards", "5000"]).exit_code == 2 and calls == []
+    done = runner.invoke(chaos, ["--reconciler-shards", "8", "--reconcilers", "3"])
+    assert done.exit_code == 0, done.output
+    assert calls[-1]["shards"] == 8 and calls[-1]["reconcilers"] == 3
