@@ -260,3 +260,58 @@ def test_concurrent_arrivals_make_the_join_ready_once(store: Store) -> None:
     assert (folds.n, folds.a) == (4, 64)
     run_task(store, run_id, "join")
     assert store.reads.get_run(run_id).state is RunState.SUCCEEDED
+
+
+def test_a_striped_join_that_a_map_and_a_skip_also_feed(pg_clean: str) -> None:
+    """Stripes meet a map (its children count into the join one by one, outside the stripes,
+    after its expansion raised the join's n_upstream), a plain parent that skips itself (counted
+    at once: none_failed), and a clear of the map with what is below it."""
+    from orchestrator import Skip
+    from tests.store.dynamic import drive, orchestrator
+
+    orc = orchestrator(pg_clean, fanin_stripes=STRIPES)
+    dag = DAG("striped-mixed")
+    dag.task("ls", "t")
+    dag.map("m", "t", over="ls", kwarg="x")
+    for i in range(WIDTH):
+        dag.task(f"p{i:02d}", "t", upstream=["ls"])
+    dag.task("skipper", "t", upstream=["ls"])
+    dag.task("join", "up", upstream=["m", "skipper", *(f"p{i:02d}" for i in range(WIDTH))],
+             trigger_rule=TriggerRule.NONE_FAILED)  # fmt: skip
+
+    def body(key: str, kw: dict[str, Any], up: dict[str, Any]) -> Any:
+        if key == "ls":
+            return [1, 2, 3]
+        if key == "skipper":
+            raise Skip("nothing to do")
+        return key
+
+    try:
+        d = drive(orc, dag, body)
+        assert d.run_state() == "SUCCEEDED", d.states()
+        run_id = d.run_id
+        store = orc.store
+        assert sorted(len(v) for v in by_stripe(store, run_id).values()) == [8, 9]  # the 16 and the skipper
+        with store.engine.connect() as conn:
+            join = conn.execute(
+                sa.text(
+                    "SELECT n_upstream, n_done, n_succeeded, n_skipped FROM orc_tasks"
+                    " WHERE run_id = :r AND key = 'join'"
+                ),
+                {"r": run_id},
+            ).one()
+        assert tuple(join) == (WIDTH + 4, WIDTH + 4, WIDTH + 3, 1)  # 16 plain, the skipper, 3 map children
+        assert [k for k, *_ in d.ran].count("join") == 1
+        filled = row(store, "SELECT bool_and(arrived = quota AND pending = 0) AS ok FROM orc_stripes WHERE run_id = :r",
+                     r=run_id)  # fmt: skip
+        assert filled.ok
+        # the map cleared with what is below it: its children and the join run again, the
+        # plain parents' successes stay counted
+        orc.clear(run_id, "m", downstream=True)
+        d = drive(orc, dag, body, run_id=run_id)
+        assert d.run_state() == "SUCCEEDED", d.states()
+        assert [k for k, *_ in d.ran].count("join") == 1
+        assert row(store, "SELECT n_done, n_succeeded FROM orc_tasks WHERE run_id = :r AND key = 'join'",
+                   r=run_id) == (WIDTH + 4, WIDTH + 3)  # fmt: skip
+    finally:
+        orc.store.dispose()
