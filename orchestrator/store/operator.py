@@ -157,7 +157,7 @@ class OperatorActions:
         if not moved:
             return Outcome(False, None, [], moved.conflict)
         if src is T.FAILED:
-            stripes.take_back(conn, run_id, key, task.stripe, list(task.children or []))
+            stripes.take_back(conn, run_id, task.stripe, list(task.children or []))
             if children:
                 conn.execute(
                     t_tasks.update()

@@ -84,22 +84,24 @@ def _plain(node: Node) -> bool:
 
 
 def fan_in_stripes(dag: DAG, stripes: int) -> Striped:
-    """Which joins of ``dag`` are striped and how (``stripes`` per join; 0: none)."""
+    """Which joins of ``dag`` are striped and how (``stripes`` per join; 0: none). A DAG with no
+    wide join costs one look at each node's upstream count."""
     out = Striped()
-    if stripes <= 0 or len(dag.nodes) < stripes * PARENTS_PER_STRIPE:
+    need = stripes * PARENTS_PER_STRIPE
+    joins = [
+        j for j in dag.nodes.values()
+        if stripes > 0 and len(j.upstream) >= need and j.trigger_rule in STRIPED_RULES and j.map is None
+    ]  # fmt: skip
+    if not joins:
         return out
-    scoped = setup_scopes(dag.nodes) if any(n.setup for n in dag.nodes.values()) else {}
     children: dict[str, int] = {}
     for node in dag.nodes.values():
         for parent in node.upstream:
             children[parent] = children.get(parent, 0) + 1
-    for join in dag.nodes.values():
-        if len(join.upstream) < stripes * PARENTS_PER_STRIPE or join.trigger_rule not in STRIPED_RULES:
-            continue
-        if join.map is not None or scoped.get(join.key):
-            continue
+    scoped = setup_scopes(dag.nodes) if any(n.setup for n in dag.nodes.values()) else {}
+    for join in joins:
         parents = [p for p in join.upstream if children[p] == 1 and _plain(dag.nodes[p])]
-        if len(parents) < stripes * PARENTS_PER_STRIPE:
+        if scoped.get(join.key) or len(parents) < need:
             continue
         quotas = [0] * stripes
         for i, parent in enumerate(parents):
@@ -109,7 +111,7 @@ def fan_in_stripes(dag: DAG, stripes: int) -> Striped:
     return out
 
 
-def take_back(conn: Connection, run_id: str, key: str, stripe: int | None, children: list[str]) -> None:
+def take_back(conn: Connection, run_id: str, stripe: int | None, children: list[str]) -> None:
     """A striped parent that ended FAILED goes back to be run (a manual retry): its arrival is
     taken out of its stripe, so the stripe fills again when it ends again (the join's counters
     are taken back by the caller, as for any parent: a failure was counted into them at once)."""
