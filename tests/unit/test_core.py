@@ -61,3 +61,13 @@ def test_settings_from_env_and_errors(tmp_path: object) -> None:
     assert s.lease_seconds == 7.0 and s.dedicated_tenants == ("a", "b")
     with pytest.raises(ConfigurationError, match="ORCHESTRATOR_DISPATCH_WINDOW"):
         Settings.from_env({"ORCHESTRATOR_DISPATCH_WINDOW": "lots"})
+
+
+def test_fanin_stripes_setting() -> None:
+    assert Settings.from_env({}).fanin_stripes == 16
+    assert Settings.from_env({"ORCHESTRATOR_FANIN_STRIPES": "0"}).fanin_stripes == 0
+    for bad in ("-1", "1025"):
+        with pytest.raises(ConfigurationError, match=f"ORCHESTRATOR_FANIN_STRIPES={bad} must be 0"):
+            Settings.from_env({"ORCHESTRATOR_FANIN_STRIPES": bad})
+    with pytest.raises(ConfigurationError, match="ORCHESTRATOR_FANIN_STRIPES"):
+        Settings.from_env({"ORCHESTRATOR_FANIN_STRIPES": "many"})
